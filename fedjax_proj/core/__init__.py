@@ -1,0 +1,1 @@
+"""Core: pytree utilities, PRNG derivation, shared types and the client engine."""
