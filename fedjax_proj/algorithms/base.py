@@ -1,0 +1,109 @@
+"""The FederatedAlgorithm interface and the round builder.
+
+An algorithm is a factory (closing over the model, optimisers and hyperparameters, like optax)
+returning a :class:`FederatedAlgorithm`: ``init(variables, key) -> state`` and three pure round
+pieces, ``broadcast`` (server -> clients), ``client`` (a :class:`ClientProgram` for ONE client) and
+``aggregate`` (clients -> server). ``apply(state, round_data, key)`` is their pure composition with
+the ``vmap_scan`` engine, to be jitted whole; :func:`make_round` builds the same round for any
+execution strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_proj.core import random as random_lib
+from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, run_vmap_scan
+from fedjax_proj.core.types import Array, PyTree, RoundData
+
+# broadcast(state, round_data, key) -> (shared, client_inputs)
+BroadcastFn = Callable[[PyTree, RoundData, Array], tuple[PyTree, PyTree]]
+# aggregate(state, round_data, client_outputs, key) -> (state, metrics)
+AggregateFn = Callable[[PyTree, RoundData, PyTree, Array], tuple[PyTree, dict]]
+
+
+class FederatedAlgorithm(NamedTuple):
+  """A federated algorithm as pure functions.
+
+  Attributes:
+    name: method name, e.g. ``"fedavg"``.
+    init: ``init(variables, key) -> server_state``.
+    broadcast: ``broadcast(state, round_data, key) -> (shared, client_inputs)``.
+    client: the per-client :class:`ClientProgram`.
+    aggregate: ``aggregate(state, round_data, client_outputs, key) -> (state, metrics)``.
+    batch_fn: builds each local step's :class:`Batch` from device data and indices.
+    global_variables: ``global_variables(state) -> variables`` of the global model (evaluation).
+  """
+
+  name: str
+  init: Callable[[dict, Array], PyTree]
+  broadcast: BroadcastFn
+  client: ClientProgram
+  aggregate: AggregateFn
+  batch_fn: BatchFn
+  global_variables: Callable[[PyTree], dict]
+
+  def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
+    """One round, pure and traceable (``vmap_scan``); jit it whole."""
+    return _apply(
+      self, state, round_data, key, lambda *a: run_vmap_scan(self.client, self.batch_fn, *a)
+    )
+
+
+def _round_keys(key: Array) -> tuple[Array, Array, Array]:
+  return (
+    random_lib.stream_key(key, "broadcast"),
+    random_lib.stream_key(key, "clients"),
+    random_lib.stream_key(key, "aggregate"),
+  )
+
+
+def _apply(alg: FederatedAlgorithm, state, rd: RoundData, key, run_clients) -> tuple[PyTree, dict]:
+  b_key, c_key, a_key = _round_keys(key)
+  shared, client_inputs = alg.broadcast(state, rd, b_key)
+  keys = random_lib.client_keys(c_key, rd.idx.shape[0])
+  outputs = run_clients(shared, client_inputs, rd.images, rd.labels, rd.idx, rd.mask, keys)
+  return alg.aggregate(state, rd, outputs, a_key)
+
+
+def make_round(
+  algorithm: FederatedAlgorithm, strategy: str, unroll: int = 1
+) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
+  """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy.
+
+  ``vmap_scan`` compiles the whole round into one program (server state donated). Host-looped
+  strategies jit ``broadcast`` and ``aggregate`` separately around the engine's loop.
+  """
+  engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
+  if engine.traceable:
+
+    def traced(state, rd, key):
+      return _apply(algorithm, state, rd, key, engine.run)
+
+    return jax.jit(traced, donate_argnums=0)
+
+  broadcast = jax.jit(algorithm.broadcast)
+  aggregate = jax.jit(algorithm.aggregate, donate_argnums=0)
+  split_keys = jax.jit(_round_keys)
+  make_client_keys = jax.jit(random_lib.client_keys, static_argnums=1)
+
+  def host_round(state, rd: RoundData, key):
+    b_key, c_key, a_key = split_keys(key)
+    shared, client_inputs = broadcast(state, rd, b_key)
+    keys = make_client_keys(c_key, rd.idx.shape[0])
+    outputs = engine.run(shared, client_inputs, rd.images, rd.labels, rd.idx, rd.mask, keys)
+    return aggregate(state, rd, outputs, a_key)
+
+  return host_round
+
+
+def metric_mean(values: Array, weights: Any = None) -> Array:
+  """Mean of per-client metric values (optionally weighted); used by aggregate functions."""
+  if weights is None:
+    return jnp.mean(values)
+  w = jnp.asarray(weights, jnp.float32)
+  return jnp.sum(values * w) / jnp.sum(w)

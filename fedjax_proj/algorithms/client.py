@@ -1,0 +1,143 @@
+"""The standard local-training client shared by FedAvg and the methods that only change the loss.
+
+A method supplies ``loss_fn(params, batch, ctx) -> (loss, LossAux)``; this module turns it into a
+:class:`ClientProgram` that runs the client optimiser on the masked batch, keeps BatchNorm
+statistics as model state (updated only by private training batches) and reports loss and
+accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_proj.algorithms import losses
+from fedjax_proj.core.engine import ClientProgram
+from fedjax_proj.core.types import Array, Batch, Model, PyTree
+
+
+class StepContext(NamedTuple):
+  """What a loss function may read besides params and batch.
+
+  Attributes:
+    model_state: non-parameter collections of the local model (e.g. batch_stats).
+    shared: the round's broadcast (``shared["variables"]`` is the global model).
+    extra: the client's method-specific state (from ``init_extra``).
+    key: PRNG key for this step's forward pass (dropout).
+  """
+
+  model_state: dict
+  shared: dict
+  extra: PyTree
+  key: Array
+
+
+class LossAux(NamedTuple):
+  logits: Array
+  model_state: dict
+
+
+class LocalState(NamedTuple):
+  params: PyTree
+  model_state: dict
+  opt_state: PyTree
+  extra: PyTree
+  num_steps: Array
+  loss_sum: Array
+  correct: Array
+  seen: Array
+
+
+def split_variables(variables: dict) -> tuple[PyTree, dict]:
+  """Splits Flax variables into (params, other collections)."""
+  return variables["params"], {k: v for k, v in variables.items() if k != "params"}
+
+
+def merge_variables(params: PyTree, model_state: dict) -> dict:
+  return {"params": params, **model_state}
+
+
+def forward(model: Model, params, model_state, x, *, train: bool, key=None, mask=None):
+  """Runs the model and returns its :class:`ModelOutput`."""
+  return model.apply(merge_variables(params, model_state), x, train=train, rng=key, mask=mask)
+
+
+def cross_entropy_loss(model: Model) -> Callable:
+  """The plain local objective: masked cross-entropy on the private batch."""
+
+  def loss_fn(params, batch: Batch, ctx: StepContext):
+    out = forward(model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask)
+    return losses.cross_entropy(out.logits, batch.y, batch.mask), LossAux(out.logits, out.state)
+
+  return loss_fn
+
+
+def local_training_client(
+  model: Model,
+  optimizer: optax.GradientTransformation,
+  loss_fn: Callable,
+  *,
+  init_extra: Callable[[dict, PyTree, Array], PyTree] | None = None,
+  transform_grads: Callable[[PyTree, PyTree, Batch, StepContext], PyTree] | None = None,
+  finalize: Callable[[LocalState], dict[str, Any]] | None = None,
+) -> ClientProgram:
+  """Builds the :class:`ClientProgram` of a local-SGD client.
+
+  Args:
+    model: the model.
+    optimizer: the client optimiser (re-initialised every round, as in FedAvg).
+    loss_fn: ``loss_fn(params, batch, ctx) -> (loss, LossAux)``.
+    init_extra: ``init_extra(shared, client_input, key) -> extra`` method state for the client.
+    transform_grads: ``transform_grads(grads, params, batch, ctx) -> grads`` applied before the
+      optimiser (e.g. SCAFFOLD's control-variate correction).
+    finalize: ``finalize(state) -> dict`` of extra outputs merged into the client output.
+
+  Returns:
+    A program whose output is a dict with ``variables`` (the local model), ``num_steps`` and
+    per-client metrics ``loss`` and ``accuracy`` (means over local steps/examples).
+  """
+
+  def init(shared, client_input, key):
+    params, model_state = split_variables(shared["variables"])
+    extra = init_extra(shared, client_input, key) if init_extra is not None else ()
+    zero = jnp.zeros((), jnp.float32)
+    return LocalState(
+      params, model_state, optimizer.init(params), extra, jnp.zeros((), jnp.int32), zero, zero, zero
+    )
+
+  def step(shared, state: LocalState, batch: Batch, key):
+    ctx = StepContext(state.model_state, shared, state.extra, key)
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, ctx)
+    if transform_grads is not None:
+      grads = transform_grads(grads, state.params, batch, ctx)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return state._replace(
+      params=params,
+      model_state=aux.model_state,
+      opt_state=opt_state,
+      num_steps=state.num_steps + 1,
+      loss_sum=state.loss_sum + loss,
+      correct=state.correct + losses.accuracy_count(aux.logits, batch.y, batch.mask),
+      seen=state.seen + jnp.sum(batch.mask),
+    )
+
+  def final(state: LocalState):
+    steps = jnp.maximum(state.num_steps, 1).astype(jnp.float32)
+    out = {
+      "variables": merge_variables(state.params, state.model_state),
+      "num_steps": state.num_steps,
+      "metrics": {
+        "train_loss": state.loss_sum / steps,
+        "train_accuracy": state.correct / jnp.maximum(state.seen, 1.0),
+      },
+    }
+    if finalize is not None:
+      out.update(finalize(state))
+    return out
+
+  return ClientProgram(init, step, final)

@@ -1,0 +1,98 @@
+"""FedAvg (McMahan et al., 2017) with an optional optax server optimiser (FedAvgM, FedAdam).
+
+Server: θ ← Σ_k (n_k / Σ_j n_j) θ_k over the sampled clients; BatchNorm statistics are averaged the
+same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient:
+g = θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with
+the client optimiser (METHODS.md, FedAvg).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.types import Array, Model, PyTree, RoundData
+
+
+class FedAvgState(NamedTuple):
+  round: Array
+  variables: dict
+  server_opt_state: PyTree
+
+
+def client_metrics(outputs: dict, rd: RoundData) -> dict:
+  """Example-weighted means of the clients' reported metrics."""
+  return {k: tree_lib.weighted_mean(v, rd.num_examples) for k, v in outputs["metrics"].items()}
+
+
+def server_update(
+  variables: dict,
+  averaged: dict,
+  server_optimizer: optax.GradientTransformation | None,
+  opt_state: PyTree,
+) -> tuple[dict, PyTree]:
+  """Moves the global parameters to the client average (directly or via a server optimiser).
+
+  Non-parameter collections (BatchNorm statistics) always take the average.
+  """
+  if server_optimizer is None:
+    return averaged, opt_state
+  params = variables["params"]
+  pseudo_grad = tree_lib.tree_sub(params, averaged["params"])
+  updates, opt_state = server_optimizer.update(pseudo_grad, opt_state, params)
+  return {**averaged, "params": optax.apply_updates(params, updates)}, opt_state
+
+
+def fedavg(
+  model: Model,
+  client_optimizer: optax.GradientTransformation,
+  batch_fn: BatchFn,
+  server_optimizer: optax.GradientTransformation | None = None,
+) -> FederatedAlgorithm:
+  """Builds FedAvg.
+
+  Args:
+    model: the model as pure functions.
+    client_optimizer: local optimiser, e.g. ``optax.sgd(0.01, momentum=0.9)``.
+    batch_fn: the engine's batch builder (normalisation, augmentation).
+    server_optimizer: ``None`` for plain averaging; ``optax.sgd(lr, momentum)`` gives FedAvgM and
+      ``optax.adam(lr)`` FedAdam.
+  """
+  program = client_lib.local_training_client(
+    model, client_optimizer, client_lib.cross_entropy_loss(model)
+  )
+
+  def init(variables, key):
+    del key
+    variables = tree_lib.tree_copy(variables)
+    opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
+    return FedAvgState(jnp.zeros((), jnp.int32), variables, opt_state)
+
+  def broadcast(state, rd, key):
+    del rd, key
+    return {"variables": state.variables}, {}
+
+  def aggregate(state, rd, outputs, key):
+    del key
+    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
+    variables, opt_state = server_update(
+      state.variables, averaged, server_optimizer, state.server_opt_state
+    )
+    new_state = FedAvgState(state.round + 1, variables, opt_state)
+    return new_state, client_metrics(outputs, rd)
+
+  return FederatedAlgorithm(
+    name="fedavg",
+    init=init,
+    broadcast=broadcast,
+    client=program,
+    aggregate=aggregate,
+    batch_fn=batch_fn,
+    global_variables=lambda state: state.variables,
+  )

@@ -1,0 +1,216 @@
+"""The client engine: the only place the client axis is created.
+
+Per-client code is written for ONE client as a :class:`ClientProgram` (fedjax's init/step/final
+split). The engine maps it over the sampled clients of a round whose data arrive as indices laid out
+[clients, steps, batch] with an example mask; a step whose mask is all False is a no-op, so clients
+of unequal size are padded, never dropped.
+
+Execution strategies (identical semantics; tests prove equality up to float tolerance):
+
+* ``vmap_scan``: ``vmap`` over clients of a ``lax.scan`` over steps. Pure and traceable, so a whole
+  round compiles into one program. The design for accelerators.
+* ``vmap_stepwise``: ``vmap`` over clients, the step loop on the host (one jitted call per step).
+* ``sequential``: a host loop over clients and their active steps, one jitted step per call. On
+  XLA:CPU this is the fastest for convolutional models (DESIGN.md: convolutions inside ``scan`` run
+  ~10x slower and vmapped convolutions ~2.3x slower than a loop of jitted steps).
+* ``auto``: ``vmap_scan`` on GPU/TPU and on CPU for models without convolutions; ``sequential`` for
+  convolutional models on CPU. See :func:`choose_strategy` and ``benchmarks/strategies.py``.
+
+PRNG: each client key is split into an init key and a step key; step ``s`` uses
+``fold_in(step_key, s)``, so every strategy draws the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.types import Array, Batch, PyTree
+
+STRATEGIES = ("auto", "vmap_scan", "vmap_stepwise", "sequential")
+
+# batch_fn(images, labels, idx[B], mask[B], key) -> Batch
+BatchFn = Callable[[Array, Array, Array, Array, Array], Batch]
+
+
+class ClientProgram(NamedTuple):
+  """One client's local computation as three pure functions.
+
+  Attributes:
+    init: ``init(shared, client_input, key) -> state``. ``shared`` is identical for every client
+      (e.g. the global model); ``client_input`` is this client's slice of per-client inputs.
+    step: ``step(shared, state, batch, key) -> state`` for one local step on a :class:`Batch`;
+      ``shared`` is passed unbatched, so it is never copied per client.
+    final: ``final(state) -> output``; outputs are stacked over clients by the engine.
+  """
+
+  init: Callable[[PyTree, PyTree, Array], PyTree]
+  step: Callable[[PyTree, PyTree, Batch, Array], PyTree]
+  final: Callable[[PyTree], PyTree]
+
+
+def validate_strategy(strategy: str) -> str:
+  if strategy not in STRATEGIES:
+    raise ValueError(
+      f"Unknown execution strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}."
+    )
+  return strategy
+
+
+def has_convolution(fn: Callable[..., Any], *args: Any) -> bool:
+  """True if the traced computation of ``fn(*args)`` contains a convolution."""
+  jaxpr = jax.make_jaxpr(fn)(*args)
+
+  def walk(jx) -> bool:
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        return True
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        if walk(sub):
+          return True
+    return False
+
+  return walk(jaxpr.jaxpr)
+
+
+def choose_strategy(strategy: str, *, backend: str | None = None, has_conv: bool = False) -> str:
+  """Resolves ``auto`` from measured facts (DESIGN.md, benchmarks/strategies.py)."""
+  validate_strategy(strategy)
+  if strategy != "auto":
+    return strategy
+  backend = backend or jax.default_backend()
+  if backend == "cpu" and has_conv:
+    return "sequential"
+  return "vmap_scan"
+
+
+def _split_client_key(key: Array) -> tuple[Array, Array]:
+  init_key, step_key = jax.random.split(key)
+  return init_key, step_key
+
+
+def _step_keys(step_key: Array, s: Array | int) -> tuple[Array, Array]:
+  batch_key, update_key = jax.random.split(jax.random.fold_in(step_key, s))
+  return batch_key, update_key
+
+
+def _masked_step(program, batch_fn, shared, state, images, labels, idx_s, mask_s, s, step_key):
+  batch_key, update_key = _step_keys(step_key, s)
+  batch = batch_fn(images, labels, idx_s, mask_s, batch_key)
+  new_state = program.step(shared, state, batch, update_key)
+  return tree_lib.tree_where(jnp.any(mask_s), new_state, state)
+
+
+def run_vmap_scan(
+  program: ClientProgram,
+  batch_fn: BatchFn,
+  shared: PyTree,
+  client_inputs: PyTree,
+  images: Array,
+  labels: Array,
+  idx: Array,
+  mask: Array,
+  keys: Array,
+  unroll: int | bool = 1,
+) -> PyTree:
+  """Pure and traceable: ``vmap`` over clients of ``scan`` over steps. Returns stacked outputs."""
+  num_steps = idx.shape[1]
+
+  def one_client(client_input, c_idx, c_mask, key):
+    init_key, step_key = _split_client_key(key)
+    state = program.init(shared, client_input, init_key)
+
+    def body(state, xs):
+      s, idx_s, mask_s = xs
+      return _masked_step(
+        program, batch_fn, shared, state, images, labels, idx_s, mask_s, s, step_key
+      ), None
+
+    state, _ = jax.lax.scan(body, state, (jnp.arange(num_steps), c_idx, c_mask), unroll=unroll)
+    return program.final(state)
+
+  return jax.vmap(one_client)(client_inputs, idx, mask, keys)
+
+
+class ClientEngine:
+  """Runs a :class:`ClientProgram` over the sampled clients with a fixed strategy.
+
+  Jitted pieces are built once per engine, so later rounds never recompile (as long as shapes stay
+  fixed, which the data layout guarantees).
+
+  Args:
+    program: the per-client program.
+    batch_fn: builds a :class:`Batch` from device-resident data and one step's indices.
+    strategy: one of :data:`STRATEGIES` except ``auto`` (resolve it first with
+      :func:`choose_strategy`).
+    unroll: ``lax.scan`` unroll factor for ``vmap_scan``.
+  """
+
+  def __init__(self, program: ClientProgram, batch_fn: BatchFn, strategy: str, unroll: int = 1):
+    validate_strategy(strategy)
+    if strategy == "auto":
+      raise ValueError("Resolve strategy='auto' with choose_strategy() before building an engine.")
+    self.program = program
+    self.batch_fn = batch_fn
+    self.strategy = strategy
+    self.unroll = unroll
+    self.traceable = strategy == "vmap_scan"
+    p = program
+    if strategy == "vmap_stepwise":
+      self._init = jax.jit(jax.vmap(p.init, in_axes=(None, 0, 0)))
+      step = lambda sh, st, im, lb, i, m, s, k: _masked_step(
+        p, batch_fn, sh, st, im, lb, i, m, s, k
+      )
+      self._step = jax.jit(
+        jax.vmap(step, in_axes=(None, 0, None, None, 0, 0, None, 0)), donate_argnums=1
+      )
+      self._final = jax.jit(jax.vmap(p.final))
+    elif strategy == "sequential":
+      self._init = jax.jit(p.init)
+      self._step = jax.jit(
+        lambda sh, st, im, lb, i, m, s, k: _masked_step(p, batch_fn, sh, st, im, lb, i, m, s, k),
+        donate_argnums=1,
+      )
+      self._final = jax.jit(p.final)
+      self._index = jax.jit(tree_lib.index_clients)
+
+  def run(self, shared, client_inputs, images, labels, idx, mask, keys) -> PyTree:
+    """Runs every sampled client; returns outputs stacked over the client axis."""
+    if self.strategy == "vmap_scan":
+      return run_vmap_scan(
+        self.program,
+        self.batch_fn,
+        shared,
+        client_inputs,
+        images,
+        labels,
+        idx,
+        mask,
+        keys,
+        unroll=self.unroll,
+      )
+    host_mask = np.asarray(mask)
+    active = host_mask.any(axis=-1)  # [C, S]
+    split = jax.vmap(_split_client_key)(keys)
+    init_keys, step_keys = split
+    if self.strategy == "vmap_stepwise":
+      state = self._init(shared, client_inputs, init_keys)
+      for s in np.flatnonzero(active.any(axis=0)):
+        state = self._step(shared, state, images, labels, idx[:, s], mask[:, s], int(s), step_keys)
+      return self._final(state)
+    host_idx = np.asarray(idx)
+    outputs = []
+    for c in range(host_idx.shape[0]):
+      state = self._init(shared, self._index(client_inputs, c), init_keys[c])
+      for s in np.flatnonzero(active[c]):
+        state = self._step(
+          shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_keys[c]
+        )
+      outputs.append(self._final(state))
+    return tree_lib.stack_clients(outputs)

@@ -1,0 +1,77 @@
+"""On-device input pipeline: gather a step's examples, normalise, optionally augment.
+
+The training set is put on the device once; every local step gathers its batch by index inside the
+compiled round, so a round ships only a small [clients, steps, batch] index array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_proj.core.types import Array, Batch
+
+# Per-channel statistics of the standard training splits.
+CHANNEL_STATS = {
+  "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+  "cinic10": ((0.4789, 0.4723, 0.4305), (0.2421, 0.2383, 0.2587)),
+  "mnist": ((0.1307,), (0.3081,)),
+  "fashion_mnist": ((0.2860,), (0.3530,)),
+  "svhn_cropped": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+}
+
+
+def normalizer(mean, std) -> Callable[[Array], Array]:
+  """Returns ``x -> (x / 255 - mean) / std`` for uint8 images; float inputs pass through."""
+  mean = jnp.asarray(mean, jnp.float32)
+  std = jnp.asarray(std, jnp.float32)
+
+  def normalize(x: Array) -> Array:
+    if jnp.issubdtype(x.dtype, jnp.floating):
+      return x.astype(jnp.float32)
+    return (x.astype(jnp.float32) / 255.0 - mean) / std
+
+  return normalize
+
+
+def normalizer_for(name: str, images: np.ndarray | None = None) -> Callable[[Array], Array]:
+  """Normaliser for a dataset: known statistics by name, else computed from ``images``."""
+  if name in CHANNEL_STATS:
+    return normalizer(*CHANNEL_STATS[name])
+  if images is None or not np.issubdtype(images.dtype, np.integer):
+    return normalizer(0.0, 1.0)
+  flat = images.reshape(-1, images.shape[-1]).astype(np.float64) / 255.0
+  return normalizer(flat.mean(0), np.maximum(flat.std(0), 1e-3))
+
+
+def flip_and_crop(key: Array, x: Array, padding: int = 4) -> Array:
+  """Random horizontal flip and random crop after zero padding, per example. x: [B, H, W, C]."""
+  b, h, w, _ = x.shape
+  k_flip, k_crop = jax.random.split(key)
+  flip = jax.random.bernoulli(k_flip, 0.5, (b,))
+  x = jnp.where(flip[:, None, None, None], x[:, :, ::-1, :], x)
+  padded = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+  offsets = jax.random.randint(k_crop, (b, 2), 0, 2 * padding + 1)
+
+  def crop(img, off):
+    return jax.lax.dynamic_slice(img, (off[0], off[1], 0), (h, w, img.shape[-1]))
+
+  return jax.vmap(crop)(padded, offsets)
+
+
+def make_batch_fn(
+  normalize: Callable[[Array], Array], augment: bool = False
+) -> Callable[[Array, Array, Array, Array, Array], Batch]:
+  """Builds the engine's ``batch_fn(images, labels, idx, mask, key) -> Batch``."""
+
+  def batch_fn(images, labels, idx, mask, key):
+    x = normalize(images[idx])
+    if augment:
+      x = flip_and_crop(key, x)
+    return Batch(x=x, y=labels[idx].astype(jnp.int32), mask=mask.astype(jnp.float32))
+
+  return batch_fn

@@ -1,0 +1,75 @@
+"""The FedAvg CNN of McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data" (AISTATS 2017).
+
+conv 5x5 32 -> ReLU -> maxpool 2 -> conv 5x5 64 -> ReLU -> maxpool 2 -> dense 512 -> ReLU ->
+dense num_classes; convolutions with "SAME" padding and bias. On 28x28x1 MNIST with 10 classes it
+has 1,663,370 parameters, the paper's count.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from fedjax_proj.core.types import Model
+from fedjax_proj.models.base import from_flax, output_heads
+from fedjax_proj.models.conv import Conv
+
+
+class CNN(nn.Module):
+  """The FedAvg CNN.
+
+  Attributes:
+    num_classes: classifier width (None: no classifier, for multi-head wrappers).
+    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
+    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
+    conv_impl: "xla", "patches_grad" or "patches" (:mod:`fedjax_proj.models.conv`).
+  """
+
+  num_classes: int | None = 10
+  projection_dim: int | None = None
+  classifier_on_projection: bool = False
+  conv_impl: str = "xla"
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None = None):
+    del train, mask  # No dropout or batch-dependent layers.
+    if x.ndim == 3:  # [B, H, W] grayscale.
+      x = x[..., None]
+    for i, width in enumerate((32, 64)):
+      x = Conv(width, (5, 5), padding="SAME", impl=self.conv_impl, name=f"conv_{i}")(x)
+      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+    h = nn.relu(nn.Dense(512, name="dense_0")(x.reshape(x.shape[0], -1)))
+    return output_heads(
+      h,
+      self.num_classes,
+      self.projection_dim,
+      classifier_on_projection=self.classifier_on_projection,
+    )
+
+
+def cnn(
+  num_classes: int = 10,
+  *,
+  projection_dim: int | None = None,
+  classifier_on_projection: bool = False,
+  conv_impl: str = "xla",
+) -> Model:
+  """The FedAvg CNN as a :class:`Model`; features are the 512-unit hidden layer.
+
+  Args:
+    num_classes: output width.
+    projection_dim: MOON projection head width (features become the projection).
+    classifier_on_projection: logits from the projection (MOON's code) instead of the hidden layer.
+    conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
+
+  Returns:
+    The Model.
+  """
+  module = CNN(
+    num_classes=num_classes,
+    projection_dim=projection_dim,
+    classifier_on_projection=classifier_on_projection,
+    conv_impl=conv_impl,
+  )
+  return from_flax("cnn", module, num_classes)

@@ -1,0 +1,185 @@
+"""A 2-D convolution layer with interchangeable implementations for XLA:CPU.
+
+``Conv`` has exactly the parameter layout of ``flax.linen.Conv`` (``kernel`` [kh, kw, cin, cout],
+optional ``bias`` [cout]), so parameters and checkpoints move freely between implementations:
+
+- ``"xla"``: ``lax.conv_general_dilated`` with autodiff gradients (the default; best on
+  accelerators and for a plain loop of jitted steps on CPU).
+- ``"patches_grad"``: the same forward convolution, wrapped in a ``jax.custom_vjp`` whose kernel
+  gradient is one matmul, im2col patches (``lax.conv_general_dilated_patches``) transposed times
+  the output gradient. The input gradient is still the usual transposed convolution.
+- ``"patches"``: the whole convolution as patches @ reshaped kernel; gradients by autodiff. Under
+  ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped
+  convolution. Its cost: the patch matrix is kh·kw times the activation.
+
+Why: on XLA:CPU the kernel-gradient convolution inside a loop body (``lax.scan``) is about 10x
+slower than outside it (jax-ml/jax issue 12868, "Convolution is significantly slower inside a loop
+body (CPU)"); see ``/work/shared/docs/DESIGN.md`` and ``benchmarks/conv_impl.py`` for measurements.
+im2col convolution as a matrix product is the classic formulation of Chellapilla, Puri and Simard,
+"High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
+
+All three implementations agree with ``nn.Conv`` to float32 round-off (forward and gradients);
+``tests/models/test_conv.py`` checks stride 1 and 2 with SAME and VALID padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+CONV_IMPLS = ("xla", "patches_grad", "patches")
+
+# NHWC activations and HWIO kernels are flax's conventions; fixing them here keeps the three
+# implementations bit-compatible in their parameter layout.
+_DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
+
+Padding = str | tuple[tuple[int, int], ...]
+
+
+def _canonical_padding(padding: str | Sequence[Sequence[int]] | int) -> Padding:
+  """Returns a hashable padding spec: "SAME" / "VALID" or ((lo, hi), (lo, hi))."""
+  if isinstance(padding, str):
+    padding = padding.upper()
+    if padding not in ("SAME", "VALID"):
+      raise ValueError(f"padding must be 'SAME', 'VALID' or explicit pairs, got {padding!r}")
+    return padding
+  if isinstance(padding, int):
+    return ((padding, padding), (padding, padding))
+  pairs = tuple(tuple(int(v) for v in p) for p in padding)
+  if len(pairs) != 2 or any(len(p) != 2 for p in pairs):
+    raise ValueError(f"explicit padding must be two (lo, hi) pairs, got {padding!r}")
+  return pairs
+
+
+def _xla_conv(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  return lax.conv_general_dilated(
+    x, kernel, window_strides=strides, padding=padding, dimension_numbers=_DIMENSION_NUMBERS
+  )
+
+
+def _patches(x: jax.Array, kernel_hw: tuple[int, int], strides: tuple[int, int], padding: Padding):
+  """im2col: [B, Ho, Wo, cin·kh·kw], feature order (cin, kh, kw) with cin slowest."""
+  return lax.conv_general_dilated_patches(
+    x,
+    filter_shape=kernel_hw,
+    window_strides=strides,
+    padding=padding,
+    dimension_numbers=_DIMENSION_NUMBERS,
+  )
+
+
+def _kernel_as_matrix(kernel: jax.Array) -> jax.Array:
+  """[kh, kw, cin, cout] -> [cin·kh·kw, cout], rows in the patch order (cin, kh, kw)."""
+  kh, kw, cin, cout = kernel.shape
+  return jnp.transpose(kernel, (2, 0, 1, 3)).reshape(cin * kh * kw, cout)
+
+
+def _matrix_as_kernel(mat: jax.Array, kernel_shape: tuple[int, ...]) -> jax.Array:
+  """Inverse of :func:`_kernel_as_matrix`."""
+  kh, kw, cin, cout = kernel_shape
+  return jnp.transpose(mat.reshape(cin, kh, kw, cout), (1, 2, 0, 3))
+
+
+def conv_patches(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  """Convolution as one matmul of im2col patches with the reshaped kernel."""
+  patches = _patches(x, kernel.shape[:2], strides, padding)
+  return lax.dot_general(
+    patches, _kernel_as_matrix(kernel).astype(patches.dtype), (((patches.ndim - 1,), (0,)), ((), ()))
+  )
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def conv_patches_grad(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  """XLA convolution whose kernel gradient is computed as patchesᵀ @ output-gradient."""
+  return _xla_conv(x, kernel, strides, padding)
+
+
+def _conv_patches_grad_fwd(x, kernel, strides, padding):
+  # Keep x, not its patches: the patch matrix is kh·kw times larger and cheap to recompute.
+  return _xla_conv(x, kernel, strides, padding), (x, kernel)
+
+
+def _conv_patches_grad_bwd(strides, padding, residuals, g):
+  x, kernel = residuals
+  _, input_vjp = jax.vjp(lambda x_: _xla_conv(x_, kernel, strides, padding), x)
+  (dx,) = input_vjp(g)
+  patches = _patches(x, kernel.shape[:2], strides, padding)
+  # One contraction over batch and output positions replaces the slow kernel-gradient conv.
+  dmat = lax.dot_general(patches, g, (((0, 1, 2), (0, 1, 2)), ((), ())))
+  return dx, _matrix_as_kernel(dmat, kernel.shape).astype(kernel.dtype)
+
+
+conv_patches_grad.defvjp(_conv_patches_grad_fwd, _conv_patches_grad_bwd)
+
+
+def conv2d(
+  x: jax.Array,
+  kernel: jax.Array,
+  strides: Sequence[int] = (1, 1),
+  padding: str | Sequence[Sequence[int]] | int = "SAME",
+  impl: str = "xla",
+) -> jax.Array:
+  """Functional NHWC/HWIO 2-D convolution with a selectable implementation.
+
+  Args:
+    x: [B, H, W, cin] input.
+    kernel: [kh, kw, cin, cout] kernel.
+    strides: (sh, sw) window strides.
+    padding: "SAME", "VALID", an int, or explicit ((lo, hi), (lo, hi)).
+    impl: one of :data:`CONV_IMPLS`.
+
+  Returns:
+    [B, Ho, Wo, cout] output.
+  """
+  strides = tuple(int(s) for s in strides)
+  pad = _canonical_padding(padding)
+  if impl == "xla":
+    return _xla_conv(x, kernel, strides, pad)
+  if impl == "patches_grad":
+    return conv_patches_grad(x, kernel, strides, pad)
+  if impl == "patches":
+    return conv_patches(x, kernel, strides, pad)
+  raise ValueError(f"unknown conv impl {impl!r}; valid: {CONV_IMPLS}")
+
+
+class Conv(nn.Module):
+  """Drop-in for ``nn.Conv`` (2-D, NHWC, no dilation or groups) with a ``impl`` switch.
+
+  Attributes:
+    features: number of output channels.
+    kernel_size: (kh, kw).
+    strides: (sh, sw).
+    padding: "SAME", "VALID", an int, or explicit ((lo, hi), (lo, hi)).
+    use_bias: whether to add a bias.
+    impl: "xla", "patches_grad" or "patches" (see the module docstring).
+    kernel_init: kernel initializer (``nn.Conv``'s default).
+    bias_init: bias initializer.
+  """
+
+  features: int
+  kernel_size: Sequence[int]
+  strides: Sequence[int] = (1, 1)
+  padding: Any = "SAME"
+  use_bias: bool = True
+  impl: str = "xla"
+  kernel_init: Any = nn.initializers.lecun_normal()
+  bias_init: Any = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if self.impl not in CONV_IMPLS:
+      raise ValueError(f"unknown conv impl {self.impl!r}; valid: {CONV_IMPLS}")
+    if x.ndim != 4:
+      raise ValueError(f"Conv expects NHWC input, got shape {x.shape}")
+    kh, kw = self.kernel_size
+    kernel = self.param("kernel", self.kernel_init, (kh, kw, x.shape[-1], self.features))
+    y = conv2d(x, kernel, self.strides, self.padding, self.impl)
+    if self.use_bias:
+      y = y + self.param("bias", self.bias_init, (self.features,))
+    return y

@@ -1,0 +1,67 @@
+"""Small fixtures shared by tests: a tiny model and synthetic federated data."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_proj.core.types import Model, ModelOutput, RoundData
+from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.data.pipeline import make_batch_fn, normalizer
+
+
+def tiny_model(num_classes: int = 3, hidden: int = 8, in_dim: int = 4) -> Model:
+  """A 2-layer tanh MLP written directly as pure functions (no Flax)."""
+
+  def init(key, x):
+    k1, k2 = jax.random.split(key)
+    return {
+      "params": {
+        "w1": jax.random.normal(k1, (in_dim, hidden)) * 0.5,
+        "b1": jnp.zeros(hidden),
+        "w2": jax.random.normal(k2, (hidden, num_classes)) * 0.5,
+        "b2": jnp.zeros(num_classes),
+      }
+    }
+
+  def apply(variables, x, *, train, rng=None, mask=None):
+    del train, rng, mask
+    p = variables["params"]
+    h = jnp.tanh(x.reshape(x.shape[0], -1) @ p["w1"] + p["b1"])
+    return ModelOutput(h @ p["w2"] + p["b2"], h, {})
+
+  return Model("tiny", init, apply, num_classes)
+
+
+def synthetic_data(n: int = 120, in_dim: int = 4, num_classes: int = 3, seed: int = 0):
+  """Linearly separable-ish float features and labels."""
+  rng = np.random.default_rng(seed)
+  centers = rng.normal(size=(num_classes, in_dim)) * 2
+  labels = rng.integers(0, num_classes, n).astype(np.int32)
+  x = (centers[labels] + rng.normal(size=(n, in_dim))).astype(np.float32)
+  return x, labels
+
+
+def unequal_clients(n: int, sizes=(7, 19, 30, 12)) -> list[np.ndarray]:
+  assert sum(sizes) <= n
+  cuts = np.cumsum((0, *sizes))
+  return [np.arange(cuts[i], cuts[i + 1]) for i in range(len(sizes))]
+
+
+def float_batch_fn():
+  return make_batch_fn(normalizer(0.0, 1.0))
+
+
+def round_data(fd: FederatedData, x, y, round_idx=0, seed=0, cpr=None) -> RoundData:
+  sampled = fd.sample_clients(round_idx, cpr or fd.num_clients, seed)
+  idx, mask, n = fd.round_layout(sampled, round_idx, seed)
+  return RoundData(
+    jnp.asarray(x), jnp.asarray(y), jnp.asarray(sampled), jnp.asarray(idx), jnp.asarray(mask),
+    jnp.asarray(n), {},
+  )
+
+
+def sgd(lr=0.1, momentum=0.9):
+  return optax.sgd(lr, momentum=momentum)
