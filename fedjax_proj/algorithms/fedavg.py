@@ -96,3 +96,11 @@ def fedavg(
     batch_fn=batch_fn,
     global_variables=lambda state: state.variables,
   )
+
+
+NEEDS_PUBLIC = False
+
+
+def build(ctx, **hparams) -> FederatedAlgorithm:
+  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`)."""
+  return fedavg(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hparams)

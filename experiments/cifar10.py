@@ -1,0 +1,49 @@
+"""CIFAR-10 (and other image datasets) under label skew: FedProj's main experiment.
+
+    python experiments/cifar10.py --method=fedavg --preset=cpu
+
+Presets: ``paper`` is the FedProj paper's CIFAR-10 setting (100 clients, 10% per round, 20 local
+epochs, 100 rounds, ResNet-8, Dirichlet 0.3, Adam 1e-3); ``cpu`` finishes in about 15 minutes on 2
+cores; ``smoke`` in under a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+from fedjax_proj.algorithms import methods  # noqa: E402
+from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
+from fedjax_proj.models import MODELS  # noqa: E402
+from fedjax_proj.training.experiment import base_config  # noqa: E402
+
+
+def get_config(preset: str = "paper"):
+  c = base_config()
+  if preset == "paper":
+    return c
+  if preset == "cpu":
+    c.rounds = 30
+    c.local_epochs = 2
+    c.eval_every = 5
+    return c
+  if preset == "smoke":
+    c.num_clients = 10
+    c.clients_per_round = 2
+    c.rounds = 2
+    c.local_epochs = 1
+    c.train_subset = 2000
+    c.test_subset = 500
+    c.eval_every = 1
+    c.partition = "dirichlet:0.5"
+    return c
+  raise ValueError(f"Unknown preset {preset!r}; choose one of {common.PRESETS}.")
+
+
+if __name__ == "__main__":
+  choices = {"method": methods(), "strategy": STRATEGIES, "model": MODELS}
+  sys.exit(common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices))

@@ -1,0 +1,13 @@
+"""Federated algorithms, one module per method, behind the FederatedAlgorithm interface."""
+
+from fedjax_proj.algorithms.base import FederatedAlgorithm, make_round
+from fedjax_proj.algorithms.registry import BuildContext, build_algorithm, methods, register
+
+__all__ = [
+  "BuildContext",
+  "FederatedAlgorithm",
+  "build_algorithm",
+  "make_round",
+  "methods",
+  "register",
+]

@@ -1,0 +1,1 @@
+"""Round loop, evaluation, metrics files and the config-driven experiment runner."""
