@@ -41,9 +41,10 @@ class BuildContext(NamedTuple):
   num_classes: int = 10
 
 
-# name -> module defining ``build(ctx: BuildContext, **hparams) -> FederatedAlgorithm`` and
-# ``NEEDS_PUBLIC: bool``. Modules are imported lazily, so adding a method never slows start-up;
-# a name is listed only once its module exists.
+# name -> module defining ``build(ctx: BuildContext, **hparams) -> FederatedAlgorithm``,
+# ``NEEDS_PUBLIC: bool`` and optionally ``MODEL_KWARGS: dict`` (model options the method needs).
+# Modules are imported lazily, so adding a method never slows start-up; a name is listed only
+# once its module exists.
 METHOD_MODULES: dict[str, str] = {
   "fedavg": "fedjax_proj.algorithms.fedavg",
   "fedprox": "fedjax_proj.algorithms.fedprox",
@@ -94,6 +95,14 @@ def _resolve(name: str) -> tuple[Callable[..., FederatedAlgorithm], bool]:
     # One module may serve several names (fedgkd / fedgkd_vote).
     builder = functools.partial(builder, method=name)
   return builder, needs_public
+
+
+def model_kwargs(name: str) -> dict:
+  """Model options a method requires (e.g. MOON's ``projection_dim``), from ``MODEL_KWARGS``."""
+  if name in _EXTRA or not _available(name):
+    return {}
+  kwargs = getattr(importlib.import_module(METHOD_MODULES[name]), "MODEL_KWARGS", {})
+  return dict(kwargs.get(name, {})) if name in kwargs else dict(kwargs)
 
 
 def needs_public(name: str) -> bool:

@@ -133,7 +133,8 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   parts = partition_lib.partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
 
-  model = get_model(c.model, train_ds.num_classes, **dict(c.get("model_kwargs", {})))
+  model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
+  model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   variables = model.init(jax.random.key(c.seed), sample)
   normalize = pipeline.normalizer_for(c.dataset, train_x)
