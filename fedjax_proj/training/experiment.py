@@ -19,9 +19,9 @@ import optax
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.core import engine as engine_lib
-from fedjax_proj.data import partition as partition_lib
 from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.data.partition import parse_partition, partition
 from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.models import get_model
 from fedjax_proj.models.base import count_params
@@ -74,7 +74,7 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       f"Unknown method {c.method!r}. Valid methods: {', '.join(registry.methods())}."
     )
   engine_lib.validate_strategy(c.strategy)
-  partition_lib.parse_partition(c.partition)
+  parse_partition(c.partition)
   for field in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size"):
     if int(c[field]) < 1:
       raise ValueError(f"--{field} must be >= 1, got {c[field]}.")
@@ -130,7 +130,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   test_ds = load_dataset(c.dataset, "test", data_dir)
   train_x, train_y = _subset(train_ds, c.train_subset, c.seed)
   test_x, test_y = _subset(test_ds, c.test_subset, c.seed + 1)
-  parts = partition_lib.partition(train_y, c.partition, c.num_clients, c.seed)
+  parts = partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
 
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
