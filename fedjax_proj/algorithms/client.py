@@ -82,7 +82,8 @@ def local_training_client(
   loss_fn: Callable,
   *,
   init_extra: Callable[[dict, PyTree, Array], PyTree] | None = None,
-  transform_grads: Callable[[PyTree, PyTree, Batch, StepContext], PyTree] | None = None,
+  transform_grads: Callable[[PyTree, PyTree, Batch, StepContext], tuple[PyTree, PyTree]]
+  | None = None,
   finalize: Callable[[LocalState], dict[str, Any]] | None = None,
 ) -> ClientProgram:
   """Builds the :class:`ClientProgram` of a local-SGD client.
@@ -92,8 +93,9 @@ def local_training_client(
     optimizer: the client optimiser (re-initialised every round, as in FedAvg).
     loss_fn: ``loss_fn(params, batch, ctx) -> (loss, LossAux)``.
     init_extra: ``init_extra(shared, client_input, key) -> extra`` method state for the client.
-    transform_grads: ``transform_grads(grads, params, batch, ctx) -> grads`` applied before the
-      optimiser (e.g. SCAFFOLD's control-variate correction).
+    transform_grads: ``transform_grads(grads, params, batch, ctx) -> (grads, extra)`` applied
+      before the optimiser (e.g. SCAFFOLD's control-variate correction, FedProj's projection);
+      it returns the client's updated ``extra`` state (return ``ctx.extra`` if unchanged).
     finalize: ``finalize(state) -> dict`` of extra outputs merged into the client output.
 
   Returns:
@@ -112,14 +114,16 @@ def local_training_client(
   def step(shared, state: LocalState, batch: Batch, key):
     ctx = StepContext(state.model_state, shared, state.extra, key)
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, ctx)
+    extra = state.extra
     if transform_grads is not None:
-      grads = transform_grads(grads, state.params, batch, ctx)
+      grads, extra = transform_grads(grads, state.params, batch, ctx)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return state._replace(
       params=params,
       model_state=aux.model_state,
       opt_state=opt_state,
+      extra=extra,
       num_steps=state.num_steps + 1,
       loss_sum=state.loss_sum + loss,
       correct=state.correct + losses.accuracy_count(aux.logits, batch.y, batch.mask),
