@@ -77,7 +77,11 @@ def make_round(
 
   ``vmap_scan`` compiles the whole round into one program (server state donated). Host-looped
   strategies jit ``broadcast`` and ``aggregate`` separately around the engine's loop.
+  Algorithms whose round is not broadcast/vmap/aggregate (sequential FL:
+  :class:`fedjax_proj.algorithms.sequential.SequentialAlgorithm`) bring their own ``make_round``.
   """
+  if hasattr(algorithm, "make_round"):
+    return algorithm.make_round(strategy, unroll)
   engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
   if engine.traceable:
 

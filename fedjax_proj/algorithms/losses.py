@@ -49,3 +49,71 @@ def kl_from_logits(
   log_q = jax.nn.log_softmax(s, axis=-1)
   per_example = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
   return temperature**2 * masked_mean(per_example, mask)
+
+
+# --- Decoupled knowledge distillation (DKD; Zhao et al., CVPR 2022; megvii-research/mdistiller) ---
+# KL(p^T‖p^S) = TCKD + (1 − p_t^T)·NCKD per example (DKD paper, Eq. 1–3), before T² and weights.
+
+_NON_TARGET_MASK_VALUE = 1000.0  # mdistiller masks the target logit by subtracting 1000 at T.
+
+
+def dkd_per_example(
+  teacher_logits: Array, student_logits: Array, labels: Array, temperature: float = 4.0
+) -> tuple[Array, Array]:
+  """Per-example DKD terms (TCKD, NCKD) at temperature T, WITHOUT the T² factor.
+
+  TCKD = KL(b^T‖b^S) with b = [p_t, 1 − p_t] the binary target/non-target split of σ(z/T);
+  NCKD = KL(p̂^T‖p̂^S) with p̂ the softmax over the non-target classes (the target logit masked by
+  −1000 after dividing by T, as in mdistiller). Computed in log space, so nothing underflows to
+  log 0. The teacher is a constant (stop_gradient).
+
+  Args:
+    teacher_logits: [B, C].
+    student_logits: [B, C].
+    labels: [B] int target classes.
+    temperature: T.
+
+  Returns:
+    (tckd [B], nckd [B]).
+  """
+  t = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32)) / temperature
+  s = student_logits.astype(jnp.float32) / temperature
+  gt = jax.nn.one_hot(labels, t.shape[-1], dtype=jnp.float32)
+
+  def binary_log_probs(z):
+    log_all = jax.nn.logsumexp(z, axis=-1)
+    log_target = jnp.sum(z * gt, axis=-1) - log_all
+    log_other = jax.nn.logsumexp(z - _NON_TARGET_MASK_VALUE * gt, axis=-1) - log_all
+    return log_target, log_other
+
+  lt_t, lo_t = binary_log_probs(t)
+  lt_s, lo_s = binary_log_probs(s)
+  tckd = jnp.exp(lt_t) * (lt_t - lt_s) + jnp.exp(lo_t) * (lo_t - lo_s)
+  log_p = jax.nn.log_softmax(t - _NON_TARGET_MASK_VALUE * gt, axis=-1)
+  log_q = jax.nn.log_softmax(s - _NON_TARGET_MASK_VALUE * gt, axis=-1)
+  nckd = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+  return tckd, nckd
+
+
+def tckd_loss(
+  teacher_logits: Array,
+  student_logits: Array,
+  labels: Array,
+  temperature: float = 4.0,
+  mask: Array | None = None,
+) -> Array:
+  """Target-class KD: T²·batchmean TCKD over unmasked examples (DKD)."""
+  tckd, _ = dkd_per_example(teacher_logits, student_logits, labels, temperature)
+  return temperature**2 * masked_mean(tckd, mask)
+
+
+def nckd_loss(
+  teacher_logits: Array,
+  student_logits: Array,
+  labels: Array,
+  temperature: float = 4.0,
+  mask: Array | None = None,
+) -> Array:
+  """Non-target-class KD: T²·batchmean NCKD over unmasked examples (DKD)."""
+  _, nckd = dkd_per_example(teacher_logits, student_logits, labels, temperature)
+  return temperature**2 * masked_mean(nckd, mask)

@@ -1,0 +1,220 @@
+"""SFedKD: sequential FL with discrepancy-aware multi-teacher decoupled KD (papers/004).
+
+Xu et al., "SFedKD: Sequential Federated Learning with Discrepancy-Aware Multi-Teacher Knowledge
+Distillation"; METHODS.md "SFedKD and sequential FL". What it computes, per round r:
+
+* The FedSeq chain (sequential.py): M sampled clients in random order, the model passed along.
+* Teachers: K of the M models trained in round r−1 (the model each client of that chain handed
+  on), chosen at the end of round r−1 by greedy complementary selection on the clients' class
+  distributions (teachers.greedy_select, Algorithm 1) and kept stacked [K, ...] in the server
+  state with their distributions. Round 1 has no teachers (plain FedSeq, Algorithm 2 line 5).
+* Client loss (Eq. 7): CE + γ·Σ_k g_k·NCKD(T_k, S) + β·Σ_k h_k·TCKD(T_k, S), DKD terms at
+  temperature T times T² (losses.dkd_per_example), with g_k, h_k from d(D^{T_k}, D^S) (Eq. 5,
+  teachers.teacher_weights). All K teachers' logits on a batch come from one vmapped forward
+  over the stacked teacher parameters (inference mode: BatchNorm running statistics).
+* D (a client's class distribution) is its label histogram, read from the round layout's labels
+  and mask: with epoch-based local training every example appears E times, so this is exact.
+
+Defaults (METHODS.md): K = 5 of M = 10, γ = 1, β = 3, T = 4, d = KL, ε = 1e-4.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms import losses
+from fedjax_proj.algorithms import teachers as teachers_lib
+from fedjax_proj.algorithms.sequential import (
+  SequentialAlgorithm,
+  chain_metrics,
+  check_no_server_optimizer,
+  default_handoff,
+)
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.types import Array, Batch, Model, RoundData
+
+
+class SFedKDConfig(NamedTuple):
+  """SFedKD hyperparameters (METHODS.md defaults).
+
+  Attributes:
+    num_teachers: K, teachers selected from the previous round's M clients (K <= M).
+    gamma: γ, weight of the multi-teacher NCKD term.
+    beta: β, weight of the multi-teacher TCKD term.
+    temperature: DKD temperature T.
+    metric: distribution discrepancy d: "kl" (default), "l1", "l2" or "js".
+    eps: ε smoothing of h_k's inverse discrepancies.
+    smoothing: additive smoothing of class distributions before d (keeps KL finite).
+  """
+
+  num_teachers: int = 5
+  gamma: float = 1.0
+  beta: float = 3.0
+  temperature: float = 4.0
+  metric: str = "kl"
+  eps: float = 1e-4
+  smoothing: float = 1e-6
+
+  def validate(self) -> SFedKDConfig:
+    teachers_lib.validate_metric(self.metric)
+    if int(self.num_teachers) < 1:
+      raise ValueError(f"num_teachers must be >= 1, got {self.num_teachers}.")
+    if self.temperature <= 0:
+      raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+    if self.gamma < 0 or self.beta < 0 or self.eps <= 0 or self.smoothing < 0:
+      raise ValueError("gamma and beta must be >= 0, eps > 0 and smoothing >= 0.")
+    return self
+
+
+class SFedKDState(NamedTuple):
+  round: Array
+  variables: dict
+  teachers: dict  # stacked [K, ...] variables of the previous round's selected models
+  teacher_dists: Array  # [K, C]
+  has_teachers: Array  # bool; False in round 1
+
+
+def client_distributions(rd: RoundData, num_classes: int) -> Array:
+  """[M, C] class distribution of each sampled client, from its round layout."""
+  labels = rd.labels[rd.idx]
+  return jax.vmap(lambda y, m: teachers_lib.class_distribution(y, m, num_classes))(labels, rd.mask)
+
+
+def multi_teacher_dkd(
+  teacher_logits: Array,
+  student_logits: Array,
+  labels: Array,
+  mask: Array,
+  g: Array,
+  h: Array,
+  config: SFedKDConfig,
+) -> tuple[Array, Array]:
+  """(L_NCKD, L_TCKD) of Eqs. 3–4 for teacher logits [K, B, C]; each includes T²."""
+  tckd, nckd = jax.vmap(
+    lambda t: losses.dkd_per_example(t, student_logits, labels, config.temperature)
+  )(teacher_logits)
+  t2 = config.temperature**2
+  per_teacher_nckd = jax.vmap(lambda v: losses.masked_mean(v, mask))(nckd)
+  per_teacher_tckd = jax.vmap(lambda v: losses.masked_mean(v, mask))(tckd)
+  return t2 * jnp.dot(g, per_teacher_nckd), t2 * jnp.dot(h, per_teacher_tckd)
+
+
+def sfedkd(
+  model: Model,
+  client_optimizer: optax.GradientTransformation,
+  batch_fn: BatchFn,
+  num_classes: int,
+  config: SFedKDConfig | None = None,
+) -> SequentialAlgorithm:
+  """Builds SFedKD.
+
+  Args:
+    model: the model as pure functions.
+    client_optimizer: local optimiser (re-initialised at every client).
+    batch_fn: the engine's batch builder.
+    num_classes: C, for the class distributions.
+    config: hyperparameters (``None``: the defaults).
+  """
+  config = (config or SFedKDConfig()).validate()
+  k = int(config.num_teachers)
+
+  def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
+    out = client_lib.forward(
+      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
+    )
+    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+
+    def kd(_):
+      # One vmapped forward over the stacked teachers: all K teachers' logits at once.
+      t_logits = jax.vmap(lambda v: model.apply(v, batch.x, train=False).logits)(
+        ctx.shared["teachers"]
+      )
+      g, h = ctx.extra
+      nckd, tckd = multi_teacher_dkd(t_logits, out.logits, batch.y, batch.mask, g, h, config)
+      return config.gamma * nckd + config.beta * tckd
+
+    kd_loss = jax.lax.cond(ctx.shared["has_teachers"], kd, lambda _: jnp.zeros(()), None)
+    return ce + kd_loss, client_lib.LossAux(out.logits, out.state)
+
+  def init_extra(shared, client_input, key):
+    del key
+    return teachers_lib.teacher_weights(
+      shared["teacher_dists"], client_input["dist"], config.metric, config.eps, config.smoothing
+    )
+
+  program = client_lib.local_training_client(
+    model, client_optimizer, loss_fn, init_extra=init_extra
+  )
+
+  def init(variables, key):
+    del key
+    variables = tree_lib.tree_copy(variables)
+    return SFedKDState(
+      round=jnp.zeros((), jnp.int32),
+      variables=variables,
+      teachers=tree_lib.broadcast_clients(variables, k),
+      teacher_dists=jnp.full((k, num_classes), 1.0 / num_classes, jnp.float32),
+      has_teachers=jnp.zeros((), bool),
+    )
+
+  def begin(state, rd, key):
+    del key
+    if k > rd.idx.shape[0]:
+      raise ValueError(
+        f"SFedKD num_teachers={k} exceeds the {rd.idx.shape[0]} clients per round; lower "
+        "num_teachers (--method_kwargs=num_teachers=...) or raise --clients_per_round."
+      )
+    context = {
+      "teachers": state.teachers,
+      "teacher_dists": state.teacher_dists,
+      "has_teachers": state.has_teachers,
+    }
+    return context, {"variables": state.variables}, {"dist": client_distributions(rd, num_classes)}
+
+  def end(state, rd, carry, outputs, order, key):
+    del key
+    dists = client_distributions(rd, num_classes)[order]  # sequence order, like ``outputs``
+    picks = teachers_lib.greedy_select(dists, k, config.metric, config.smoothing)
+    new_state = SFedKDState(
+      round=state.round + 1,
+      variables=carry["variables"],
+      teachers=tree_lib.index_clients(outputs["variables"], picks),
+      teacher_dists=dists[picks],
+      has_teachers=jnp.ones((), bool),
+    )
+    metrics = chain_metrics(outputs, rd, order)
+    metrics["teacher_clients"] = rd.client_ids[order][picks]
+    return new_state, metrics
+
+  return SequentialAlgorithm(
+    name="sfedkd",
+    init=init,
+    begin=begin,
+    client=program,
+    handoff=default_handoff,
+    end=end,
+    batch_fn=batch_fn,
+    global_variables=lambda state: state.variables,
+  )
+
+
+NEEDS_PUBLIC = False
+
+
+def build(ctx, **hparams) -> SequentialAlgorithm:
+  """Registry entry; ``hparams`` are :class:`SFedKDConfig` fields."""
+  unknown = set(hparams) - set(SFedKDConfig._fields)
+  if unknown:
+    raise ValueError(
+      f"Unknown SFedKD hyperparameters {sorted(unknown)}; valid: {', '.join(SFedKDConfig._fields)}."
+    )
+  check_no_server_optimizer(ctx.server_optimizer, "sfedkd")
+  return sfedkd(
+    ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.num_classes, SFedKDConfig(**hparams)
+  )
