@@ -1,0 +1,326 @@
+"""Global Principal Subspace Extraction (GPSE) and FedProject: FOT's two building blocks.
+
+From Bakman et al., "Federated Orthogonal Training: Mitigating Global Catastrophic Forgetting in
+Continual Federated Learning" (ICLR 2024; code duygunuryldz/Federated_Orthogonal_Training).
+
+Projected layers are the model's ``Dense`` and ``Conv`` layers (found by intercepting their calls,
+so any Flax backbone works; task heads are not ``Dense`` and are never projected). A layer's
+"inputs" are rows of a matrix X [M, d] in the layer's input space:
+
+* dense: the input vectors, d = in_features;
+* conv: im2col patches (``lax.conv_general_dilated_patches`` with the layer's strides/padding),
+  d = C_in·k·k, rows ordered exactly like :func:`kernel_matrix` (the kernel reshaped to
+  (C_in·k·k) x C_out), so that ``conv(x, W) == patches(x) @ kernel_matrix(W)``.
+
+GPSE, per layer, with the stored orthonormal basis U [d, d] (columns beyond the rank are zero):
+
+* client k: residual R_k = X_k − X_k U Uᵀ; sketch A_k = R_kᵀ G_k with G_k ~ N(0, 1) of shape
+  [M_k, s]; ratio r_k = ‖R_k‖_F / ‖X_k‖_F (optionally A_k clipped to Frobenius norm L and
+  Gaussian noise added: the paper's Appendix H Gaussian mechanism). All clients at once (vmap).
+* server: A = Σ_k A_k (= [R_1; …; R_C]ᵀ [G_1; …; G_C], the sketch of the concatenated data, which is
+  why it is secure-aggregation compatible), ρ = Σ_k (n_k/n) r_k, ε' = (ρ − (1 − ε))/ρ; k = the
+  smallest rank with Σ_{j≤k} σ_j² / ‖A‖_F² > ε' (METHODS.md and the authors' code; the paper's
+  eq. 12 writes an unsquared variant); U ← orthonormal [U, U_A[:, :k]].
+
+The SVD of A is exact for small matrices and a randomized range finder (Halko, Martinsson and
+Tropp, 2011, Alg. 4.4 with power iterations) for large ones, growing the target rank until the
+ε' rule is met inside it (‖A‖_F² is exact, so the rule is decided exactly).
+
+FedProject: Δ ← Δ − U Uᵀ Δ for every projected kernel (rows in input space); biases, norms and heads
+are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_proj.core.types import Array, Model
+from fedjax_proj.models import conv as conv_lib
+
+
+class LayerSpec(NamedTuple):
+  """A projected layer: parameter path, kind and input-space geometry."""
+
+  path: tuple[str, ...]
+  kind: str  # "dense" or "conv"
+  in_dim: int
+  kernel_size: tuple[int, int] = (1, 1)
+  strides: tuple[int, int] = (1, 1)
+  padding: Any = "VALID"
+
+  @property
+  def key(self) -> str:
+    return "/".join(self.path)
+
+
+def _is_layer(module: nn.Module) -> bool:
+  return isinstance(module, nn.Dense | nn.Conv | conv_lib.Conv)
+
+
+def capture_inputs(model: Model, variables: dict, x: Array, **apply_kwargs):
+  """Runs ``model.apply`` (inference) and returns (output, {module path: layer input})."""
+  captured: dict[tuple[str, ...], tuple[nn.Module, Array]] = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name == "__call__" and _is_layer(context.module):
+      captured[tuple(context.module.path)] = (context.module, args[0])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    out = model.apply(variables, x, train=False, **apply_kwargs)
+  return out, captured
+
+
+def find_layers(model: Model, variables: dict, sample_x: Array, **apply_kwargs) -> list[LayerSpec]:
+  """The projected layers of a Flax model, in call order."""
+  specs: list[LayerSpec] = []
+
+  def record(v, x):
+    _, cap = capture_inputs(model, v, x, **apply_kwargs)
+    for path, (module, inp) in cap.items():
+      if isinstance(module, nn.Dense):
+        specs.append(LayerSpec(path, "dense", int(inp.shape[-1])))
+      else:
+        if getattr(module, "feature_group_count", 1) != 1:
+          raise ValueError(f"layer {path}: grouped convolutions are not supported by GPSE")
+        kh, kw = module.kernel_size
+        strides = tuple(module.strides) if module.strides is not None else (1, 1)
+        pad = module.padding
+        pad = pad.upper() if isinstance(pad, str) else conv_lib._canonical_padding(pad)
+        specs.append(LayerSpec(path, "conv", int(inp.shape[-1]) * kh * kw, (kh, kw), strides, pad))
+    return 0
+
+  jax.eval_shape(record, variables, sample_x)
+  if not specs:
+    raise ValueError(f"model {model.name!r} has no Dense/Conv layers to project")
+  return specs
+
+
+def kernel_matrix(kernel: Array) -> Array:
+  """A projected kernel as a matrix [d, out] whose rows live in the layer's input space."""
+  if kernel.ndim == 2:
+    return kernel
+  return conv_lib._kernel_as_matrix(kernel)
+
+
+def matrix_kernel(mat: Array, shape: tuple[int, ...]) -> Array:
+  """Inverse of :func:`kernel_matrix`."""
+  if len(shape) == 2:
+    return mat
+  return conv_lib._matrix_as_kernel(mat, shape)
+
+
+def input_rows(spec: LayerSpec, inp: Array, mask: Array | None = None) -> Array:
+  """The layer's input matrix X [M, d] (dense vectors or im2col patches); masked rows are zero."""
+  if spec.kind == "dense":
+    rows = inp.reshape(inp.shape[0], -1, inp.shape[-1])
+  else:
+    patches = conv_lib._patches(inp, spec.kernel_size, spec.strides, spec.padding)
+    rows = patches.reshape(patches.shape[0], -1, patches.shape[-1])
+  if mask is not None:
+    rows = rows * mask.astype(rows.dtype)[:, None, None]
+  return rows.reshape(-1, rows.shape[-1])
+
+
+def get_kernel(params: dict, spec: LayerSpec) -> Array:
+  node = params
+  for p in spec.path:
+    node = node[p]
+  return node["kernel"]
+
+
+def set_kernel(params: dict, spec: LayerSpec, kernel: Array) -> dict:
+  """Returns ``params`` with the layer's kernel replaced (shallow copies along the path)."""
+
+  def go(node, i):
+    node = dict(node)
+    if i == len(spec.path):
+      node["kernel"] = kernel
+    else:
+      node[spec.path[i]] = go(node[spec.path[i]], i + 1)
+    return node
+
+  return go(params, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Client side.
+
+
+def residual(x_rows: Array, basis: Array) -> Array:
+  """R = X − X U Uᵀ (rows in input space)."""
+  return x_rows - (x_rows @ basis) @ basis.T
+
+
+def sketch(r_rows: Array, g: Array) -> Array:
+  """A = Rᵀ G [d, s]: Σ_j r_j g_jᵀ over the rows (eq. 9)."""
+  return r_rows.T @ g
+
+
+def sketch_width(spec: LayerSpec, multiplier: float) -> int:
+  return max(1, int(round(multiplier * spec.in_dim)))
+
+
+class SketchState(NamedTuple):
+  a: dict  # key -> [d, s]
+  x_sq: dict  # key -> ‖X‖_F²
+  r_sq: dict  # key -> ‖R‖_F²
+  n: Array
+
+
+def init_sketch(specs: list[LayerSpec], widths: dict[str, int]) -> SketchState:
+  zero = jnp.zeros((), jnp.float32)
+  return SketchState(
+    {s.key: jnp.zeros((s.in_dim, widths[s.key]), jnp.float32) for s in specs},
+    {s.key: zero for s in specs},
+    {s.key: zero for s in specs},
+    zero,
+  )
+
+
+def sketch_step(
+  model: Model,
+  specs: list[LayerSpec],
+  widths: dict[str, int],
+  variables: dict,
+  bases: dict,
+  state: SketchState,
+  x: Array,
+  mask: Array,
+  key: Array,
+  **apply_kwargs,
+) -> SketchState:
+  """Adds one batch of a client's data to its sketches (G drawn fresh for these rows)."""
+  _, captured = capture_inputs(model, variables, x, mask=mask, **apply_kwargs)
+  a, x_sq, r_sq = dict(state.a), dict(state.x_sq), dict(state.r_sq)
+  for i, spec in enumerate(specs):
+    rows = input_rows(spec, captured[spec.path][1].astype(jnp.float32), mask)
+    res = residual(rows, bases[spec.key])
+    g = jax.random.normal(jax.random.fold_in(key, i), (rows.shape[0], widths[spec.key]))
+    a[spec.key] = a[spec.key] + sketch(res, g)
+    x_sq[spec.key] = x_sq[spec.key] + jnp.sum(rows * rows)
+    r_sq[spec.key] = r_sq[spec.key] + jnp.sum(res * res)
+  return SketchState(a, x_sq, r_sq, state.n + jnp.sum(mask))
+
+
+def finish_sketch(
+  state: SketchState, key: Array, dp_clip: float = 0.0, dp_noise: float = 0.0
+) -> dict:
+  """A client's message: sketches (optionally clipped and noised), ratios r_k, example count."""
+  out_a = {}
+  for i, (k, a) in enumerate(sorted(state.a.items())):
+    if dp_clip > 0:
+      a = a * jnp.minimum(1.0, dp_clip / jnp.maximum(jnp.linalg.norm(a), 1e-12))
+    if dp_noise > 0:
+      a = a + dp_noise * jax.random.normal(jax.random.fold_in(key, i), a.shape)
+    out_a[k] = a
+  ratio = {k: jnp.sqrt(state.r_sq[k] / jnp.maximum(state.x_sq[k], 1e-30)) for k in state.a}
+  return {"a": out_a, "ratio": ratio, "n": state.n}
+
+
+# ---------------------------------------------------------------------------------------------
+# Server side.
+
+
+def randomized_svd(
+  a: np.ndarray, rank: int, *, oversample: int = 10, power_iters: int = 2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+  """Top-``rank`` left singular vectors and values of ``a`` by a randomized range finder.
+
+  Halko, Martinsson and Tropp (SIAM Review 2011), Algorithm 4.4 (subspace iteration).
+  """
+  m, n = a.shape
+  q = min(rank + oversample, m, n)
+  rng = np.random.default_rng(seed)
+  y = a @ rng.standard_normal((n, q)).astype(a.dtype)
+  basis, _ = np.linalg.qr(y)
+  for _ in range(power_iters):
+    z, _ = np.linalg.qr(a.T @ basis)
+    basis, _ = np.linalg.qr(a @ z)
+  u_b, s, _ = np.linalg.svd(basis.T @ a, full_matrices=False)
+  return (basis @ u_b)[:, :rank], s[:rank]
+
+
+def threshold_rank(sq_singular: np.ndarray, total_sq: float, eps_prime: float) -> int | None:
+  """Smallest k with Σ_{j≤k} σ_j² / total > ε' (0 if ε' < 0); None if the σ given fall short."""
+  if eps_prime < 0 or total_sq <= 0:
+    return 0
+  frac = np.cumsum(sq_singular) / total_sq
+  hit = np.flatnonzero(frac > eps_prime)
+  return int(hit[0]) + 1 if hit.size else None
+
+
+def top_subspace(
+  a: np.ndarray, eps_prime: float, *, max_exact: int = 2_000_000, seed: int = 0
+) -> tuple[np.ndarray, int, str]:
+  """Left singular vectors of ``a`` up to the ε' rank: (U_A[:, :k], k, solver used)."""
+  a = np.asarray(a, np.float64)
+  total = float(np.sum(a * a))
+  m, n = a.shape
+  if a.size <= max_exact:
+    u, s, _ = np.linalg.svd(a, full_matrices=False)
+    k = threshold_rank(s**2, total, eps_prime)
+    return u[:, : (k if k is not None else len(s))], k if k is not None else len(s), "exact"
+  target = max(8, min(m, n) // 16)
+  while True:
+    u, s = randomized_svd(a, target, seed=seed)
+    k = threshold_rank(s**2, total, eps_prime)
+    if k is not None and (k < target or target >= min(m, n)):
+      return u[:, :k], k, "randomized"
+    if target >= min(m, n):
+      return u, len(s), "randomized"
+    target = min(2 * target, min(m, n))
+
+
+def expand_basis(basis: np.ndarray, rank: int, new: np.ndarray) -> tuple[np.ndarray, int]:
+  """Appends the span of ``new`` [d, k] to the orthonormal ``basis[:, :rank]`` (zero-padded [d, d]).
+
+  Two Gram-Schmidt passes against the old basis, then QR; directions already (numerically) in the
+  span are dropped.
+  """
+  d = basis.shape[0]
+  old = np.asarray(basis[:, :rank], np.float64)
+  v = np.asarray(new, np.float64)
+  for _ in range(2):
+    v = v - old @ (old.T @ v)
+  if v.shape[1] == 0 or rank >= d:
+    return basis, rank
+  q, r = np.linalg.qr(v)
+  keep = np.abs(np.diag(r)) > 1e-6 * max(1.0, float(np.abs(np.diag(r)).max(initial=0.0)))
+  q = q[:, keep][:, : d - rank]
+  out = np.array(basis, np.float32)
+  out[:, rank : rank + q.shape[1]] = q
+  return out, rank + q.shape[1]
+
+
+def eps_prime(rho: float, eps: float) -> float:
+  """ε' = (ρ − (1 − ε)) / ρ: the share of the NEW residual that must be captured."""
+  return (rho - (1.0 - eps)) / max(rho, 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# FedProject.
+
+
+def project_out(delta_mat: Array, basis: Array) -> Array:
+  """Δ − U Uᵀ Δ for Δ [d, out] with rows in input space."""
+  return delta_mat - basis @ (basis.T @ delta_mat)
+
+
+def fed_project(delta_params: dict, specs: list[LayerSpec], bases: dict) -> dict:
+  """Projects every projected kernel of a parameter-shaped update out of its stored subspace."""
+  out = delta_params
+  for spec in specs:
+    kernel = get_kernel(out, spec)
+    mat = project_out(kernel_matrix(kernel).astype(jnp.float32), bases[spec.key])
+    out = set_kernel(out, spec, matrix_kernel(mat, kernel.shape).astype(kernel.dtype))
+  return out
+
+
+def empty_bases(specs: list[LayerSpec]) -> dict:
+  return {s.key: jnp.zeros((s.in_dim, s.in_dim), jnp.float32) for s in specs}

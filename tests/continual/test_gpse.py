@@ -1,0 +1,218 @@
+"""GPSE and FedProject: sketch additivity, planted subspace, orthogonality, im2col order."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from fedjax_proj.algorithms import gpse
+from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.fot import fot
+from fedjax_proj.core.types import RoundData
+from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.data.pipeline import make_batch_fn, normalizer
+from fedjax_proj.models import multi_head
+from fedjax_proj.models.conv import Conv
+
+
+class _Lin(nn.Module):
+  width: int = 6
+
+  @nn.compact
+  def __call__(self, x, train, mask=None):
+    return None, jnp.tanh(nn.Dense(self.width)(x.reshape(x.shape[0], -1)))
+
+
+class _ConvNet(nn.Module):
+  @nn.compact
+  def __call__(self, x, train, mask=None):
+    h = nn.relu(nn.Conv(4, (3, 3), strides=(2, 2), padding="SAME")(x))
+    h = nn.relu(Conv(5, (2, 2), padding="VALID")(h))
+    return None, nn.Dense(6)(h.reshape(h.shape[0], -1))
+
+
+def _orthonormal(d, r, seed):
+  q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(d, r)))
+  return q.astype(np.float32)
+
+
+def test_sketch_sum_over_clients_equals_sketch_of_concatenation():
+  rng = np.random.default_rng(0)
+  basis = np.zeros((12, 12), np.float32)
+  basis[:, :3] = _orthonormal(12, 3, 1)
+  xs = [rng.normal(size=(n, 12)).astype(np.float32) for n in (5, 9, 3)]
+  gs = [rng.normal(size=(n, 20)).astype(np.float32) for n in (5, 9, 3)]
+  per_client = sum(gpse.sketch(gpse.residual(x, basis), g) for x, g in zip(xs, gs))
+  whole = gpse.sketch(gpse.residual(np.concatenate(xs), basis), np.concatenate(gs))
+  np.testing.assert_allclose(per_client, whole, rtol=1e-4, atol=1e-4)
+  # The residual is orthogonal to the stored basis, so the sketch is too.
+  np.testing.assert_allclose(basis.T @ whole, 0.0, atol=1e-3)
+
+
+def test_im2col_rows_match_kernel_reshape():
+  x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
+  kernel = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  for strides, padding in (((1, 1), "VALID"), ((2, 2), "SAME")):
+    spec = gpse.LayerSpec(("c",), "conv", 27, (3, 3), strides, padding)
+    rows = gpse.input_rows(spec, x)
+    out = lax.conv_general_dilated(
+      x, kernel, strides, padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    np.testing.assert_allclose(rows @ gpse.kernel_matrix(kernel), out.reshape(-1, 4), atol=1e-4)
+  np.testing.assert_array_equal(
+    gpse.matrix_kernel(gpse.kernel_matrix(kernel), kernel.shape), kernel
+  )
+
+
+def test_find_layers_and_captured_conv_inputs_reproduce_outputs():
+  model = multi_head(_ConvNet(), 2, 3)
+  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 2))
+  v = model.init(jax.random.key(1), x)
+  specs = gpse.find_layers(model, v, x, task=0)
+  assert [s.kind for s in specs] == ["conv", "conv", "dense"]
+  assert [s.in_dim for s in specs] == [18, 16, 5 * 3 * 3]
+  _, cap = gpse.capture_inputs(model, v, x, task=1)
+  s0 = specs[0]
+  k = gpse.get_kernel(v["params"], s0)
+  b = v["params"]["backbone"]["Conv_0"]["bias"]
+  conv = nn.Conv(4, (3, 3), strides=(2, 2), padding="SAME").apply(
+    {"params": {"kernel": k, "bias": b}}, x
+  )
+  rows = gpse.input_rows(s0, cap[s0.path][1])
+  np.testing.assert_allclose(rows @ gpse.kernel_matrix(k) + b, conv.reshape(-1, 4), atol=1e-4)
+
+
+def _planted_setup(d=20, true_rank=3, n=400, clients=4, seed=0):
+  rng = np.random.default_rng(seed)
+  b = _orthonormal(d, true_rank, seed + 10)
+  z = rng.normal(size=(n, true_rank)) * np.array([5.0, 3.0, 2.0])[:true_rank]
+  x = (z @ b.T + 0.01 * rng.normal(size=(n, d))).astype(np.float32)
+  y = rng.integers(0, 3, n).astype(np.int32)
+  model = multi_head(_Lin(), 2, 3)
+  v = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  batch_fn = make_batch_fn(normalizer(0.0, 1.0))
+  parts = np.array_split(np.arange(n), clients)
+  fd = FederatedData(parts, batch_size=32)
+  sampled = np.arange(clients, dtype=np.int32)
+  idx, mask, nk = fd.round_layout(sampled, 0, 0)
+  rd = RoundData(
+    jnp.asarray(x),
+    jnp.asarray(y),
+    jnp.asarray(sampled),
+    jnp.asarray(idx),
+    jnp.asarray(mask),
+    jnp.asarray(nk),
+    {"task": jnp.int32(0)},
+  )
+  return model, v, batch_fn, rd, b
+
+
+@pytest.mark.parametrize("strategy", ["vmap_scan", "sequential"])
+def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy):
+  model, v, batch_fn, rd, b = _planted_setup()
+  import optax
+
+  method = fot(
+    model,
+    optax.sgd(0.1),
+    batch_fn,
+    variables=v,
+    sample_x=rd.images[:2],
+    strategy=strategy,
+    eps=0.97,
+    sketch_multiplier=2.0,
+    client_chunk=3,
+  )
+  state = method.algorithm.init(v, jax.random.key(0))
+  state, metrics = method.end_task(state, rd, jax.random.key(1), 0)
+  key = "backbone/Dense_0"
+  r = int(state.ranks[key])
+  u = np.asarray(state.bases[key])
+  assert 3 <= r <= 6, metrics
+  np.testing.assert_allclose(u[:, :r].T @ u[:, :r], np.eye(r), atol=1e-5)
+  np.testing.assert_array_equal(u[:, r:], 0.0)
+  cosines = np.linalg.svd(b.T @ u[:, :r], compute_uv=False)  # cosines of principal angles
+  assert cosines.min() > 0.999
+  # A second GPSE on the same data adds (almost) nothing: the inputs are already covered.
+  state2, m2 = method.end_task(state, rd, jax.random.key(2), 1)
+  assert m2[f"rho/{key}"] < 0.05
+  assert int(state2.ranks[key]) - r <= 2
+
+
+def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
+  import optax
+
+  model = multi_head(_ConvNet(), 2, 3)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(64, 8, 8, 2)).astype(np.float32)
+  y = rng.integers(0, 3, 64).astype(np.int32)
+  v = model.init(jax.random.key(1), jnp.asarray(x[:2]))
+  batch_fn = make_batch_fn(normalizer(0.0, 1.0))
+  method = fot(model, optax.sgd(0.5), batch_fn, variables=v, sample_x=jnp.asarray(x[:2]))
+  state = method.algorithm.init(v, jax.random.key(0))
+  specs = gpse.find_layers(model, v, jnp.asarray(x[:2]), task=0)
+  bases = {}
+  for i, s in enumerate(specs):
+    u = np.zeros((s.in_dim, s.in_dim), np.float32)
+    u[:, : s.in_dim // 2] = _orthonormal(s.in_dim, s.in_dim // 2, i)
+    bases[s.key] = u
+  # The round donates its state: hand it copies.
+  state = state._replace(bases={k: jnp.array(u) for k, u in bases.items()})
+  old = jax.tree.map(np.asarray, state.variables["params"])
+  fd = FederatedData(np.array_split(np.arange(64), 4), batch_size=16)
+  sampled = np.arange(4, dtype=np.int32)
+  idx, mask, nk = fd.round_layout(sampled, 0, 0)
+  rd = RoundData(
+    jnp.asarray(x),
+    jnp.asarray(y),
+    jnp.asarray(sampled),
+    jnp.asarray(idx),
+    jnp.asarray(mask),
+    jnp.asarray(nk),
+    {"task": jnp.int32(1)},
+  )
+  round_fn = make_round(method.algorithm, "vmap_scan")
+  state, _ = round_fn(state, rd, jax.random.key(3))
+  new = state.variables["params"]
+  for s in specs:
+    delta = gpse.kernel_matrix(gpse.get_kernel(old, s) - gpse.get_kernel(new, s))
+    assert float(jnp.linalg.norm(delta)) > 1e-4  # the layer did move...
+    u = bases[s.key]
+    assert float(jnp.linalg.norm(u.T @ delta)) < 1e-4 * float(jnp.linalg.norm(delta)) + 1e-6
+  # Heads (and biases) are not projected: task 1's head moved freely.
+  assert float(jnp.linalg.norm(new["heads"]["kernel"][1] - old["heads"]["kernel"][1])) > 1e-4
+  np.testing.assert_array_equal(new["heads"]["kernel"][0], old["heads"]["kernel"][0])
+
+
+def test_randomized_range_finder_matches_exact_svd():
+  rng = np.random.default_rng(0)
+  m, n = 300, 600
+  u = _orthonormal(m, m, 1)
+  v = _orthonormal(n, m, 2)
+  s = 0.8 ** np.arange(m)
+  a = (u * s) @ v.T
+  u_r, s_r = gpse.randomized_svd(a, 15, seed=3)
+  np.testing.assert_allclose(s_r, s[:15], rtol=1e-5)
+  cos = np.linalg.svd(u[:, :15].T @ u_r, compute_uv=False)
+  assert cos.min() > 1 - 1e-6
+  # Rank selection and subspace agree between the exact and randomized paths.
+  new_e, k_e, solver_e = gpse.top_subspace(a, 0.99)
+  new_r, k_r, solver_r = gpse.top_subspace(a, 0.99, max_exact=0)
+  assert (solver_e, solver_r) == ("exact", "randomized")
+  assert k_e == k_r and k_e > 0
+  np.testing.assert_allclose(np.abs(new_e.T @ new_r), np.eye(k_e), atol=1e-5)
+  del rng
+
+
+def test_threshold_rank_and_eps_prime():
+  sq = np.array([6.0, 3.0, 1.0])
+  assert gpse.threshold_rank(sq, 10.0, 0.5) == 1
+  assert gpse.threshold_rank(sq, 10.0, 0.6) == 2  # 0.6 is not > 0.6
+  assert gpse.threshold_rank(sq, 10.0, -0.1) == 0
+  assert gpse.threshold_rank(sq, 20.0, 0.9) is None
+  assert gpse.eps_prime(1.0, 0.95) == pytest.approx(0.95)
+  assert gpse.eps_prime(0.5, 0.9) == pytest.approx(0.8)
