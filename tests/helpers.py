@@ -58,10 +58,34 @@ def round_data(fd: FederatedData, x, y, round_idx=0, seed=0, cpr=None) -> RoundD
   sampled = fd.sample_clients(round_idx, cpr or fd.num_clients, seed)
   idx, mask, n = fd.round_layout(sampled, round_idx, seed)
   return RoundData(
-    jnp.asarray(x), jnp.asarray(y), jnp.asarray(sampled), jnp.asarray(idx), jnp.asarray(mask),
-    jnp.asarray(n), {},
+    jnp.asarray(x),
+    jnp.asarray(y),
+    jnp.asarray(sampled),
+    jnp.asarray(idx),
+    jnp.asarray(mask),
+    jnp.asarray(n),
+    {},
   )
 
 
 def sgd(lr=0.1, momentum=0.9):
   return optax.sgd(lr, momentum=momentum)
+
+
+def tiny_bn_model(num_classes: int = 4) -> Model:
+  """Dense -> BatchNorm -> ReLU -> Dense, through the project's Flax adapter (has batch_stats)."""
+  import flax.linen as nn
+
+  from fedjax_proj.models.base import from_flax
+
+  class TinyBN(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool, mask=None):
+      h = nn.Dense(8)(x.reshape(x.shape[0], -1))
+      h = nn.BatchNorm(use_running_average=not train, momentum=0.9)(
+        h, mask=None if mask is None else mask[:, None]
+      )
+      h = nn.relu(h)
+      return nn.Dense(num_classes)(h), h
+
+  return from_flax("tiny_bn", TinyBN(), num_classes)

@@ -37,6 +37,8 @@ class FederatedAlgorithm(NamedTuple):
     aggregate: ``aggregate(state, round_data, client_outputs, key) -> (state, metrics)``.
     batch_fn: builds each local step's :class:`Batch` from device data and indices.
     global_variables: ``global_variables(state) -> variables`` of the global model (evaluation).
+    aggregate_host: optional host-level ``aggregate`` with identical results, used by host-looped
+      strategies when the server itself trains a conv model (server distillation on XLA:CPU).
   """
 
   name: str
@@ -46,6 +48,7 @@ class FederatedAlgorithm(NamedTuple):
   aggregate: AggregateFn
   batch_fn: BatchFn
   global_variables: Callable[[PyTree], dict]
+  aggregate_host: AggregateFn | None = None
 
   def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
     """One round, pure and traceable (``vmap_scan``); jit it whole."""
@@ -75,8 +78,10 @@ def make_round(
 ) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
   """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy.
 
-  ``vmap_scan`` compiles the whole round into one program (server state donated). Host-looped
-  strategies jit ``broadcast`` and ``aggregate`` separately around the engine's loop.
+  ``vmap_scan`` compiles the whole round into one program. Host-looped strategies jit
+  ``broadcast`` and ``aggregate`` separately around the engine's loop. The input server state is
+  donated (its buffers are reused for the new state): copy any leaf you keep across rounds
+  (``tree.tree_copy``).
   Algorithms whose round is not broadcast/vmap/aggregate (sequential FL:
   :class:`fedjax_proj.algorithms.sequential.SequentialAlgorithm`) bring their own ``make_round``.
   """
@@ -91,7 +96,7 @@ def make_round(
     return jax.jit(traced, donate_argnums=0)
 
   broadcast = jax.jit(algorithm.broadcast)
-  aggregate = jax.jit(algorithm.aggregate, donate_argnums=0)
+  aggregate = algorithm.aggregate_host or jax.jit(algorithm.aggregate, donate_argnums=0)
   split_keys = jax.jit(_round_keys)
   make_client_keys = jax.jit(random_lib.client_keys, static_argnums=1)
 

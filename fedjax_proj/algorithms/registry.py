@@ -105,6 +105,13 @@ def model_kwargs(name: str) -> dict:
   return dict(kwargs.get(name, {})) if name in kwargs else dict(kwargs)
 
 
+def config_kwargs(name: str) -> tuple[str, ...]:
+  """Experiment-config fields a method consumes as hyperparameters (``CONFIG_KWARGS``)."""
+  if name in _EXTRA or not _available(name):
+    return ()
+  return tuple(getattr(importlib.import_module(METHOD_MODULES[name]), "CONFIG_KWARGS", ()))
+
+
 def needs_public(name: str) -> bool:
   """Whether method ``name`` reads a public set from ``RoundData.extra``."""
   return _resolve(name)[1]

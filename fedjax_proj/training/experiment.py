@@ -61,7 +61,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.test_subset = 0
   c.output_dir = ""
   c.progress = True
-  c.public_data = ""
+  c.public_data = ""  # name (e.g. cifar100) or path (npz / image folder); "" = none
+  c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
   c.method_kwargs = ml_collections.ConfigDict()
   return c
@@ -118,6 +119,34 @@ def _subset(ds, n: int, seed: int):
   return ds.images[keep], ds.labels[keep]
 
 
+def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]:
+  """Loads the public set for methods that need one; validates it before any compute."""
+  if not c.public_data:
+    if registry.needs_public(c.method):
+      raise ValueError(
+        f"Method {c.method!r} needs public data: pass --public_data=cifar100 or a path, e.g. "
+        "--public_data=../shared/data/cifar100/public_20k.npz"
+      )
+    return {}, 0
+  public = load_dataset(c.public_data, "train")
+  images, labels = _subset(public, c.public_size, c.seed + 2)
+  if images.shape[1:] != train_x.shape[1:] or images.dtype != train_x.dtype:
+    raise ValueError(
+      f"Public data {c.public_data!r} has examples {images.shape[1:]} {images.dtype} but the "
+      f"private data has {train_x.shape[1:]} {train_x.dtype}; use a public set of the same format."
+    )
+  uses_memory = "memory_size" in registry.config_kwargs(c.method)
+  if uses_memory and c.memory_size > len(labels):
+    raise ValueError(
+      f"--memory_size={c.memory_size} exceeds the public set ({len(labels)} examples); lower "
+      "--memory_size or use more public data (--public_size=0 uses all of it)."
+    )
+  inputs = {"public_images": jax.device_put(images)}
+  if public.num_classes == num_classes:  # label spaces match: FedProj's round-0 CE is possible
+    inputs["public_labels"] = jax.device_put(np.asarray(labels, np.int32))
+  return inputs, len(labels)
+
+
 def default_output_dir(method: str) -> str:
   return str(Path("runs") / f"{method}-{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -140,6 +169,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   normalize = pipeline.normalizer_for(c.dataset, train_x)
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
 
+  round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes)
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay),
@@ -147,10 +177,13 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     normalize=normalize,
     num_clients=c.num_clients,
     server_optimizer=make_server_optimizer(c),
-    public_size=0,
+    public_size=public_size,
     num_classes=train_ds.num_classes,
   )
-  algorithm = registry.build_algorithm(c.method, ctx, **dict(c.method_kwargs))
+  hparams = dict(c.method_kwargs)
+  for field in registry.config_kwargs(c.method):
+    hparams.setdefault(field, c[field])
+  algorithm = registry.build_algorithm(c.method, ctx, **hparams)
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
@@ -177,6 +210,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     seed=c.seed,
     eval_every=c.eval_every,
     output_dir=output_dir,
+    round_inputs=round_inputs,
     summary_extra={"strategy": strategy, "config": c.to_dict(), "output_dir": output_dir},
     progress=c.progress,
   )

@@ -1,0 +1,132 @@
+"""The server of the distillation family (FedDF, FedET, FedProj): average, distil, refresh memory.
+
+Each round (paper 001, Algorithm 1, lines 4-6 and 31-42):
+1. θ_avg = Σ_k p_k θ_k (FedAvg, BatchNorm statistics included);
+2. the sampled clients' inference-mode logits on the public set, computed for all clients at once
+   (one vmapped program, or a host loop on XLA:CPU), combined into the teacher (mean or FedET's
+   uncertainty weighting) and distilled into θ_avg (see :mod:`fedjax_proj.algorithms.distill`);
+3. FedProj's memory for the NEXT round: M public indices sampled without replacement and
+   Z_ens = the plain mean of this round's client logits on them — the same logits the teacher
+   used, so the memory costs no extra forward pass when distillation is on;
+4. the L_mem drift metric (paper 001, C.4): T²·KL(Z_ens ‖ f(·; θ_new)) of the new global model on
+   the new memory buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.types import Array, Model, RoundData
+
+
+class DistillServerState(NamedTuple):
+  """Server state of the distillation family.
+
+  Attributes:
+    round: rounds completed.
+    variables: the global model.
+    memory_idx: [M] public indices of the memory buffer for the next round (M may be 0).
+    memory_logits: [M, K] Z_ens on those indices from the previous round's clients.
+    has_memory: False until one round has produced an ensemble (round 0).
+  """
+
+  round: Array
+  variables: dict
+  memory_idx: Array
+  memory_logits: Array
+  has_memory: Array
+
+
+def _sample_memory(key: Array, public_size: int, memory_size: int) -> Array:
+  if memory_size >= public_size:
+    return jnp.arange(public_size, dtype=jnp.int32)
+  return jax.random.choice(key, public_size, (memory_size,), replace=False).astype(jnp.int32)
+
+
+def distillation_server(
+  model: Model,
+  normalize: Callable[[Array], Array],
+  cfg: distill.DistillConfig,
+  *,
+  public_size: int,
+  teacher: str = "mean",
+  memory_size: int = 0,
+):
+  """Builds ``(init, aggregate, aggregate_host)`` for the distillation family.
+
+  Args:
+    model: the model.
+    normalize: raw public images -> model inputs.
+    cfg: distillation settings (``cfg.epochs == 0`` turns server distillation off).
+    public_size: number of public examples P in ``RoundData.extra["public_images"]``.
+    teacher: ``"mean"`` (FedDF, FedProj) or ``"uncertainty"`` (FedET).
+    memory_size: FedProj's M (0 = no memory buffer, FedDF/FedET); clipped to P.
+  """
+  if teacher not in distill.TEACHERS:
+    raise ValueError(f"Unknown teacher {teacher!r}; choose one of {sorted(distill.TEACHERS)}.")
+  if public_size <= 0:
+    raise ValueError("The distillation family needs a public set (public_size > 0).")
+  combine = distill.TEACHERS[teacher]
+  memory_size = min(memory_size, public_size)
+  host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
+  host_distill = distill.HostDistiller(model, normalize, cfg)
+  sample_memory = jax.jit(lambda k: _sample_memory(k, public_size, memory_size))
+
+  def init(variables, key):
+    num_classes = model.num_classes
+    return DistillServerState(
+      jnp.zeros((), jnp.int32),
+      tree_lib.tree_copy(variables),
+      _sample_memory(key, public_size, memory_size),
+      jnp.zeros((memory_size, num_classes), jnp.float32),
+      jnp.zeros((), bool),
+    )
+
+  def _aggregate(state, rd: RoundData, outputs, key, logits_fn, distill_fn, memory_fn):
+    public = rd.extra["public_images"]
+    stacked = outputs["variables"]
+    averaged = tree_lib.weighted_mean(stacked, rd.num_examples)
+    k_distill, k_memory = jax.random.split(key)
+    next_idx = memory_fn(k_memory)
+    metrics = client_metrics(outputs, rd)
+    if cfg.epochs > 0:
+      logits = logits_fn(stacked, public)  # [C, P, K]
+      new_vars, metrics["distill_loss"] = distill_fn(averaged, combine(logits), public, k_distill)
+      memory_logits = distill.mean_teacher(logits[:, next_idx]) if memory_size else None
+    else:
+      new_vars = averaged
+      memory_logits = (
+        distill.mean_teacher(logits_fn(stacked, public[next_idx])) if memory_size else None
+      )
+    if memory_size:
+      global_logits = logits_fn(tree_lib.broadcast_clients(new_vars, 1), public[next_idx])[0]
+      metrics["lmem_global"] = losses.kl_from_logits(memory_logits, global_logits, cfg.temperature)
+    else:
+      memory_logits = state.memory_logits
+    new_state = DistillServerState(
+      state.round + 1, new_vars, next_idx, memory_logits, jnp.ones((), bool)
+    )
+    return new_state, metrics
+
+  def aggregate(state, rd, outputs, key):
+    return _aggregate(
+      state,
+      rd,
+      outputs,
+      key,
+      lambda v, x: distill.client_logits_scan(model, v, normalize, x, cfg.teacher_batch_size),
+      lambda s, t, x, k: distill.distill_scan(model, s, t, x, normalize, k, cfg),
+      lambda k: _sample_memory(k, public_size, memory_size),
+    )
+
+  def aggregate_host(state, rd, outputs, key):
+    return _aggregate(state, rd, outputs, key, host_logits, host_distill, sample_memory)
+
+  return init, aggregate, aggregate_host

@@ -1,0 +1,69 @@
+"""FedDF: FedAvg plus server ensemble distillation on public data (Lin et al., NeurIPS 2020).
+
+Shares FedProj's server component (:mod:`fedjax_proj.algorithms.distill_server`) and settings,
+so FedDF and FedProj differ only in the client projection (METHODS.md). FedDF's own defaults
+(Adam 1e-3, T = 1, batch 128) are available through the keyword arguments; its early stopping
+needs a validation split and is not implemented.
+"""
+
+from __future__ import annotations
+
+import optax
+
+from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms import distill
+from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.types import Model
+
+
+def ensemble_distillation(
+  model: Model,
+  client_optimizer: optax.GradientTransformation,
+  batch_fn: BatchFn,
+  normalize,
+  *,
+  public_size: int,
+  teacher: str = "mean",
+  name: str = "feddf",
+  distill_epochs: int = 1,
+  distill_lr: float = 1e-4,
+  distill_batch_size: int = 256,
+  distill_temperature: float = 3.0,
+  alpha: float = 0.0,
+) -> FederatedAlgorithm:
+  """FedAvg local training + server distillation from a ``teacher`` ensemble (mean/uncertainty)."""
+  cfg = distill.DistillConfig(
+    distill_epochs, distill_batch_size, distill_lr, distill_temperature, alpha
+  )
+  init, aggregate, aggregate_host = distillation_server(
+    model, normalize, cfg, public_size=public_size, teacher=teacher
+  )
+
+  def broadcast(state, rd, key):
+    del rd, key
+    return {"variables": state.variables}, {}
+
+  return FederatedAlgorithm(
+    name=name,
+    init=init,
+    broadcast=broadcast,
+    client=client_lib.local_training_client(
+      model, client_optimizer, client_lib.cross_entropy_loss(model)
+    ),
+    aggregate=aggregate,
+    batch_fn=batch_fn,
+    global_variables=lambda state: state.variables,
+    aggregate_host=aggregate_host,
+  )
+
+
+NEEDS_PUBLIC = True
+
+
+def build(ctx, **hp) -> FederatedAlgorithm:
+  """Registry entry."""
+  return ensemble_distillation(
+    ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
+  )

@@ -1,0 +1,245 @@
+"""FedProj: gradient projection against a public-data memory loss, plus server distillation.
+
+Papers: "Avoid Forgetting by Preserving Global Knowledge Gradients in Federated Learning with
+Non-IID Data" (000) and its revision "Towards Preventing Global Knowledge Forgetting in Federated
+Learning with Non-IID Data" (001, Algorithm 1).
+
+Client step on a private batch (x, y), for ONE client (the engine vmaps it):
+1. g_new = ∇ CE(f(x; θ), y);
+2. g_mem = ∇ L_mem(θ) on one mini-batch of the round's memory buffer (cycled), with
+   L_mem(θ) = T²·KL(σ(Z_ens(x_m)/T) ‖ σ(f(x_m; θ)/T)), batchmean, the memory forward in inference
+   mode (public data never touches BatchNorm statistics);
+3. one inner product over the whole flattened gradient: if ‖g_mem‖² ≤ τ or ⟨g_new, g_mem⟩ ≥ 0 then
+   g = g_new, else g = g_new − (⟨g_new, g_mem⟩/‖g_mem‖²)·g_mem; only g goes to the optimiser.
+   Ablations: projection probability p per step; optional clamp of the coefficient's magnitude.
+Round 0 has no ensemble: projection is skipped (default) or, when the public labels share the
+private label space, g_mem is the CE gradient on labelled public data (001, Alg. 1, line 16).
+Server: :mod:`fedjax_proj.algorithms.distill_server` (FedAvg, ensemble distillation, memory).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.types import Array, Model, PyTree
+
+ROUND0_MODES = ("skip", "ce")
+
+
+def project_gradient(
+  g_new: PyTree, g_mem: PyTree, tau: float = 1e-6, max_coef: float | None = None
+) -> tuple[PyTree, Array, Array]:
+  """Projects g_new off the memory gradient when they conflict (one dot over all leaves).
+
+  Args:
+    g_new: the private-loss gradient.
+    g_mem: the memory-loss gradient.
+    tau: threshold on ‖g_mem‖² below which nothing is projected.
+    max_coef: optional clamp of |⟨g_new, g_mem⟩| / ‖g_mem‖² (None = the paper's rule).
+
+  Returns:
+    (g, fired, cos): the gradient to apply, whether the projection fired, cos(g_new, g_mem).
+  """
+  dot = tree_lib.tree_dot(g_new, g_mem)
+  sq = tree_lib.tree_sq_norm(g_mem)
+  fired = (sq > tau) & (dot < 0)
+  coef = dot / jnp.where(sq > 0, sq, 1.0)
+  if max_coef is not None:
+    coef = jnp.maximum(coef, -max_coef)
+  coef = jnp.where(fired, coef, 0.0)
+  g = jax.tree.map(lambda a, b: a - (coef * b).astype(a.dtype), g_new, g_mem)
+  cos = dot / jnp.maximum(jnp.sqrt(tree_lib.tree_sq_norm(g_new) * sq), 1e-12)
+  return g, fired, cos
+
+
+def memory_kl_loss(
+  model: Model, params, model_state, x_mem: Array, ens_logits: Array, temperature: float
+) -> Array:
+  """L_mem = T²·KL(σ(Z_ens/T) ‖ σ(f(x_m; θ)/T)), batchmean; inference-mode forward."""
+  out = client_lib.forward(model, params, model_state, x_mem, train=False)
+  return losses.kl_from_logits(ens_logits, out.logits, temperature)
+
+
+class ProjExtra(NamedTuple):
+  cursor: Array
+  projected: Array
+  cos_sum: Array
+  lmem_first: Array
+  lmem_last: Array
+
+
+def projection_client(
+  model: Model,
+  optimizer: optax.GradientTransformation,
+  normalize,
+  *,
+  temperature: float,
+  tau: float,
+  memory_batch_size: int,
+  projection_prob: float = 1.0,
+  max_coef: float | None = None,
+):
+  """The FedProj client (see module docstring) as a :class:`ClientProgram`.
+
+  ``shared`` carries ``memory_images`` [M, ...] (raw), ``memory_logits`` [M, K],
+  ``memory_labels`` [M], ``use_memory`` (bool: an ensemble exists) and ``round0_ce`` (bool).
+  """
+
+  def init_extra(shared, client_input, key):
+    z = jnp.zeros((), jnp.float32)
+    return ProjExtra(jnp.zeros((), jnp.int32), z, z, z, z)
+
+  def transform_grads(g_new, params, batch, ctx):
+    sh, ex = ctx.shared, ctx.extra
+    m = sh["memory_images"].shape[0]
+    rows = (ex.cursor * memory_batch_size + jnp.arange(memory_batch_size)) % m
+    x_mem = normalize(sh["memory_images"][rows])
+
+    def mem_loss(p):
+      out = client_lib.forward(model, p, ctx.model_state, x_mem, train=False)
+      kl = losses.kl_from_logits(sh["memory_logits"][rows], out.logits, temperature)
+      ce = losses.cross_entropy(out.logits, sh["memory_labels"][rows])
+      return jnp.where(sh["use_memory"], kl, ce)
+
+    lmem, g_mem = jax.value_and_grad(mem_loss)(params)
+    active = sh["use_memory"] | sh["round0_ce"]
+    if projection_prob < 1.0:
+      active &= jax.random.bernoulli(jax.random.fold_in(ctx.key, 7), projection_prob)
+    g, fired, cos = project_gradient(g_new, g_mem, tau, max_coef)
+    g = tree_lib.tree_where(active, g, g_new)
+    extra = ProjExtra(
+      ex.cursor + 1,
+      ex.projected + (fired & active),
+      ex.cos_sum + cos,
+      jnp.where(ex.cursor == 0, lmem, ex.lmem_first),
+      lmem,
+    )
+    return g, extra
+
+  def finalize(state):
+    ex = state.extra
+    steps = jnp.maximum(state.num_steps, 1).astype(jnp.float32)
+    return {
+      "proj_metrics": {
+        "projected_fraction": ex.projected / steps,
+        "mean_cos": ex.cos_sum / steps,
+        "lmem_before": ex.lmem_first,
+        "lmem_after": ex.lmem_last,
+      }
+    }
+
+  return client_lib.local_training_client(
+    model,
+    optimizer,
+    client_lib.cross_entropy_loss(model),
+    init_extra=init_extra,
+    transform_grads=transform_grads,
+    finalize=finalize,
+  )
+
+
+def fedproj(
+  model: Model,
+  client_optimizer: optax.GradientTransformation,
+  batch_fn: BatchFn,
+  normalize,
+  *,
+  public_size: int,
+  memory_size: int = 10_000,
+  memory_batch_size: int = 256,
+  temperature: float = 3.0,
+  tau: float = 1e-6,
+  projection_prob: float = 1.0,
+  max_coef: float | None = None,
+  round0: str = "skip",
+  distill_epochs: int = 1,
+  distill_lr: float = 1e-4,
+  distill_batch_size: int = 256,
+  distill_temperature: float = 3.0,
+  alpha: float = 0.0,
+) -> FederatedAlgorithm:
+  """Builds FedProj (METHODS.md defaults). ``distill_epochs=0`` turns server distillation off.
+
+  ``round0="ce"`` needs ``RoundData.extra["public_labels"]`` in the private label space.
+  """
+  if round0 not in ROUND0_MODES:
+    raise ValueError(f"round0 must be one of {ROUND0_MODES}, got {round0!r}.")
+  if memory_size < 1 or memory_batch_size < 1:
+    raise ValueError("memory_size and memory_batch_size must be >= 1.")
+  if not 0.0 <= projection_prob <= 1.0:
+    raise ValueError(f"projection_prob must be in [0, 1], got {projection_prob}.")
+  cfg = distill.DistillConfig(
+    distill_epochs, distill_batch_size, distill_lr, distill_temperature, alpha
+  )
+  init, aggregate, aggregate_host = distillation_server(
+    model, normalize, cfg, public_size=public_size, memory_size=memory_size
+  )
+  program = projection_client(
+    model,
+    client_optimizer,
+    normalize,
+    temperature=temperature,
+    tau=tau,
+    memory_batch_size=min(memory_batch_size, memory_size, public_size),
+    projection_prob=projection_prob,
+    max_coef=max_coef,
+  )
+
+  def broadcast(state, rd, key):
+    del key
+    public = rd.extra["public_images"]
+    idx = state.memory_idx
+    labels = rd.extra.get("public_labels")
+    round0_ce = round0 == "ce" and labels is not None
+    if round0 == "ce" and labels is None:
+      raise ValueError("round0='ce' needs RoundData.extra['public_labels'] (labelled public data).")
+    shared = {
+      "variables": state.variables,
+      "memory_images": public[idx],
+      "memory_logits": state.memory_logits,
+      "memory_labels": labels[idx] if round0_ce else jnp.zeros(idx.shape, jnp.int32),
+      "use_memory": state.has_memory,
+      "round0_ce": jnp.asarray(round0_ce) & ~state.has_memory,
+    }
+    return shared, {}
+
+  def aggregate_with_diagnostics(agg):
+    def wrapped(state, rd, outputs, key):
+      new_state, metrics = agg(state, rd, outputs, key)
+      for k, v in outputs["proj_metrics"].items():
+        metrics[k] = jnp.mean(v)
+      return new_state, metrics
+
+    return wrapped
+
+  return FederatedAlgorithm(
+    name="fedproj",
+    init=init,
+    broadcast=broadcast,
+    client=program,
+    aggregate=aggregate_with_diagnostics(aggregate),
+    batch_fn=batch_fn,
+    global_variables=lambda state: state.variables,
+    aggregate_host=aggregate_with_diagnostics(aggregate_host),
+  )
+
+
+NEEDS_PUBLIC = True
+CONFIG_KWARGS = ("memory_size",)
+
+
+def build(ctx, **hp) -> FederatedAlgorithm:
+  """Registry entry."""
+  return fedproj(
+    ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
+  )

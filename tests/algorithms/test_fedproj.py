@@ -1,0 +1,288 @@
+"""FedProj: the projection rule, the memory loss, the vmapped round, and the server pieces."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_proj.algorithms import distill, fedproj, losses
+from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.core import tree as T
+from fedjax_proj.data.federated import FederatedData
+from tests import helpers
+
+
+def _tree(key, scale=1.0):
+  k1, k2 = jax.random.split(key)
+  return {
+    "w": scale * jax.random.normal(k1, (3, 4)),
+    "b": {"c": scale * jax.random.normal(k2, (5,))},
+  }
+
+
+def test_projection_equals_closed_form_and_removes_conflict():
+  for seed in range(20):
+    g, gm = _tree(jax.random.key(seed)), _tree(jax.random.key(100 + seed))
+    out, fired, cos = fedproj.project_gradient(g, gm, tau=1e-6)
+    gv, mv = np.asarray(T.tree_ravel(g), np.float64), np.asarray(T.tree_ravel(gm), np.float64)
+    dot = gv @ mv
+    expected = gv - dot / (mv @ mv) * mv if dot < 0 else gv
+    np.testing.assert_allclose(T.tree_ravel(out), expected, rtol=1e-5, atol=1e-5)
+    assert bool(fired) == (dot < 0)
+    assert float(T.tree_dot(out, gm)) >= -1e-4  # <g, g_mem> >= 0 after projection
+    np.testing.assert_allclose(cos, dot / np.linalg.norm(gv) / np.linalg.norm(mv), rtol=1e-4)
+
+
+def test_projection_leaves_aligned_and_tiny_memory_gradients_alone():
+  g = _tree(jax.random.key(0))
+  aligned = T.tree_scale(0.5, g)
+  out, fired, _ = fedproj.project_gradient(g, aligned)
+  assert not bool(fired)
+  np.testing.assert_array_equal(T.tree_ravel(out), T.tree_ravel(g))
+  tiny_conflict = T.tree_scale(-1e-5, g)  # ‖g_mem‖² ≈ 1e-10·‖g‖² < τ
+  out, fired, _ = fedproj.project_gradient(g, tiny_conflict, tau=1e-6)
+  assert not bool(fired)
+  np.testing.assert_array_equal(T.tree_ravel(out), T.tree_ravel(g))
+
+
+def test_projection_uses_one_inner_product_across_leaves():
+  # Leaf "a" conflicts, leaf "b" agrees strongly: the whole-vector dot is positive, so nothing
+  # is projected (a per-tensor rule would have changed leaf "a").
+  g = {"a": jnp.array([1.0, 0.0]), "b": jnp.array([3.0])}
+  gm = {"a": jnp.array([-1.0, 0.0]), "b": jnp.array([2.0])}
+  out, fired, _ = fedproj.project_gradient(g, gm)
+  assert not bool(fired)
+  np.testing.assert_array_equal(out["a"], g["a"])
+  # Now the total conflicts: the correction touches every leaf with one coefficient.
+  gm2 = {"a": jnp.array([-4.0, 0.0]), "b": jnp.array([0.5])}
+  out, fired, _ = fedproj.project_gradient(g, gm2)
+  coef = (-4.0 + 1.5) / (16.0 + 0.25)
+  assert bool(fired)
+  np.testing.assert_allclose(out["a"], [1.0 - coef * -4.0, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(out["b"], [3.0 - coef * 0.5], rtol=1e-6)
+
+
+def test_clamp_limits_the_coefficient():
+  g = {"a": jnp.array([1.0, 0.0])}
+  gm = {"a": jnp.array([-0.1, 0.0])}  # coefficient -10
+  out, _, _ = fedproj.project_gradient(g, gm, max_coef=2.0)
+  np.testing.assert_allclose(out["a"], [1.0 - 2.0 * 0.1, 0.0], rtol=1e-6)
+
+
+def test_memory_kl_matches_numpy():
+  rng = np.random.default_rng(0)
+  zt, zs = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+  t = 3.0
+
+  def softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+  p, q = softmax(zt / t), softmax(zs / t)
+  expected = t * t * np.mean(np.sum(p * (np.log(p) - np.log(q)), -1))
+  got = losses.kl_from_logits(jnp.asarray(zt), jnp.asarray(zs), t)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  model = helpers.tiny_model(num_classes=5)
+  v = model.init(jax.random.key(0), jnp.zeros((1, 4)))
+  x = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
+  logits = model.apply(v, x, train=False).logits
+  np.testing.assert_allclose(
+    fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t),
+    losses.kl_from_logits(jnp.asarray(zt), logits, t),
+    rtol=1e-6,
+  )
+
+
+@pytest.fixture(scope="module")
+def fp_setup():
+  x, y = helpers.synthetic_data(n=160)
+  public = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[0])
+  model = helpers.tiny_model()
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=6, local_epochs=2)
+  alg = fedproj.fedproj(
+    model,
+    optax.sgd(0.1),
+    helpers.float_batch_fn(),
+    lambda z: z,
+    public_size=48,
+    memory_size=32,
+    memory_batch_size=8,
+    distill_epochs=1,
+    distill_batch_size=16,
+    distill_lr=1e-2,
+  )
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  return x, y, public, model, fd, alg, variables
+
+
+def _rd(fd, x, y, public, r):
+  rd = helpers.round_data(fd, x, y, round_idx=r)
+  return rd._replace(extra={"public_images": public})
+
+
+def _two_rounds(alg, strategy, fd, x, y, public, variables):
+  round_fn = make_round(alg, strategy)
+  state = alg.init(variables, jax.random.key(0))
+  out = []
+  for r in range(2):
+    state, metrics = round_fn(state, _rd(fd, x, y, public, r), jax.random.key(10 + r))
+    out.append(metrics)
+  return state, out
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap_stepwise"])
+def test_vmapped_round_equals_per_client_loop(fp_setup, strategy):
+  x, y, public, model, fd, alg, variables = fp_setup
+  ref, ref_m = _two_rounds(alg, "vmap_scan", fd, x, y, public, variables)
+  got, got_m = _two_rounds(alg, strategy, fd, x, y, public, variables)
+  np.testing.assert_allclose(T.tree_ravel(got.variables), T.tree_ravel(ref.variables), atol=1e-5)
+  np.testing.assert_allclose(got.memory_logits, ref.memory_logits, atol=1e-5)
+  for k in ("projected_fraction", "mean_cos", "lmem_global", "distill_loss"):
+    np.testing.assert_allclose(got_m[1][k], ref_m[1][k], atol=1e-5)
+  assert ref_m[0]["projected_fraction"] == 0.0  # round 0: no ensemble yet, projection skipped
+  assert ref_m[1]["projected_fraction"] > 0.0
+
+
+def test_client_matches_hand_written_projected_sgd(fp_setup):
+  """One client, round 1: replay its steps by hand (SGD, projection) and compare."""
+  x, y, public, model, fd, alg, variables = fp_setup
+  state = alg.init(variables, jax.random.key(0))
+  state, _ = jax.jit(alg.apply)(state, _rd(fd, x, y, public, 0), jax.random.key(10))
+  rd = _rd(fd, x, y, public, 1)
+  shared, _ = alg.broadcast(state, rd, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
+  from fedjax_proj.core.engine import run_vmap_scan
+
+  out = run_vmap_scan(
+    alg.client, alg.batch_fn, shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+  )
+  c = 1
+  params = variables_params = state.variables["params"]
+  mem_x, mem_z = shared["memory_images"], shared["memory_logits"]
+  ce_grad = jax.jit(
+    jax.grad(
+      lambda p, xb, yb: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply({"params": p}, xb, train=False).logits, yb
+      ).mean()
+    )
+  )
+  kl_grad = jax.jit(
+    jax.grad(
+      lambda p, xm, zm: losses.kl_from_logits(
+        zm, model.apply({"params": p}, xm, train=False).logits, 3.0
+      )
+    )
+  )
+  cursor = 0
+  for s in range(rd.idx.shape[1]):
+    m = np.asarray(rd.mask[c, s])
+    if not m.any():
+      continue
+    ii = np.asarray(rd.idx[c, s])[m]
+    rows = (cursor * 8 + np.arange(8)) % 32
+    g = ce_grad(params, jnp.asarray(x[ii]), jnp.asarray(y[ii]))
+    gm = kl_grad(params, mem_x[rows], mem_z[rows])
+    gv, mv = np.asarray(T.tree_ravel(g), np.float64), np.asarray(T.tree_ravel(gm), np.float64)
+    dot = float(gv @ mv)
+    coef = dot / float(mv @ mv) if (dot < 0 and float(mv @ mv) > 1e-6) else 0.0
+    params = jax.tree.map(lambda p, a, b, k=coef: p - 0.1 * (a - k * b), params, g, gm)
+    cursor += 1
+  del variables_params
+  np.testing.assert_allclose(
+    T.tree_ravel(T.index_clients(out["variables"]["params"], c)), T.tree_ravel(params), atol=2e-5
+  )
+
+
+def test_no_recompilation_on_second_round(fp_setup):
+  x, y, public, model, fd, alg, variables = fp_setup
+  round_fn = make_round(alg, "vmap_scan")
+  state = alg.init(variables, jax.random.key(0))
+  state, _ = round_fn(state, _rd(fd, x, y, public, 0), jax.random.key(1))
+  size = round_fn._cache_size()
+  state, _ = round_fn(state, _rd(fd, x, y, public, 1), jax.random.key(2))
+  assert round_fn._cache_size() == size
+
+
+def test_server_distillation_lowers_kl_and_keeps_batch_stats():
+  model = helpers.tiny_bn_model()
+  key = jax.random.key(0)
+  public = jax.random.randint(key, (40, 8, 8, 3), 0, 255).astype(jnp.uint8)
+  normalize = lambda im: im.astype(jnp.float32) / 255.0
+  student = model.init(jax.random.key(1), normalize(public[:2]))
+  # give the student non-trivial running statistics so "unchanged" is meaningful
+  student = {**student, "batch_stats": jax.tree.map(lambda s: s + 0.3, student["batch_stats"])}
+  teachers = T.stack_clients([model.init(jax.random.key(k), normalize(public[:2])) for k in (2, 3)])
+  logits = distill.client_logits_scan(model, teachers, normalize, public, batch_size=16)
+  assert logits.shape == (2, 40, 4)
+  teacher = distill.mean_teacher(logits)
+  kl = lambda v: float(
+    losses.kl_from_logits(teacher, model.apply(v, normalize(public), train=False).logits, 3.0)
+  )
+  cfg = distill.DistillConfig(epochs=3, batch_size=16, lr=3e-3, temperature=3.0)
+  new, loss = jax.jit(lambda s, t, p, k: distill.distill_scan(model, s, t, p, normalize, k, cfg))(
+    student, teacher, public, key
+  )
+  assert kl(new) < 0.7 * kl(student)
+  np.testing.assert_array_equal(
+    T.tree_ravel(new["batch_stats"]), T.tree_ravel(student["batch_stats"])
+  )
+  # the host loop computes the same thing
+  host_logits = distill.HostClientLogits(model, normalize, 16)(teachers, public)
+  np.testing.assert_allclose(host_logits, logits, atol=1e-5)
+  host_new, host_loss = distill.HostDistiller(model, normalize, cfg)(student, teacher, public, key)
+  np.testing.assert_allclose(T.tree_ravel(host_new), T.tree_ravel(new), atol=1e-5)
+  np.testing.assert_allclose(host_loss, loss, rtol=1e-5)
+
+
+def test_weight_divergence_term_pulls_towards_anchor():
+  model = helpers.tiny_model(num_classes=3)
+  public = jnp.asarray(helpers.synthetic_data(n=32, seed=2)[0])
+  student = model.init(jax.random.key(0), public[:2])
+  teacher = model.apply(model.init(jax.random.key(9), public[:2]), public, train=False).logits
+  dist = {}
+  for alpha in (0.0, 10.0):
+    cfg = distill.DistillConfig(epochs=5, batch_size=8, lr=1e-2, temperature=3.0, alpha=alpha)
+    new, _ = distill.distill_scan(
+      model, student, teacher, public, lambda z: z, jax.random.key(1), cfg
+    )
+    dist[alpha] = float(T.tree_norm(T.tree_sub(new["params"], student["params"])))
+  assert 0 < dist[10.0] < 0.5 * dist[0.0]
+
+
+def test_uncertainty_teacher_prefers_confident_agreeing_clients():
+  confident = jnp.array([[[8.0, 0.0, 0.0]]])
+  unsure = jnp.array([[[0.5, 0.4, 0.3]]])
+  logits = jnp.concatenate([confident, unsure, unsure])
+  weighted = distill.uncertainty_weighted_teacher(logits)
+  mean = distill.mean_teacher(logits)
+  # the confident client's vote counts more than in the plain mean
+  assert float(weighted[0, 0] - weighted[0, 1]) > float(mean[0, 0] - mean[0, 1])
+  same = jnp.stack([confident[0]] * 3)
+  np.testing.assert_allclose(distill.uncertainty_weighted_teacher(same), confident[0], rtol=1e-5)
+
+
+def test_round0_ce_uses_labelled_public_data(fp_setup):
+  x, y, public, model, fd, alg, variables = fp_setup
+  alg_ce = fedproj.fedproj(
+    model,
+    optax.sgd(0.1),
+    helpers.float_batch_fn(),
+    lambda z: z,
+    public_size=48,
+    memory_size=32,
+    memory_batch_size=8,
+    round0="ce",
+    distill_epochs=0,
+  )
+  rd = _rd(fd, x, y, public, 0)
+  with pytest.raises(ValueError, match="public_labels"):
+    jax.jit(alg_ce.apply)(alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1))
+  labels = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[1])
+  rd = rd._replace(extra={"public_images": public, "public_labels": labels})
+  _, metrics = jax.jit(alg_ce.apply)(
+    alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1)
+  )
+  assert float(metrics["projected_fraction"]) > 0.0
