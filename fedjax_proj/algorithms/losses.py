@@ -117,3 +117,25 @@ def nckd_loss(
   """Non-target-class KD: T²·batchmean NCKD over unmasked examples (DKD)."""
   _, nckd = dkd_per_example(teacher_logits, student_logits, labels, temperature)
   return temperature**2 * masked_mean(nckd, mask)
+
+
+def not_true_kl(
+  teacher_logits: Array,
+  student_logits: Array,
+  labels: Array,
+  temperature: float = 1.0,
+  mask: Array | None = None,
+) -> Array:
+  """FedNTD's not-true distillation: τ²·KL(σ(z̃_t/τ) ‖ σ(z̃_s/τ)), batchmean.
+
+  z̃ drops the true class: both distributions are softmaxes over the K − 1 other classes, so the
+  true class contributes exactly nothing (Lee et al., NeurIPS 2022; code Lee-Gihun/FedNTD).
+  """
+  num_classes = student_logits.shape[-1]
+  true = jax.nn.one_hot(labels, num_classes, dtype=bool)
+  t = jnp.where(true, -jnp.inf, jax.lax.stop_gradient(teacher_logits.astype(jnp.float32)))
+  s = jnp.where(true, -jnp.inf, student_logits.astype(jnp.float32))
+  log_p = jax.nn.log_softmax(t / temperature, axis=-1)
+  log_q = jax.nn.log_softmax(s / temperature, axis=-1)
+  terms = jnp.where(true, 0.0, jnp.exp(log_p) * (log_p - log_q))
+  return temperature**2 * masked_mean(jnp.sum(terms, axis=-1), mask)

@@ -44,7 +44,9 @@ def test_apply_is_pure_composition(setup):
   key = jax.random.key(1)
   s1, _ = jax.jit(alg.apply)(alg.init(variables, key), rd, key)
   s2, _ = make_round(alg, "vmap_scan")(alg.init(variables, key), rd, key)
-  np.testing.assert_array_equal(tree_lib.tree_ravel(s1.variables), tree_lib.tree_ravel(s2.variables))
+  np.testing.assert_array_equal(
+    tree_lib.tree_ravel(s1.variables), tree_lib.tree_ravel(s2.variables)
+  )
 
 
 def test_fedavg_equals_manual_loop(setup):
@@ -112,8 +114,9 @@ def test_no_recompilation_on_second_round(setup):
 
 
 def test_choose_strategy_and_conv_detection():
-  conv = lambda x: jax.lax.conv_general_dilated(x, jnp.ones((3, 3, 1, 2)), (1, 1), "SAME",
-                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  conv = lambda x: jax.lax.conv_general_dilated(
+    x, jnp.ones((3, 3, 1, 2)), (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
   assert engine_lib.has_convolution(conv, jnp.ones((1, 5, 5, 1)))
   assert not engine_lib.has_convolution(lambda x: x @ x.T, jnp.ones((2, 2)))
   assert engine_lib.choose_strategy("auto", backend="cpu", has_conv=True) == "sequential"

@@ -24,8 +24,15 @@ def _run(*args, timeout=300):
 def test_digits_run_learns_and_writes_outputs(tmp_path):
   out = tmp_path / "run"
   proc = _run(
-    "--preset=smoke", "--dataset=digits", "--model=mlp", "--rounds=6", "--local_epochs=2",
-    "--partition=dirichlet:0.5", "--optimizer=sgd", "--lr=0.05", "--progress=false",
+    "--preset=smoke",
+    "--dataset=digits",
+    "--model=mlp",
+    "--rounds=6",
+    "--local_epochs=2",
+    "--partition=dirichlet:0.5",
+    "--optimizer=sgd",
+    "--lr=0.05",
+    "--progress=false",
     f"--output_dir={out}",
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
