@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.sequential import (
   SequentialAlgorithm,
   chain_metrics,
@@ -39,7 +38,7 @@ from fedjax_proj.algorithms.sequential import (
 )
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientProgram
-from fedjax_proj.core.types import Array, Batch, Model, PyTree
+from fedjax_proj.core.types import Array, Model, PyTree
 
 
 class CWCState(NamedTuple):
@@ -55,68 +54,36 @@ def normalized_importance(fisher_sum: PyTree, num_steps: Array) -> PyTree:
   return tree_lib.tree_scale(1.0 / jnp.maximum(peak, 1e-30), fisher)
 
 
-def consolidation_penalty(params: PyTree, anchor: PyTree, omega: PyTree) -> Array:
-  """Σ_i Ω_i (θ_i − anchor_i)² (without the λ/2)."""
-  parts = jax.tree.map(lambda p, a, o: jnp.sum(o * jnp.square(p - a)), params, anchor, omega)
-  return sum(jax.tree.leaves(parts), jnp.zeros((), jnp.float32))
-
-
 def cwc_client(model: Model, optimizer: optax.GradientTransformation, lam: float) -> ClientProgram:
   """The CWC client: CE + consolidation penalty; accumulates the CE gradients' squares.
 
   ``shared`` holds ``variables`` (the received model, which is also the anchor) and ``omega``.
+  The penalty enters as its analytic gradient λ·Ω⊙(θ − anchor) in ``transform_grads``, so the
+  cross-entropy gradient (the Fisher's input) stays separate; the reported ``train_loss`` is the
+  cross-entropy alone.
   """
-  ce_loss = client_lib.cross_entropy_loss(model)
 
-  def init(shared, client_input, key):
+  def init_extra(shared, client_input, key):
     del client_input, key
-    params, model_state = client_lib.split_variables(shared["variables"])
-    zero = jnp.zeros((), jnp.float32)
-    return client_lib.LocalState(
-      params,
-      model_state,
-      optimizer.init(params),
-      tree_lib.tree_zeros_like(params),  # extra: running Σ (∇CE)²
-      jnp.zeros((), jnp.int32),
-      zero,
-      zero,
-      zero,
-    )
+    return tree_lib.tree_zeros_like(shared["variables"]["params"])  # running Σ (∇CE)²
 
-  def step(shared, state: client_lib.LocalState, batch: Batch, key):
-    ctx = client_lib.StepContext(state.model_state, shared, state.extra, key)
-    (ce, aux), ce_grads = jax.value_and_grad(ce_loss, has_aux=True)(state.params, batch, ctx)
-    anchor, omega = shared["variables"]["params"], shared["omega"]
-    # Gradient of (λ/2)·Σ Ω(θ − anchor)², added analytically so the CE part stays separate.
-    grads = jax.tree.map(
-      lambda g, p, a, o: g + lam * o * (p - a), ce_grads, state.params, anchor, omega
-    )
-    loss = ce + 0.5 * lam * consolidation_penalty(state.params, anchor, omega)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    return state._replace(
-      params=optax.apply_updates(state.params, updates),
-      model_state=aux.model_state,
-      opt_state=opt_state,
-      extra=jax.tree.map(lambda f, g: f + jnp.square(g), state.extra, ce_grads),
-      num_steps=state.num_steps + 1,
-      loss_sum=state.loss_sum + loss,
-      correct=state.correct + losses.accuracy_count(aux.logits, batch.y, batch.mask),
-      seen=state.seen + jnp.sum(batch.mask),
-    )
+  def transform_grads(ce_grads, params, batch, ctx):
+    del batch
+    anchor, omega = ctx.shared["variables"]["params"], ctx.shared["omega"]
+    grads = jax.tree.map(lambda g, p, a, o: g + lam * o * (p - a), ce_grads, params, anchor, omega)
+    return grads, jax.tree.map(lambda f, g: f + jnp.square(g), ctx.extra, ce_grads)
 
-  def final(state: client_lib.LocalState):
-    steps = jnp.maximum(state.num_steps, 1).astype(jnp.float32)
-    return {
-      "variables": client_lib.merge_variables(state.params, state.model_state),
-      "importance": normalized_importance(state.extra, state.num_steps),
-      "num_steps": state.num_steps,
-      "metrics": {
-        "train_loss": state.loss_sum / steps,
-        "train_accuracy": state.correct / jnp.maximum(state.seen, 1.0),
-      },
-    }
+  def finalize(state: client_lib.LocalState):
+    return {"importance": normalized_importance(state.extra, state.num_steps)}
 
-  return ClientProgram(init, step, final)
+  return client_lib.local_training_client(
+    model,
+    optimizer,
+    client_lib.cross_entropy_loss(model),
+    init_extra=init_extra,
+    transform_grads=transform_grads,
+    finalize=finalize,
+  )
 
 
 def cwc(

@@ -1,0 +1,266 @@
+"""SFedKD: greedy teacher selection vs brute force, Eq. 5 weights, multi-teacher DKD, rounds."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_proj.algorithms import losses
+from fedjax_proj.algorithms import teachers as teachers_lib
+from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.sequential import fedseq, sequence_order
+from fedjax_proj.algorithms.sfedkd import SFedKDConfig, multi_teacher_dkd, sfedkd
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.data.federated import FederatedData
+from tests import helpers
+from tests.algorithms.test_sequential import LR, manual_chain
+
+_greedy = jax.jit(teachers_lib.greedy_select, static_argnums=(1, 2))
+
+
+def np_distance(p, q, metric, smoothing=1e-6):
+  """NumPy reference of teachers.distance (same smoothing)."""
+  p = (np.asarray(p, np.float64) + smoothing) / (1 + len(p) * smoothing)
+  q = (np.asarray(q, np.float64) + smoothing) / (1 + len(q) * smoothing)
+  kl = lambda a, b: np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1) / b), 0.0))
+  if metric == "kl":
+    return kl(p, q)
+  if metric == "l1":
+    return np.abs(p - q).sum()
+  if metric == "l2":
+    return np.sqrt(np.square(p - q).sum())
+  return 0.5 * kl(p, (p + q) / 2) + 0.5 * kl(q, (p + q) / 2)
+
+
+def _score(dists, subset, metric):
+  c = dists.shape[1]
+  return np_distance(dists[list(subset)].mean(0), np.full(c, 1.0 / c), metric)
+
+
+def brute_force(dists, k, metric):
+  """The optimum of Eq. 6 (mean of the chosen distributions vs uniform) over all k-subsets."""
+  return min(_score(dists, s, metric) for s in itertools.combinations(range(len(dists)), k))
+
+
+def _random_dists(rng, m, c, classes_per_client=2):
+  d = np.zeros((m, c))
+  for i in range(m):
+    cls = rng.choice(c, classes_per_client, replace=False)
+    d[i, cls] = rng.dirichlet(np.ones(classes_per_client))
+  return d
+
+
+@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+def test_distance_matches_numpy(metric):
+  rng = np.random.default_rng(0)
+  p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
+  kl = lambda a, b: np.sum(a * np.log(a / b))
+  ref = {
+    "kl": kl(p, q),
+    "l1": np.abs(p - q).sum(),
+    "l2": np.sqrt(np.square(p - q).sum()),
+    "js": 0.5 * kl(p, (p + q) / 2) + 0.5 * kl(q, (p + q) / 2),
+  }[metric]
+  got = teachers_lib.distance(jnp.asarray(p), jnp.asarray(q), metric, smoothing=0.0)
+  np.testing.assert_allclose(got, ref, rtol=1e-5)
+  # Disjoint supports: smoothing keeps KL finite (ExDir(2, α) clients with different classes).
+  a, b = jnp.array([0.5, 0.5, 0.0, 0.0]), jnp.array([0.0, 0.0, 0.5, 0.5])
+  assert np.isfinite(float(teachers_lib.distance(a, b, metric)))
+
+
+@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+def test_greedy_is_exact_for_one_teacher_and_for_all(metric):
+  rng = np.random.default_rng(1)
+  for _ in range(5):
+    d = _random_dists(rng, 6, 5)
+    (pick,) = np.asarray(_greedy(jnp.asarray(d), 1, metric))
+    assert _score(d, [pick], metric) == pytest.approx(brute_force(d, 1, metric), abs=1e-6)
+    picks = np.asarray(_greedy(jnp.asarray(d), 6, metric))
+    assert sorted(picks.tolist()) == list(range(6))
+
+
+@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+def test_greedy_is_exact_for_single_class_clients(metric):
+  """Max-coverage case of the paper (one class per client): greedy covers K distinct classes."""
+  rng = np.random.default_rng(2)
+  classes = rng.integers(0, 5, 8)
+  d = np.eye(5)[classes]
+  for k in (2, 3, 4):
+    picks = np.asarray(_greedy(jnp.asarray(d), k, metric))
+    assert len(set(classes[picks].tolist())) == min(k, len(set(classes.tolist())))
+    assert _score(d, picks, metric) == pytest.approx(brute_force(d, k, metric), abs=1e-5)
+
+
+@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+def test_greedy_steps_are_optimal_and_distinct(metric):
+  """What greedy always promises: K distinct clients, each the best addition to the prefix."""
+  rng = np.random.default_rng(3)
+  for _ in range(4):
+    d = _random_dists(rng, 7, 6)
+    picks = np.asarray(_greedy(jnp.asarray(d), 4, metric)).tolist()
+    assert len(set(picks)) == 4
+    for j in range(4):
+      rest = [i for i in range(7) if i not in picks[:j]]
+      best = min(_score(d, picks[:j] + [i], metric) for i in rest)
+      assert _score(d, picks[: j + 1], metric) == pytest.approx(best, abs=1e-6)
+
+
+def test_greedy_is_not_exact_in_general():
+  """Documented counterexample (K=2 of 4, KL): greedy first takes the most balanced single client
+  (client 3, classes {0, 3}), which rules out the complementary pair (0, 2) covering all classes."""
+  d = np.array(
+    [[0.3, 0.0, 0.7, 0.0], [0.0, 0.0, 0.7, 0.3], [0.0, 0.9, 0.0, 0.1], [0.4, 0.0, 0.0, 0.6]]
+  )
+  picks = np.asarray(_greedy(jnp.asarray(d), 2, "kl")).tolist()
+  assert picks == [3, 0]
+  assert _score(d, [0, 2], "kl") == pytest.approx(brute_force(d, 2, "kl"), abs=1e-6)
+  assert _score(d, picks, "kl") > brute_force(d, 2, "kl") + 0.05
+
+
+def test_greedy_rejects_too_many_teachers():
+  with pytest.raises(ValueError, match="num_teachers=5 must be in"):
+    teachers_lib.greedy_select(jnp.ones((3, 4)) / 4, 5)
+  with pytest.raises(ValueError, match="Unknown distribution metric"):
+    teachers_lib.greedy_select(jnp.ones((3, 4)) / 4, 1, "cosine")
+
+
+@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+def test_teacher_weights_sum_to_one_and_order(metric):
+  rng = np.random.default_rng(4)
+  teachers = _random_dists(rng, 5, 6, classes_per_client=3)
+  student = _random_dists(rng, 1, 6, classes_per_client=3)[0]
+  g, h = teachers_lib.teacher_weights(jnp.asarray(teachers), jnp.asarray(student), metric)
+  d = np.array([np_distance(t, student, metric) for t in teachers])
+  np.testing.assert_allclose(float(jnp.sum(g)), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(float(jnp.sum(h)), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(g, d / d.sum(), rtol=1e-4)  # Eq. 5
+  inv = 1.0 / (d + 1e-4)
+  np.testing.assert_allclose(h, inv / inv.sum(), rtol=1e-4)
+  # More different teacher: larger NCKD weight g, smaller TCKD weight h.
+  order = np.argsort(d)
+  assert np.all(np.diff(np.asarray(g)[order]) >= 0)
+  assert np.all(np.diff(np.asarray(h)[order]) <= 0)
+
+
+def test_teacher_weights_identical_distributions():
+  same = jnp.array([[0.5, 0.5, 0.0]] * 3)
+  g, h = teachers_lib.teacher_weights(same, same[0], "l1")
+  np.testing.assert_allclose(g, 1 / 3, rtol=1e-6)
+  np.testing.assert_allclose(h, 1 / 3, rtol=1e-6)
+
+
+def test_multi_teacher_dkd_is_weighted_sum_of_single_teacher_terms():
+  rng = np.random.default_rng(5)
+  t_logits = jnp.asarray(rng.normal(size=(3, 8, 5)) * 2, jnp.float32)
+  s_logits = jnp.asarray(rng.normal(size=(8, 5)) * 2, jnp.float32)
+  labels = jnp.asarray(rng.integers(0, 5, 8))
+  mask = jnp.asarray((np.arange(8) < 6).astype(np.float32))
+  g, h = jnp.array([0.2, 0.3, 0.5]), jnp.array([0.6, 0.3, 0.1])
+  cfg = SFedKDConfig(temperature=3.0)
+  nckd, tckd = jax.jit(lambda *a: multi_teacher_dkd(*a, cfg))(
+    t_logits, s_logits, labels, mask, g, h
+  )
+  ref_n = sum(g[k] * losses.nckd_loss(t_logits[k], s_logits, labels, 3.0, mask) for k in range(3))
+  ref_t = sum(h[k] * losses.tckd_loss(t_logits[k], s_logits, labels, 3.0, mask) for k in range(3))
+  np.testing.assert_allclose(nckd, ref_n, rtol=1e-5)
+  np.testing.assert_allclose(tckd, ref_t, rtol=1e-5)
+
+
+# --- Rounds ---
+
+
+@pytest.fixture(scope="module")
+def setup():
+  x, y = helpers.synthetic_data()
+  model = helpers.tiny_model()
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=5, local_epochs=2)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  return x, y, model, fd, variables
+
+
+_CACHE: dict = {}
+
+
+def _runs(setup, name, rounds=2):
+  """(state, metrics) after each of ``rounds`` rounds of a named configuration, computed once."""
+  if name not in _CACHE:
+    x, y, model, fd, variables = setup
+    bf = helpers.float_batch_fn()
+    alg, strategy = {
+      "kd_scan": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2)), "vmap_scan"),
+      "kd_host": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2)), "sequential"),
+      "off_scan": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2, 0.0, 0.0)), "vmap_scan"),
+      "fedseq_scan": (fedseq(model, optax.sgd(LR), bf), "vmap_scan"),
+    }[name]
+    round_fn = make_round(alg, strategy)
+    state = alg.init(variables, jax.random.key(0))
+    out = []
+    for r in range(rounds):
+      state, metrics = round_fn(
+        state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(20 + r)
+      )
+      out.append((tree_lib.tree_copy(state), metrics))  # copies: the next round donates state
+    _CACHE[name] = (out, round_fn)
+  return _CACHE[name]
+
+
+def test_first_round_is_fedseq_and_keeps_selected_models(setup):
+  x, y, model, fd, variables = setup
+  (state, metrics), *_ = _runs(setup, "kd_scan")[0]
+  rd = helpers.round_data(fd, x, y, round_idx=0)
+  order = np.asarray(sequence_order(jax.random.key(20), rd.idx.shape[0]))
+  handed = manual_chain(model, variables["params"], x, y, rd, order)
+  np.testing.assert_allclose(
+    tree_lib.tree_ravel(state.variables), tree_lib.tree_ravel(handed[-1]), atol=1e-5
+  )
+  # Teachers = the models handed on by the greedily selected clients, with their distributions.
+  fd_dists = np.stack(
+    [np.bincount(y[fd.client_indices[c]], minlength=3) / fd.sizes[c] for c in order]
+  )
+  picks = np.asarray(_greedy(jnp.asarray(fd_dists), 2, "kl")).tolist()
+  np.testing.assert_array_equal(metrics["teacher_clients"], np.asarray(rd.client_ids)[order][picks])
+  np.testing.assert_allclose(state.teacher_dists, fd_dists[picks], atol=1e-6)
+  for k, p in enumerate(picks):
+    np.testing.assert_allclose(
+      tree_lib.tree_ravel(tree_lib.index_clients(state.teachers, k)["params"]),
+      tree_lib.tree_ravel(handed[p]),
+      atol=1e-5,
+    )
+  assert bool(state.has_teachers)
+
+
+def test_zero_kd_weights_equal_fedseq_and_kd_changes_training(setup):
+  ravel = lambda name: tree_lib.tree_ravel(_runs(setup, name)[0][-1][0].variables)
+  np.testing.assert_allclose(ravel("off_scan"), ravel("fedseq_scan"), atol=1e-5)
+  assert np.abs(np.asarray(ravel("kd_scan") - ravel("fedseq_scan"))).max() > 1e-3
+
+
+def test_host_loop_equals_scan_with_teachers(setup):
+  scan, round_fn = _runs(setup, "kd_scan")
+  host, _ = _runs(setup, "kd_host")
+  for (a, ma), (b, mb) in zip(scan, host):
+    np.testing.assert_allclose(
+      tree_lib.tree_ravel(a.variables), tree_lib.tree_ravel(b.variables), atol=1e-4
+    )
+    np.testing.assert_allclose(
+      tree_lib.tree_ravel(a.teachers), tree_lib.tree_ravel(b.teachers), atol=1e-4
+    )
+    np.testing.assert_array_equal(ma["teacher_clients"], mb["teacher_clients"])
+    np.testing.assert_allclose(ma["train_loss"], mb["train_loss"], rtol=1e-4)
+  assert round_fn._cache_size() == 1  # rounds with and without teachers share one program
+
+
+def test_too_many_teachers_is_a_clear_error(setup):
+  x, y, model, fd, variables = setup
+  alg = sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(num_teachers=5))
+  with pytest.raises(ValueError, match="exceeds the 4 clients per round"):
+    make_round(alg, "vmap_scan")(
+      alg.init(variables, jax.random.key(0)), helpers.round_data(fd, x, y), jax.random.key(0)
+    )
+  with pytest.raises(ValueError, match="Unknown distribution metric"):
+    sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(metric="cos"))
