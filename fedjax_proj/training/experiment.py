@@ -135,10 +135,10 @@ def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]
       f"Public data {c.public_data!r} has examples {images.shape[1:]} {images.dtype} but the "
       f"private data has {train_x.shape[1:]} {train_x.dtype}; use a public set of the same format."
     )
-  uses_memory = "memory_size" in registry.config_kwargs(c.method)
-  if uses_memory and c.memory_size > len(labels):
+  memory_size = c.method_kwargs.get("memory_size", c.memory_size)
+  if "memory_size" in registry.config_kwargs(c.method) and memory_size > len(labels):
     raise ValueError(
-      f"--memory_size={c.memory_size} exceeds the public set ({len(labels)} examples); lower "
+      f"--memory_size={memory_size} exceeds the public set ({len(labels)} examples); lower "
       "--memory_size or use more public data (--public_size=0 uses all of it)."
     )
   inputs = {"public_images": jax.device_put(images)}
