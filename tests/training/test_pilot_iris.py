@@ -1,0 +1,31 @@
+"""The Iris pilot runs end to end on a tiny budget and reports every method."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pilot_runs_and_writes_json(tmp_path):
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(ROOT / "experiments" / "pilot_iris.py"),
+      "--rounds=2",
+      "--local_epochs=1",
+      f"--output_dir={tmp_path}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / "pilot_iris.json").read_text())
+  assert set(summary["final_global_accuracy"]) == {"fedavg", "feddf", "fedproj"}
+  assert (tmp_path / "pilot_iris.png").stat().st_size > 10_000
+  fp = summary["history"]["fedproj"]
+  assert fp[0]["projected_fraction"] == 0.0 and "lmem_global" in fp[-1]
