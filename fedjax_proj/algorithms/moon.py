@@ -10,8 +10,10 @@ mode with stopped gradients, as the official code freezes them; the contrastive 
 mean over real examples. μ = 1 (the paper uses 5 on CIFAR-10), τ = 0.5. The server is FedAvg.
 
 Per-client state: every client's previous local model (all variables, including BatchNorm
-statistics), stacked [num_clients, ...] in the server state: num_clients full model copies (e.g.
-100 clients × 78k-parameter ResNet-8 + its 256-d projection head). Before a client's first round its
+statistics), stacked [num_clients, ...] in the server state: num_clients full model copies, i.e.
+num_clients × (model + projection head) float32 values (e.g. 100 clients × ResNet-8's 78k
+parameters + its 64→64→256 head ≈ 100 × 99k ≈ 40 MB; 20 clients × the 2.2M-parameter CNN with a
+512→512→256 head ≈ 210 MB). Before a client's first round its
 "previous" model is the initial global model. Sampled clients' entries are gathered in
 ``broadcast`` and replaced by their new local models in ``aggregate``.
 """
@@ -113,8 +115,6 @@ def moon(
     variables = tree_lib.tree_copy(variables)
     opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
     prev = tree_lib.broadcast_clients(variables, num_clients)
-    # broadcast_to gives a read-only view; materialise so scatter can update rows in place.
-    prev = jax.tree.map(jnp.array, prev)
     return MoonState(jnp.zeros((), jnp.int32), variables, opt_state, prev)
 
   def broadcast(state: MoonState, rd, key):
