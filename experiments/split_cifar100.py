@@ -24,7 +24,7 @@ _NORMS = ("none", "batch")
 
 def get_config(preset: str = "paper"):
   c = pmnist.get_config("paper")
-  del c["hidden"], c["dropout"], c["train_per_task"], c["test_per_task"]
+  del c["hidden"], c["dropout"], c["heads"], c["train_per_task"], c["test_per_task"]
   c.num_clients = 50
   c.clients_per_round = 25
   c.rounds_per_task = 100

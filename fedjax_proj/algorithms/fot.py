@@ -22,6 +22,7 @@ memory at once during GPSE (all clients by default).
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import jax
@@ -78,7 +79,8 @@ def fot(
     mu: server step on the projected update.
     sketch_multiplier: s = multiplier x d for dense layers.
     conv_sketch_multiplier: the same for conv layers (default: ``sketch_multiplier``).
-    client_chunk: clients per GPSE chunk (0 = all at once).
+    client_chunk: clients per GPSE chunk (0 = all at once with ``vmap_scan``; one at a time with
+      host-looped strategies).
     dp_clip: Frobenius clip L of each client sketch (0 = off; paper Appendix H uses 1).
     dp_noise: std of the Gaussian noise added to each clipped client sketch (0 = off).
     max_exact_svd: matrices with more entries use the randomized range finder.
@@ -167,7 +169,9 @@ def fot(
     """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""
     shared = {"variables": state.variables, "bases": state.bases, "task": jnp.int32(task)}
     c = rd.idx.shape[0]
-    chunk = client_chunk or c
+    # Host-looped strategies run one client per call so only one [d, s] sketch is alive besides
+    # the running sum; traceable ones vmap over ``client_chunk`` clients (all by default).
+    chunk = client_chunk or (c if engine.traceable else 1)
     keys = jax.random.split(key, c)
     a_sum, ratios, ns = None, [], []
     for lo in range(0, c, chunk):
@@ -181,7 +185,10 @@ def fot(
 
   def end_task(state: FOTState, rd: RoundData, key, task: int):
     """GPSE: extends every layer's basis with the new task's principal input subspace."""
+    t0 = time.perf_counter()
     a_sum, ratio, n = client_sketches(state, rd, key, task)
+    jax.block_until_ready(a_sum)
+    t1 = time.perf_counter()
     eps_t = min(eps + eps_inc * task, 1.0)
     weights = n / max(n.sum(), 1.0)
     bases, ranks, metrics = dict(state.bases), dict(state.ranks), {"eps": eps_t}
@@ -196,6 +203,8 @@ def fot(
       metrics[f"rank/{s.key}"] = rank
       metrics[f"added/{s.key}"] = k
       metrics[f"solver/{s.key}"] = solver
+    metrics["client_seconds"] = t1 - t0
+    metrics["server_seconds"] = time.perf_counter() - t1
     return state._replace(bases=bases, ranks=ranks), metrics
 
   method = ContinualMethod(algorithm, end_task)

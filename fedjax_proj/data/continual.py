@@ -280,12 +280,28 @@ def input_transform(bench: ContinualBenchmark) -> Callable[[Array, Array], Array
   return transform
 
 
-def task_model(model: Model, transform: Callable[[Array, Array], Array] | None) -> Model:
-  """Wraps a multi-head model so that ``apply(..., task=t)`` first applies ``transform(x, t)``."""
-  if transform is None:
+def task_model(
+  model: Model,
+  transform: Callable[[Array, Array], Array] | None,
+  *,
+  shared_head: bool = False,
+) -> Model:
+  """Wraps a model so that ``apply(..., task=t)`` first applies ``transform(x, t)``.
+
+  Args:
+    model: a multi-head model (``apply(..., task=t)``), or with ``shared_head=True`` an ordinary
+      single-head model that never sees the task id (the authors' Permuted-MNIST setup: one
+      10-way classifier shared by every task, which FOT then projects like any Dense layer).
+    transform: the benchmark's input transform (:func:`input_transform`), or None.
+    shared_head: drop the ``task`` keyword before calling ``model.apply``.
+  """
+  if transform is None and not shared_head:
     return model
 
   def apply(variables, x, *, train, rng=None, mask=None, task=0) -> ModelOutput:
-    return model.apply(variables, transform(x, task), train=train, rng=rng, mask=mask, task=task)
+    if transform is not None:
+      x = transform(x, task)
+    kwargs = {} if shared_head else {"task": task}
+    return model.apply(variables, x, train=train, rng=rng, mask=mask, **kwargs)
 
   return Model(model.name, model.init, apply, model.num_classes)

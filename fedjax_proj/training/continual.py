@@ -274,7 +274,9 @@ def build_continual_method(
   )
 
 
-def run_continual_experiment(c, bench: ContinualBenchmark, model: Model, log=print) -> dict:
+def run_continual_experiment(
+  c, bench: ContinualBenchmark, model: Model, log=print, *, shared_head: bool = False
+) -> dict:
   """Runs one continual experiment described by config ``c`` (see ``experiments/pmnist.py``).
 
   Prints the header line ``backend=... devices=... strategy=...``, per-round progress, and writes
@@ -287,7 +289,7 @@ def run_continual_experiment(c, bench: ContinualBenchmark, model: Model, log=pri
   from fedjax_proj.data.continual import input_transform, task_model
   from fedjax_proj.models.base import count_params
 
-  model = task_model(model, input_transform(bench))
+  model = task_model(model, input_transform(bench), shared_head=shared_head)
   normalize = pipeline.normalizer_for(bench.normalizer_name, bench.images)
   batch_fn = pipeline.make_batch_fn(normalize, augment=False)
   sample = normalize(jnp.asarray(bench.images[:2]))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -22,7 +23,7 @@ from fedjax_proj.data.continual import (
 )
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.data.sources import ArrayDataset
-from fedjax_proj.models import multi_head
+from fedjax_proj.models import mlp, multi_head
 from fedjax_proj.training.continual import (
   acc_fgt,
   build_continual_method,
@@ -63,6 +64,13 @@ def test_permuted_mnist_tasks_and_partitions():
   x = jnp.asarray(train.images[:2], jnp.float32)
   y = np.asarray(tf(x, jnp.int32(1))).reshape(2, -1)
   np.testing.assert_array_equal(y, np.asarray(x).reshape(2, -1)[:, bench.permutations[1]])
+  # Shared head (the authors' PMNIST): the task only selects the permutation.
+  single = task_model(mlp(10, hidden=(8,)), tf, shared_head=True)
+  v = single.init(jax.random.key(0), x)
+  out1 = single.apply(v, x, train=False, task=jnp.int32(1))
+  out0 = single.apply(v, x, train=False, task=0)
+  assert out1.logits.shape == (2, 10)
+  assert not np.allclose(out0.logits, out1.logits)
   parts = task_partition(bench, 1, 5, iid=False, seed=0)
   assert sorted(np.concatenate(parts).tolist()) == sorted(bench.tasks[1].train_idx.tolist())
   # Shards: each client sees few classes.
@@ -99,7 +107,7 @@ def test_task_loop_runs_every_method(method, tmp_path):
   normalize = normalizer(0.0, 255.0)
   batch_fn = make_batch_fn(normalize)
   sample = normalize(jnp.asarray(bench.images[:2]))
-  variables = model.init(__import__("jax").random.key(0), sample)
+  variables = model.init(jax.random.key(0), sample)
   kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
   cm = build_continual_method(
     method,
@@ -122,7 +130,7 @@ def test_task_loop_runs_every_method(method, tmp_path):
     variables,
     num_clients=4,
     clients_per_round=2,
-    rounds_per_task=2,
+    rounds_per_task=1,
     batch_size=16,
     local_epochs=1,
     iid=True,

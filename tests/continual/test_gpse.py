@@ -190,7 +190,7 @@ def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
 
 def test_randomized_range_finder_matches_exact_svd():
   rng = np.random.default_rng(0)
-  m, n = 300, 600
+  m, n = 120, 240
   u = _orthonormal(m, m, 1)
   v = _orthonormal(n, m, 2)
   s = 0.8 ** np.arange(m)

@@ -1,0 +1,211 @@
+"""Cost of FOT's GPSE round against one local epoch on the same clients, measured side by side.
+
+FOT paper (Bakman et al., ICLR 2024), section 4.2 and Appendix: a GPSE round costs about 0.3-2.3x
+one local epoch. Here, for the PMNIST MLP (784-400-400, real MNIST when ../shared/data exists,
+otherwise synthetic digits of the same shape) and optionally the Split-CIFAR100 AlexNet-like
+model, on the same sampled clients and data:
+
+* ``epoch``: one training round with one local epoch (vmap over clients of a scan over steps, or
+  the engine's CPU choice for convolutions), compiled once and timed after a warm-up call;
+* ``gpse``: one GPSE round on the same clients (client sketches inside one jit + the server's sum,
+  SVD, rank rule and basis update), warm, once with an empty basis (first task) and once with a
+  populated one (later tasks project their inputs first).
+
+Prints a table and writes ``benchmarks/results/gpse_cost.json``.
+
+    python benchmarks/gpse_cost.py --models=mlp,alexnet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench_data(model_name: str, seed: int):
+  from fedjax_proj.data.continual import permuted_mnist, split_cifar100, split_classes
+  from fedjax_proj.data.sources import ArrayDataset, find_shared_data, load_dataset
+
+  shared = find_shared_data()
+  rng = np.random.default_rng(seed)
+  if model_name == "mlp":
+    if shared is not None and (shared / "mnist" / "train.npz").exists():
+      train = load_dataset("mnist", "train", shared / "mnist")
+      test = load_dataset("mnist", "test", shared / "mnist")
+      return permuted_mnist(train, test, num_tasks=2, seed=seed), "real MNIST"
+    ds = ArrayDataset(
+      rng.integers(0, 255, (60000, 28, 28, 1), dtype=np.uint8),
+      rng.integers(0, 10, 60000).astype(np.int32),
+      10,
+      "mnist",
+    )
+    return permuted_mnist(ds, ds, num_tasks=2, seed=seed), "synthetic"
+  npz = shared / "cifar100" / "public_20k.npz" if shared is not None else None
+  if npz is not None and npz.exists():
+    return split_cifar100(npz, seed=seed), "real CIFAR-100 20k subset"
+  ds = ArrayDataset(
+    rng.integers(0, 255, (20000, 32, 32, 3), dtype=np.uint8),
+    np.repeat(np.arange(100), 200).astype(np.int32),
+    100,
+    "cifar100",
+  )
+  return split_classes(ds, ds, num_tasks=10, seed=seed, normalizer_name="cifar100"), "synthetic"
+
+
+def _timed(fn, repeats: int) -> tuple[float, float]:
+  """(first call seconds incl. compile, median of ``repeats`` warm calls)."""
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return first, statistics.median(times)
+
+
+def measure(model_name: str, clients: int, num_clients: int, repeats: int, seed: int) -> dict:
+  from fedjax_proj.algorithms.base import make_round
+  from fedjax_proj.algorithms.continual_baselines import fl
+  from fedjax_proj.algorithms.fot import fot
+  from fedjax_proj.core import engine as engine_lib
+  from fedjax_proj.core.types import RoundData
+  from fedjax_proj.data import pipeline
+  from fedjax_proj.data.continual import input_transform, task_model, task_partition
+  from fedjax_proj.data.federated import FederatedData
+  from fedjax_proj.models import multi_head
+
+  bench, source = _bench_data(model_name, seed)
+  if model_name == "mlp":
+    base = multi_head("mlp", bench.num_tasks, 10, hidden=(400, 400), dropout=(0.2, 0.2))
+    batch_size, hp = 64, {"sketch_multiplier": 1.0, "eps": 0.96}
+  else:
+    base = multi_head("alexnet", bench.num_tasks, 10, head_bias=False, norm="none")
+    batch_size, hp = 16, {"sketch_multiplier": 5.0, "conv_sketch_multiplier": 1.0, "eps": 0.87}
+  model = task_model(base, input_transform(bench))
+  normalize = pipeline.normalizer_for(bench.normalizer_name, bench.images)
+  batch_fn = pipeline.make_batch_fn(normalize)
+  sample = normalize(jnp.asarray(bench.images[:2]))
+  variables = model.init(jax.random.key(seed), sample)
+  has_conv = engine_lib.has_convolution(
+    lambda v, x: model.apply(v, x, train=False).logits, variables, sample
+  )
+  strategy = engine_lib.choose_strategy("auto", has_conv=has_conv)
+  parts = task_partition(bench, 0, num_clients, iid=False, seed=seed)
+  sampled = np.arange(clients, dtype=np.int32)
+  images = jax.device_put(bench.images)
+  labels = jax.device_put(bench.labels)
+
+  def round_data(bs):
+    fd = FederatedData(parts, bs, 1)
+    idx, mask, n = fd.round_layout(sampled, 0, seed)
+    return RoundData(
+      images,
+      labels,
+      jnp.asarray(sampled),
+      jnp.asarray(idx),
+      jnp.asarray(mask),
+      jnp.asarray(n),
+      {"task": jnp.int32(0)},
+    )
+
+  rd = round_data(batch_size)
+  method = fl(model, optax.sgd(0.01), batch_fn)
+  round_fn = make_round(method.algorithm, strategy)
+  state = {"s": method.algorithm.init(variables, jax.random.key(0))}
+
+  def epoch():
+    state["s"], m = round_fn(state["s"], rd, jax.random.key(1))
+    return m
+
+  epoch_first, epoch_warm = _timed(epoch, repeats)
+  fot_method = fot(
+    model, optax.sgd(0.01), batch_fn, variables=variables, sample_x=sample, strategy=strategy, **hp
+  )
+  fstate = fot_method.algorithm.init(variables, jax.random.key(0))
+  rd_g = round_data(batch_size)
+  last = {}
+
+  def gpse_empty():
+    _, m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
+    last["empty"] = m
+    return jnp.zeros(())
+
+  g_first, g_empty = _timed(gpse_empty, repeats)
+  populated, _ = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
+
+  def gpse_full():
+    _, m = fot_method.end_task(populated, rd_g, jax.random.key(3), 1)
+    last["full"] = m
+    return jnp.zeros(())
+
+  _, g_full = _timed(gpse_full, repeats)
+  examples = int(np.asarray(rd.mask).sum())
+  return {
+    "model": model_name,
+    "data": source,
+    "strategy": strategy,
+    "clients": clients,
+    "examples": examples,
+    "epoch_seconds": epoch_warm,
+    "epoch_first_call_seconds": epoch_first,
+    "gpse_seconds_empty_basis": g_empty,
+    "gpse_seconds_populated_basis": g_full,
+    "gpse_first_call_seconds": g_first,
+    "gpse_client_seconds": last["full"]["client_seconds"],
+    "gpse_server_seconds": last["full"]["server_seconds"],
+    "ratio_empty": g_empty / epoch_warm,
+    "ratio_populated": g_full / epoch_warm,
+    "ranks_after_first_gpse": {k: v for k, v in last["empty"].items() if k.startswith("rank/")},
+  }
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default="mlp,alexnet")
+  parser.add_argument("--clients", type=int, default=0, help="0: 64 (mlp) / 10 (alexnet)")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpse_cost.json"))
+  args = parser.parse_args(argv)
+  print(f"backend={jax.default_backend()} devices={jax.device_count()}", flush=True)
+  rows = []
+  for name in args.models.split(","):
+    clients = args.clients or (64 if name == "mlp" else 10)
+    num_clients = 125 if name == "mlp" else 50
+    rows.append(measure(name, clients, num_clients, args.repeats, args.seed))
+    print(json.dumps(rows[-1]), flush=True)
+  lines = [
+    "| model | strategy | clients | examples | 1 local epoch s | GPSE s (empty / populated basis)"
+    " | GPSE / epoch |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['model']} ({r['data']}) | {r['strategy']} | {r['clients']} | {r['examples']} | "
+      f"{r['epoch_seconds']:.3f} | {r['gpse_seconds_empty_basis']:.3f} / "
+      f"{r['gpse_seconds_populated_basis']:.3f} | {r['ratio_empty']:.2f} / "
+      f"{r['ratio_populated']:.2f} |"
+    )
+  print("\n".join(lines))
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({"rows": rows, "table": lines}, indent=2))
+  print(f"wrote {out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
