@@ -1,12 +1,21 @@
 """Flag parsing shared by the experiment entry points: every config field becomes a --flag.
 
 ``--preset`` picks the starting config (``paper``, ``cpu`` or ``smoke``); other flags override
-single fields. Bad values exit non-zero with a message listing the valid choices.
+single fields. Bad values exit non-zero with a message listing the valid choices. Boolean flags
+may be given bare (``--resume`` means ``--resume=true``).
+
+Run management flags (fields of every config from ``base_config``): ``--output_dir=D --resume``
+continues D's newest valid checkpoint bit-exactly, ``--checkpoint_every=k`` (0: only on a signal),
+``--keep_checkpoints=n``, ``--tensorboard``. SIGINT/SIGTERM finish the running round, save and exit
+with 128 + the signal number and a message naming the resume command; a non-finite loss or
+parameters exit 1 keeping the last good checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
 import sys
 from collections.abc import Callable
 
@@ -40,8 +49,14 @@ def build_parser(
     kind = _bool if isinstance(value, bool) else type(value)
     if value is None:
       kind = _optional_int
+    extra = {"nargs": "?", "const": True} if isinstance(value, bool) else {}
     parser.add_argument(
-      f"--{key}", type=kind, default=None, choices=choices.get(key), help=f"(paper: {value!r})"
+      f"--{key}",
+      type=kind,
+      default=None,
+      choices=choices.get(key),
+      help=f"(paper: {value!r})",
+      **extra,
     )
   parser.add_argument(
     "--method_kwargs",
@@ -85,13 +100,37 @@ def parse_config(
   return config
 
 
+def resume_command(argv, output_dir: str) -> str:
+  """The command line that resumes this run: the same flags plus --output_dir and --resume."""
+  kept = [a for a in argv if not a.startswith(("--resume", "--output_dir"))]
+  return shlex.join(
+    [sys.executable, sys.argv[0], *kept, f"--output_dir={output_dir}", "--resume=true"]
+  )
+
+
 def main(argv, description, get_config, choices) -> int:
-  from fedjax_proj.training.experiment import run_experiment
+  from fedjax_proj.training.checkpoint import CheckpointError
+  from fedjax_proj.training.experiment import default_output_dir, run_experiment
+  from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices)
+  # Fix the output directory here so the resume message can name it.
+  config.output_dir = config.output_dir or default_output_dir(config.method)
   try:
     run_experiment(config)
-  except (FileNotFoundError, ValueError) as e:
+  except TrainingInterrupted as e:
+    print(f"interrupted: {e}", file=sys.stderr)
+    if e.saved:
+      print(f"resume with: {resume_command(argv, config.output_dir)}", file=sys.stderr)
+    return 128 + e.signum
+  except KeyboardInterrupt:
+    print(
+      "aborted by a second interrupt; the last completed checkpoint in "
+      f"{config.output_dir}/checkpoints is intact (resume with --resume).",
+      file=sys.stderr,
+    )
+    return 128 + signal.SIGINT
+  except (FileNotFoundError, ValueError, CheckpointError, NonFiniteError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   return 0

@@ -2,7 +2,12 @@
 
 Experiments (``experiments/*.py``) own a ``get_config(preset)`` and parse flags into it; this
 module only reads the config object it is given. :func:`validate_config` rejects impossible
-settings before any data is loaded or compiled.
+settings before any data is loaded; data-dependent checks (the partition, the public set against
+``memory_size``) run before the model is built or anything is compiled.
+
+Each run's ``output_dir`` holds ``metrics.jsonl``, ``summary.json``, ``final_variables.npz``,
+``checkpoints/`` (see :mod:`fedjax_proj.training.checkpoint`; ``resume=True`` continues from the
+newest valid one) and, with ``tensorboard=True``, ``tensorboard/`` event files.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from fedjax_proj.data.partition import parse_partition, partition
 from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.models import get_model
 from fedjax_proj.models.base import count_params
+from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import train
 
@@ -65,6 +71,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
   c.method_kwargs = ml_collections.ConfigDict()
+  # Run management: not part of the config fingerprint a resumed run must match.
+  c.resume = False  # continue from output_dir's newest valid checkpoint
+  c.checkpoint_every = 10  # rounds between checkpoints (0: only on SIGINT/SIGTERM)
+  c.keep_checkpoints = 3
+  c.tensorboard = False  # also write TensorBoard events (needs the tensorboard extra)
   return c
 
 
@@ -92,6 +103,30 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     )
   if c.eval_every < 1:
     raise ValueError("--eval_every must be >= 1.")
+  if c.get("checkpoint_every", 0) < 0:
+    raise ValueError("--checkpoint_every must be >= 0 (0 saves only on SIGINT/SIGTERM).")
+  if c.get("keep_checkpoints", 1) < 1:
+    raise ValueError("--keep_checkpoints must be >= 1.")
+  if c.get("resume", False) and not c.output_dir:
+    raise ValueError("--resume needs --output_dir=<the interrupted run's directory>.")
+  memory_size = c.method_kwargs.get("memory_size", c.memory_size)
+  if (
+    c.public_data
+    and c.public_size
+    and "memory_size" in registry.config_kwargs(c.method)
+    and memory_size > c.public_size
+  ):
+    raise ValueError(
+      f"--memory_size={memory_size} exceeds --public_size={c.public_size}; lower --memory_size "
+      "or raise --public_size (0 uses the whole public set)."
+    )
+  if c.get("tensorboard", False):
+    from fedjax_proj.training.tensorboard import require_tensorboardx
+
+    try:
+      require_tensorboardx()
+    except ImportError as e:
+      raise ValueError(str(e)) from e
 
 
 def make_optimizer(name: str, lr: float, momentum: float, weight_decay: float):
@@ -161,6 +196,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   test_x, test_y = _subset(test_ds, c.test_subset, c.seed + 1)
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
+  round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes)
 
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
@@ -169,7 +205,6 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   normalize = pipeline.normalizer_for(c.dataset, train_x)
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
 
-  round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes)
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay),
@@ -197,6 +232,9 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   )
   sys.stdout.flush()
   round_fn = make_round(algorithm, strategy)
+  checkpointer = Checkpointer(
+    Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)
+  )
   _, summary = train(
     algorithm,
     round_fn,
@@ -213,6 +251,10 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     round_inputs=round_inputs,
     summary_extra={"strategy": strategy, "config": c.to_dict(), "output_dir": output_dir},
     progress=c.progress,
+    checkpointer=checkpointer,
+    checkpoint_every=c.get("checkpoint_every", 0),
+    resume=c.get("resume", False),
+    tensorboard_dir=Path(output_dir) / "tensorboard" if c.get("tensorboard", False) else None,
   )
   log(
     f"final_test_accuracy={summary['final_test_accuracy']:.4f} "

@@ -2,12 +2,23 @@
 
 Library code: every input is an explicit argument (no flags). Experiments build these arguments from
 their config (see :mod:`fedjax_proj.training.experiment`).
+
+Robustness (issue 8): with a :class:`~fedjax_proj.training.checkpoint.Checkpointer` the server
+state is saved every ``checkpoint_every`` rounds, after the last round, and when SIGINT/SIGTERM
+arrives (the running round finishes first; a second signal aborts at once). ``resume=True``
+continues from the newest valid checkpoint and rewrites ``metrics.jsonl`` after it, so the file
+equals an uninterrupted run's except for the wall-clock fields
+(:data:`~fedjax_proj.training.checkpoint.WALL_CLOCK_FIELDS`). A non-finite training loss or
+non-finite global parameters stop the run (:class:`NonFiniteError`) without saving, so the last
+checkpoint on disk is the last good one.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,21 +30,73 @@ from tqdm.auto import tqdm
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.core import random as random_lib
+from fedjax_proj.core.tree import tree_all_finite
 from fedjax_proj.core.types import RoundData
 from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training.checkpoint import (
+  Checkpointer,
+  CheckpointError,
+  save_variables,
+  truncate_metrics,
+)
 from fedjax_proj.training.metrics import MetricsWriter, to_python, write_json
+
+FINAL_VARIABLES = "final_variables.npz"
 
 
 class NonFiniteError(FloatingPointError):
   """Raised when a round produces a non-finite loss or non-finite global parameters."""
 
 
-def _finite(metrics: dict) -> bool:
-  return all(
-    v is None or not isinstance(v, float) or math.isfinite(v)
-    for v in to_python(metrics).values()
-    if not isinstance(v, list | dict)
-  )
+class TrainingInterrupted(Exception):
+  """SIGINT/SIGTERM stopped the run after round ``round`` (saved when a checkpointer was given)."""
+
+  def __init__(self, message: str, round_idx: int, signum: int, saved: bool):
+    super().__init__(message)
+    self.round = round_idx
+    self.signum = signum
+    self.saved = saved
+
+
+class _StopOnSignal:
+  """Turns the first SIGINT/SIGTERM into a flag checked between rounds; a second one aborts."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self, enabled: bool):
+    # Handlers can only be installed from the main thread (e.g. not inside a notebook worker).
+    self.enabled = enabled and threading.current_thread() is threading.main_thread()
+    self.signum: int | None = None
+    self._old: dict = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:
+      raise KeyboardInterrupt(f"second signal {signum}: aborting without saving")
+    self.signum = signum
+
+  def __enter__(self):
+    if self.enabled:
+      for sig in self.SIGNALS:
+        self._old[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+    return False
+
+
+def _nonfinite_losses(metrics: dict) -> list[str]:
+  """Names of loss metrics holding a NaN/inf (checked before NaN becomes null in the JSON)."""
+  bad = []
+  for key, value in metrics.items():
+    if "loss" not in key or value is None:
+      continue
+    arr = np.asarray(value)
+    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+      bad.append(key)
+  return bad
 
 
 def train(
@@ -54,8 +117,13 @@ def train(
   extra_metrics: Callable[[object], dict] | None = None,
   summary_extra: dict | None = None,
   progress: bool = True,
+  checkpointer: Checkpointer | None = None,
+  checkpoint_every: int = 0,
+  resume: bool = False,
+  tensorboard_dir: str | Path | None = None,
+  handle_signals: bool = True,
 ) -> tuple[object, dict]:
-  """Runs ``rounds`` federated rounds.
+  """Runs ``rounds`` federated rounds (from the last checkpoint when resuming).
 
   Args:
     algorithm: the algorithm (for ``init`` and ``global_variables``).
@@ -69,74 +137,156 @@ def train(
     clients_per_round: clients sampled per round.
     seed: the run's seed; every random draw derives from it and the round index.
     eval_every: evaluate the global model every k rounds (and after the last round).
-    output_dir: where ``metrics.jsonl`` and ``summary.json`` go (None: no files).
+    output_dir: where ``metrics.jsonl``, ``summary.json`` and ``final_variables.npz`` (the final
+      global variables, keyed by pytree path) go (None: no files).
     round_inputs: device arrays every round needs (e.g. the public set), in ``RoundData.extra``.
     extra_metrics: ``extra_metrics(state) -> dict`` logged each round (e.g. FedProj's L_mem).
     summary_extra: fields added to the summary (method, config).
     progress: show a progress bar with ETA.
+    checkpointer: saves/restores the server state (None: no checkpoints, signals still stop).
+    checkpoint_every: save every k rounds and after the last one (0: only on a signal).
+    resume: continue from the checkpointer's newest valid checkpoint (fresh start if none).
+    tensorboard_dir: also write the per-round scalars as TensorBoard events there.
+    handle_signals: catch SIGINT/SIGTERM to stop cleanly between rounds.
 
   Returns:
     (final server state, summary dict).
+
+  Raises:
+    NonFiniteError: a round produced a non-finite training/test loss or global parameters.
+    TrainingInterrupted: SIGINT/SIGTERM arrived; the state after the running round was saved.
+    CheckpointError: resuming from a checkpoint of another config or version, or starting a new
+      run over existing checkpoints without ``resume``.
   """
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {rounds}.")
+  if checkpoint_every < 0:
+    raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}.")
   seed_key = jax.random.key(seed)
   state = algorithm.init(init_variables, random_lib.stream_key(seed_key, "init"))
+  start_round, last_eval = 0, {}
+  if checkpointer is not None:
+    if resume:
+      restored = checkpointer.restore_latest(state)
+      if restored is not None:
+        state, meta = restored
+        start_round, last_eval = int(meta["round"]), dict(meta.get("last_eval") or {})
+        print(f"resuming from the checkpoint of round {start_round}", file=sys.stderr)
+    elif checkpointer.steps():
+      raise CheckpointError(
+        f"{checkpointer.directory} already holds checkpoints (rounds {checkpointer.steps()}); "
+        "pass --resume to continue that run or choose another --output_dir."
+      )
+  if start_round > rounds:
+    raise CheckpointError(f"The checkpoint is at round {start_round}, beyond rounds={rounds}.")
   images, labels = jax.device_put(train_set[0]), jax.device_put(np.asarray(train_set[1], np.int32))
   if test_set is not None:
     test_images = jax.device_put(test_set[0])
     test_labels = jax.device_put(np.asarray(test_set[1], np.int32))
   extra = dict(round_inputs or {})
-  writer = MetricsWriter(output_dir) if output_dir is not None else None
+  writer = None
+  if output_dir is not None:
+    if start_round:  # lines after the checkpoint are re-written by the rounds below
+      truncate_metrics(Path(output_dir) / "metrics.jsonl", start_round)
+    writer = MetricsWriter(output_dir, truncate=not start_round)
+  tb = None
+  if tensorboard_dir is not None:
+    from fedjax_proj.training.tensorboard import TensorBoardWriter
+
+    tb = TensorBoardWriter(tensorboard_dir)
+  all_finite = jax.jit(lambda s: tree_all_finite(algorithm.global_variables(s)))
+
+  def last_good() -> str:
+    steps = checkpointer.steps() if checkpointer is not None else []
+    if not steps:
+      return "No checkpoint was saved."
+    return f"The last good checkpoint (round {steps[-1]}) is kept in {checkpointer.directory}."
+
   start = time.perf_counter()
-  last_eval: dict = {}
   bar = tqdm(
-    range(rounds), desc=algorithm.name, disable=not progress, file=sys.stderr, unit="round"
+    range(start_round, rounds),
+    desc=algorithm.name,
+    disable=not progress,
+    file=sys.stderr,
+    unit="round",
+    initial=start_round,
+    total=rounds,
   )
   try:
-    for r in bar:
-      t0 = time.perf_counter()
-      sampled = fed_data.sample_clients(r, clients_per_round, seed)
-      idx, mask, n = fed_data.round_layout(sampled, r, seed)
-      rd = RoundData(
-        images,
-        labels,
-        jnp.asarray(sampled),
-        jnp.asarray(idx),
-        jnp.asarray(mask),
-        jnp.asarray(n),
-        extra,
-      )
-      state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, r))
-      record = {"round": r + 1, **to_python(metrics)}
-      if extra_metrics is not None:
-        record.update(to_python(extra_metrics(state)))
-      record["round_seconds"] = time.perf_counter() - t0
-      if not _finite(record):
-        raise NonFiniteError(
-          f"Round {r + 1} of {algorithm.name} produced a non-finite value: {record}. "
-          "Lower the learning rate or check the inputs."
+    with _StopOnSignal(handle_signals) as stop:
+      for r in bar:
+        t0 = time.perf_counter()
+        sampled = fed_data.sample_clients(r, clients_per_round, seed)
+        idx, mask, n = fed_data.round_layout(sampled, r, seed)
+        rd = RoundData(
+          images,
+          labels,
+          jnp.asarray(sampled),
+          jnp.asarray(idx),
+          jnp.asarray(mask),
+          jnp.asarray(n),
+          extra,
         )
-      if (
-        test_set is not None
-        and evaluate is not None
-        and ((r + 1) % eval_every == 0 or r + 1 == rounds)
-      ):
-        ev = evaluate(algorithm.global_variables(state), test_images, test_labels)
-        record["test_accuracy"], record["test_loss"] = ev["accuracy"], ev["loss"]
-        last_eval = ev
-        if not math.isfinite(ev["loss"]):
-          raise NonFiniteError(f"Round {r + 1} of {algorithm.name}: non-finite test loss.")
-        bar.write(
-          f"round {r + 1}/{rounds}  test_accuracy={ev['accuracy']:.4f}  "
-          f"train_loss={record.get('train_loss', float('nan')):.4f}"
-        )
-      if writer is not None:
-        writer.write(record)
-      bar.set_postfix(loss=f"{record.get('train_loss', float('nan')):.3f}")
+        state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, r))
+        if extra_metrics is not None:
+          metrics = {**metrics, **extra_metrics(state)}
+        bad = _nonfinite_losses(metrics)
+        if not bool(all_finite(state)):
+          bad.append("global parameters")
+        if bad:
+          raise NonFiniteError(
+            f"Round {r + 1} of {algorithm.name} produced non-finite {', '.join(bad)}. "
+            f"{last_good()} Lower the learning rate or check the inputs."
+          )
+        record = {"round": r + 1, **to_python(metrics)}
+        record["round_seconds"] = time.perf_counter() - t0
+        if (
+          test_set is not None
+          and evaluate is not None
+          and ((r + 1) % eval_every == 0 or r + 1 == rounds)
+        ):
+          ev = evaluate(algorithm.global_variables(state), test_images, test_labels)
+          if not math.isfinite(ev["loss"]):
+            raise NonFiniteError(
+              f"Round {r + 1} of {algorithm.name}: non-finite test loss. {last_good()}"
+            )
+          record["test_accuracy"], record["test_loss"] = ev["accuracy"], ev["loss"]
+          last_eval = ev
+          bar.write(
+            f"round {r + 1}/{rounds}  test_accuracy={ev['accuracy']:.4f}  "
+            f"train_loss={record.get('train_loss') or float('nan'):.4f}"
+          )
+        if writer is not None:
+          writer.write(record)
+        if tb is not None:
+          tb.write(record)
+        bar.set_postfix(loss=f"{record.get('train_loss') or float('nan'):.3f}")
+        done = r + 1
+        periodic = checkpoint_every and (done % checkpoint_every == 0 or done == rounds)
+        if checkpointer is not None and (periodic or stop.signum is not None):
+          checkpointer.save(done, state, {"last_eval": last_eval})
+        if stop.signum is not None and done < rounds:
+          name = signal.Signals(stop.signum).name
+          saved = checkpointer is not None
+          where = (
+            f"saved the checkpoint of round {done} in {checkpointer.directory}; resume with the "
+            "same command plus --resume"
+            if saved
+            else "no checkpoint was saved (no output directory)"
+          )
+          raise TrainingInterrupted(
+            f"{name} received: stopped after round {done}/{rounds} and {where}.",
+            done,
+            stop.signum,
+            saved,
+          )
   finally:
     if writer is not None:
       writer.close()
+    if tb is not None:
+      tb.close()
+    if checkpointer is not None:
+      checkpointer.close()
     bar.close()
   summary = {
     "method": algorithm.name,
@@ -145,8 +295,10 @@ def train(
     "final_test_accuracy": last_eval.get("accuracy"),
     "final_test_loss": last_eval.get("loss"),
     "wall_seconds": time.perf_counter() - start,
+    "resumed_from_round": start_round,
     **(summary_extra or {}),
   }
   if output_dir is not None:
+    save_variables(Path(output_dir) / FINAL_VARIABLES, algorithm.global_variables(state))
     write_json(Path(output_dir) / "summary.json", summary)
   return state, summary

@@ -1,0 +1,296 @@
+"""Checkpoints of a federated run (orbax-checkpoint), verified on restore, and resume helpers.
+
+What a checkpoint holds: the algorithm's whole server state (global parameters, server optimiser
+state, stacked per-client state, memory/ensemble state, FIFO buffers, the round counter: all of it
+lives in the algorithm's NamedTuple state) plus a JSON record of the round index, the config
+fingerprint, the package version and the last evaluation. Nothing else is needed to continue
+bit-exactly: client sampling, batch shuffling and every PRNG key are pure functions of
+(seed, round) (:mod:`fedjax_proj.core.random`, :mod:`fedjax_proj.data.federated`).
+
+Layout under ``<output_dir>/checkpoints``: one orbax step directory per saved round (orbax writes to
+a temporary directory and renames it when complete, so a crash mid-save never touches the previous
+checkpoints) holding ``state/``, ``meta/`` and our ``fedjax_manifest.json``: the SHA-256 of every
+file of the step, written (atomically) after orbax commits. A step without a manifest or whose files
+do not match it is treated as corrupt: it is moved aside to ``corrupt-<round>`` with a warning and
+the previous checkpoint is used.
+
+Wall-clock fields (:data:`WALL_CLOCK_FIELDS`) are the only part of ``metrics.jsonl`` that differs
+between an uninterrupted and a resumed (or repeated) run; :func:`comparable_metrics` drops them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+import fedjax_proj
+from fedjax_proj.training.metrics import to_python
+
+MANIFEST = "fedjax_manifest.json"
+# Config fields that do not change what is computed: excluded from the fingerprint, so e.g. a run
+# can be resumed with another progress setting or checkpoint interval.
+NON_SEMANTIC_FIELDS = (
+  "output_dir",
+  "progress",
+  "resume",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "tensorboard",
+)
+# metrics.jsonl fields that measure time and so differ between otherwise identical runs.
+WALL_CLOCK_FIELDS = ("round_seconds",)
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint cannot be used for this run (other config or version, or none is readable)."""
+
+
+def config_fingerprint(config: dict, exclude: tuple[str, ...] = NON_SEMANTIC_FIELDS) -> dict:
+  """The semantic config and its SHA-256: what a checkpoint must match to be resumed."""
+  semantic = {k: v for k, v in to_python(dict(config)).items() if k not in exclude}
+  text = json.dumps(semantic, sort_keys=True)
+  return {"hash": hashlib.sha256(text.encode()).hexdigest(), "config": semantic}
+
+
+def _describe_diff(old: dict, new: dict) -> str:
+  keys = sorted(set(old) | set(new))
+  diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+  return "; ".join(diff[:8]) + (" ..." if len(diff) > 8 else "")
+
+
+def _sha256(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _file_digests(step_dir: Path) -> dict[str, str]:
+  return {
+    str(p.relative_to(step_dir)): _sha256(p)
+    for p in sorted(step_dir.rglob("*"))
+    if p.is_file() and p.name != MANIFEST
+  }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+# Typed PRNG keys cannot be serialised; store their raw key data and re-wrap on restore.
+def _is_key(x) -> bool:
+  return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _to_storable(tree):
+  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def _from_storable(tree, template):
+  return jax.tree.map(
+    lambda x, t: jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t) else x,
+    tree,
+    template,
+  )
+
+
+class Checkpointer:
+  """Saves and restores a run's server state every few rounds, keeping the last ``keep``.
+
+  Args:
+    directory: the checkpoint directory (``<output_dir>/checkpoints``).
+    fingerprint: :func:`config_fingerprint` of the run's config; restore refuses other configs.
+    keep: how many checkpoints to keep (older ones are deleted after a successful save).
+  """
+
+  def __init__(self, directory: str | os.PathLike, fingerprint: dict, keep: int = 3):
+    import orbax.checkpoint as ocp  # imported here: a second or so, only for runs that save
+
+    if keep < 1:
+      raise ValueError(f"keep_checkpoints must be >= 1, got {keep}.")
+    self._ocp = ocp
+    self.directory = Path(directory).absolute()
+    self.fingerprint = fingerprint
+    self.keep = keep
+    self._manager = None
+
+  def _open(self):
+    if self._manager is None:
+      options = self._ocp.CheckpointManagerOptions(
+        max_to_keep=self.keep, enable_async_checkpointing=False, create=True
+      )
+      self._manager = self._ocp.CheckpointManager(self.directory, options=options)
+    return self._manager
+
+  def _reopen(self) -> None:
+    if self._manager is not None:
+      self._manager.close()
+      self._manager = None
+
+  def steps(self) -> list[int]:
+    """Committed rounds on disk, oldest first (verified or not)."""
+    if not self.directory.exists():
+      return []
+    return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+  def save(self, round_idx: int, state, meta: dict | None = None) -> Path:
+    """Saves ``state`` as the checkpoint after ``round_idx`` completed rounds, with its manifest."""
+    manager = self._open()
+    record = {
+      "round": int(round_idx),
+      "config_hash": self.fingerprint["hash"],
+      "config": self.fingerprint["config"],
+      "package_version": fedjax_proj.__version__,
+      **to_python(meta or {}),
+    }
+    if round_idx in manager.all_steps():  # e.g. the final round saved twice; keep the first
+      return self.directory / str(round_idx)
+    manager.save(
+      round_idx,
+      args=self._ocp.args.Composite(
+        state=self._ocp.args.StandardSave(_to_storable(state)),
+        meta=self._ocp.args.JsonSave(record),
+      ),
+    )
+    manager.wait_until_finished()
+    step_dir = self.directory / str(round_idx)
+    manifest = {"round": int(round_idx), "meta": record, "files": _file_digests(step_dir)}
+    _atomic_write(step_dir / MANIFEST, json.dumps(manifest, sort_keys=True, indent=1))
+    return step_dir
+
+  def _verify(self, step: int) -> dict | None:
+    """The manifest of ``step`` if every file matches it, else None (with the reason warned)."""
+    step_dir = self.directory / str(step)
+    try:
+      manifest = json.loads((step_dir / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+      reason = f"no readable manifest ({e.__class__.__name__})"
+    else:
+      files = _file_digests(step_dir)
+      if files == manifest.get("files"):
+        return manifest
+      bad = sorted(
+        k for k in set(files) | set(manifest["files"]) if files.get(k) != manifest["files"].get(k)
+      )
+      reason = f"files differ from the manifest: {bad[:3]}"
+    self._quarantine(step, reason)
+    return None
+
+  def _quarantine(self, step: int, reason: str) -> None:
+    src = self.directory / str(step)
+    dst = self.directory / f"corrupt-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    warnings.warn(
+      f"Checkpoint of round {step} in {self.directory} is corrupt or incomplete ({reason}); "
+      f"moved it to {dst.name} and falling back to the previous checkpoint.",
+      RuntimeWarning,
+      stacklevel=3,
+    )
+    self._reopen()
+    shutil.move(str(src), str(dst))
+
+  def _check_compatible(self, meta: dict) -> None:
+    if meta.get("package_version") != fedjax_proj.__version__:
+      raise CheckpointError(
+        f"The checkpoints in {self.directory} were written by fedjax_proj "
+        f"{meta.get('package_version')}, this is {fedjax_proj.__version__}; resume with that "
+        "version or start a new run in another --output_dir."
+      )
+    if meta.get("config_hash") != self.fingerprint["hash"]:
+      raise CheckpointError(
+        f"The checkpoints in {self.directory} belong to another config "
+        f"({_describe_diff(meta.get('config', {}), self.fingerprint['config'])}); pass the "
+        "original flags to resume, or choose another --output_dir for a new run."
+      )
+
+  def restore_latest(self, template) -> tuple[Any, dict] | None:
+    """Restores the newest valid checkpoint into the structure of ``template``.
+
+    Corrupt or incomplete checkpoints are moved aside (with a warning) and older ones tried.
+
+    Returns:
+      (state, meta) or None when the directory holds no checkpoint.
+
+    Raises:
+      CheckpointError: the newest valid checkpoint comes from another config or package version.
+    """
+    for step in reversed(self.steps()):
+      manifest = self._verify(step)
+      if manifest is None:
+        continue
+      self._check_compatible(manifest["meta"])
+      try:
+        out = self._open().restore(
+          step,
+          args=self._ocp.args.Composite(
+            state=self._ocp.args.StandardRestore(_to_storable(template)),
+            meta=self._ocp.args.JsonRestore(),
+          ),
+        )
+      except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many types for bad data)
+        self._quarantine(step, f"orbax could not read it: {e}")
+        continue
+      return _from_storable(out.state, template), dict(out.meta)
+    return None
+
+  def close(self) -> None:
+    self._reopen()
+
+
+def truncate_metrics(path: str | os.PathLike, last_round: int) -> None:
+  """Keeps the lines of ``metrics.jsonl`` up to round ``last_round`` byte for byte (atomically)."""
+  path = Path(path)
+  if not path.exists():
+    return
+  kept = [
+    line
+    for line in path.read_text().splitlines(keepends=True)
+    if line.strip() and json.loads(line).get("round", 0) <= last_round
+  ]
+  _atomic_write(path, "".join(kept))
+
+
+def comparable_metrics(path: str | os.PathLike) -> str:
+  """``metrics.jsonl`` without :data:`WALL_CLOCK_FIELDS`, for comparing runs byte for byte."""
+  path = Path(path)
+  if path.is_dir():
+    path = path / "metrics.jsonl"
+  lines = []
+  for line in path.read_text().splitlines():
+    record = json.loads(line)
+    for field in WALL_CLOCK_FIELDS:
+      record.pop(field, None)
+    lines.append(json.dumps(record, sort_keys=True))
+  return "\n".join(lines) + "\n"
+
+
+def save_variables(path: str | os.PathLike, variables) -> None:
+  """Writes a variables pytree as npz (keys are the leaves' pytree paths), atomically."""
+  path = Path(path)
+  flat = {
+    jax.tree_util.keystr(k): np.asarray(v)
+    for k, v in jax.tree_util.tree_leaves_with_path(variables)
+  }
+  tmp = path.with_name(path.name + ".tmp.npz")
+  np.savez(tmp, **flat)
+  os.replace(tmp, path)
+
+
+def load_variables(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """Reads :func:`save_variables` output as ``{pytree path: array}``."""
+  with np.load(path) as data:
+    return {k: data[k] for k in data.files}

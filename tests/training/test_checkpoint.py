@@ -1,0 +1,202 @@
+"""Checkpointer: exact round trip, keep-n, corrupt or incomplete ones skipped, foreign ones refused.
+
+Also the in-process resume path of :func:`fedjax_proj.training.loop.train`: a SIGTERM delivered
+mid-run stops after the running round, saves, and a resumed run ends with the same parameters and
+the same metrics file (wall-clock fields aside) as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_proj
+from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.fedavg import fedavg
+from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training import checkpoint as ckpt
+from fedjax_proj.training.loop import TrainingInterrupted, train
+from fedjax_proj.training.metrics import read_metrics
+from tests import helpers
+
+
+class State(NamedTuple):
+  params: dict
+  clients: jax.Array  # stacked per-client state
+  key: jax.Array  # a typed PRNG key: stored as key data, re-wrapped on restore
+  round: jax.Array
+
+
+def _state(value: float) -> State:
+  return State(
+    {"w": jnp.full((3, 2), value, jnp.float32), "b": jnp.arange(2, dtype=jnp.int32)},
+    jnp.full((4, 5), value * 2, jnp.bfloat16),
+    jax.random.key(int(value)),
+    jnp.asarray(int(value), jnp.int32),
+  )
+
+
+FP = ckpt.config_fingerprint({"method": "fedavg", "lr": 0.1, "output_dir": "/x", "progress": True})
+
+
+def _same(a, b) -> bool:
+  a, b = ckpt._to_storable(a), ckpt._to_storable(b)
+  return jax.tree.structure(a) == jax.tree.structure(b) and all(
+    x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
+
+
+def test_round_trip_is_exact_and_keeps_last_n(tmp_path):
+  c = ckpt.Checkpointer(tmp_path / "ck", FP, keep=2)
+  for r in (1, 2, 3):
+    c.save(r, _state(r + 0.5), {"last_eval": {"accuracy": r / 10}})
+  assert c.steps() == [2, 3]
+  template = _state(0.0)
+  state, meta = c.restore_latest(template)
+  c.close()
+  assert isinstance(state, State)
+  assert _same(state, _state(3.5))
+  assert not _same(state, template)
+  assert meta["round"] == 3 and meta["last_eval"] == {"accuracy": 0.3}
+  assert jax.dtypes.issubdtype(state.key.dtype, jax.dtypes.prng_key)
+
+
+def test_empty_directory_restores_nothing(tmp_path):
+  assert ckpt.Checkpointer(tmp_path / "none", FP).restore_latest(_state(0.0)) is None
+
+
+def _largest_file(step_dir: Path) -> Path:
+  files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != ckpt.MANIFEST]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "no_manifest"])
+def test_corrupt_latest_falls_back_to_previous_with_warning(tmp_path, damage):
+  c = ckpt.Checkpointer(tmp_path / "ck", FP, keep=3)
+  c.save(1, _state(1.0))
+  c.save(2, _state(2.0))
+  c.close()
+  step2 = tmp_path / "ck" / "2"
+  if damage == "truncate":  # a crash/disk error leaves a short file
+    victim = _largest_file(step2)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+  else:  # a crash after orbax committed but before our manifest was written
+    (step2 / ckpt.MANIFEST).unlink()
+  c = ckpt.Checkpointer(tmp_path / "ck", FP, keep=3)
+  with pytest.warns(RuntimeWarning, match="round 2 .* corrupt or incomplete"):
+    state, meta = c.restore_latest(_state(0.0))
+  assert meta["round"] == 1 and _same(state, _state(1.0))
+  assert c.steps() == [1]  # the bad one is moved aside, not deleted
+  assert any(p.name.startswith("corrupt-2-") for p in (tmp_path / "ck").iterdir())
+  c.save(2, _state(5.0))  # the run can save round 2 again
+  assert _same(c.restore_latest(_state(0.0))[0], _state(5.0))
+  c.close()
+
+
+def test_leftover_temporary_directory_of_a_crashed_save_is_ignored(tmp_path):
+  c = ckpt.Checkpointer(tmp_path / "ck", FP)
+  c.save(1, _state(1.0))
+  c.close()
+  junk = tmp_path / "ck" / "2.orbax-checkpoint-tmp-123"
+  junk.mkdir()
+  (junk / "partial").write_bytes(b"\0" * 10)
+  state, meta = ckpt.Checkpointer(tmp_path / "ck", FP).restore_latest(_state(0.0))
+  assert meta["round"] == 1 and _same(state, _state(1.0))
+
+
+def test_other_config_or_version_is_refused(tmp_path, monkeypatch):
+  ckpt.Checkpointer(tmp_path / "ck", FP).save(1, _state(1.0))
+  # Non-semantic fields (output dir, progress...) do not matter.
+  same = ckpt.config_fingerprint({"method": "fedavg", "lr": 0.1, "output_dir": "/y"})
+  assert same["hash"] == FP["hash"]
+  other = ckpt.config_fingerprint({"method": "fedavg", "lr": 0.2, "output_dir": "/x"})
+  with pytest.raises(ckpt.CheckpointError, match=r"another config \(lr: 0.1 -> 0.2\)"):
+    ckpt.Checkpointer(tmp_path / "ck", other).restore_latest(_state(0.0))
+  monkeypatch.setattr(fedjax_proj, "__version__", "9.9.9")
+  with pytest.raises(ckpt.CheckpointError, match="written by fedjax_proj 0.1.0, this is 9.9.9"):
+    ckpt.Checkpointer(tmp_path / "ck", FP).restore_latest(_state(0.0))
+
+
+def test_truncate_and_compare_metrics(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  lines = [
+    f'{{"round": {r}, "round_seconds": {r * 0.1}, "train_loss": {1 / r}}}\n' for r in (1, 2, 3)
+  ]
+  path.write_text("".join(lines))
+  ckpt.truncate_metrics(path, 2)
+  assert path.read_text() == "".join(lines[:2])
+  other = tmp_path / "other.jsonl"
+  other.write_text(
+    "".join(x.replace('"round_seconds": 0.', '"round_seconds": 9.') for x in lines[:2])
+  )
+  assert other.read_text() != path.read_text()
+  assert ckpt.comparable_metrics(other) == ckpt.comparable_metrics(path)
+
+
+@functools.cache
+def _setup():
+  # One algorithm and compiled round shared by every run below: compiled once, not per run.
+  x, y = helpers.synthetic_data(96)
+  fed = FederatedData(helpers.unequal_clients(96, (10, 20, 30, 20)), batch_size=8)
+  model = helpers.tiny_model()
+  alg = fedavg(model, helpers.sgd(0.1), helpers.float_batch_fn())
+  variables = model.init(jax.random.key(0), x[:2])
+  return x, y, fed, alg, make_round(alg, "vmap_scan"), variables
+
+
+def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):
+  x, y, fed, alg, round_fn, variables = _setup()
+
+  def extra_metrics(state):
+    # Deliver SIGTERM during a round, as a scheduler would.
+    if stop_at is not None and int(state.round) == stop_at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return {}
+
+  fp = ckpt.config_fingerprint({"lr": 0.1, "rounds": rounds})
+  return train(
+    alg,
+    round_fn,
+    fed,
+    (x, y),
+    None,
+    None,
+    variables,
+    rounds=rounds,
+    clients_per_round=2,
+    seed=3,
+    output_dir=out,
+    extra_metrics=extra_metrics,
+    progress=False,
+    checkpointer=ckpt.Checkpointer(out / "checkpoints", fp, keep=2),
+    checkpoint_every=2,
+    resume=resume,
+  )
+
+
+def test_in_process_sigterm_and_resume_match_an_uninterrupted_run(tmp_path):
+  full, _ = _tiny_run(tmp_path / "full", 7)
+  with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped after round 3/7") as e:
+    _tiny_run(tmp_path / "cut", 7, stop_at=3)
+  assert e.value.saved and e.value.signum == signal.SIGTERM
+  assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [1, 2, 3]
+  assert ckpt.Checkpointer(tmp_path / "cut" / "checkpoints", FP).steps() == [2, 3]
+  # Starting over an interrupted run without --resume is refused.
+  with pytest.raises(ckpt.CheckpointError, match="pass --resume"):
+    _tiny_run(tmp_path / "cut", 7)
+  resumed, summary = _tiny_run(tmp_path / "cut", 7, resume=True)
+  assert summary["resumed_from_round"] == 3
+  assert _same(resumed, full)
+  assert ckpt.comparable_metrics(tmp_path / "cut") == ckpt.comparable_metrics(tmp_path / "full")
+  a = ckpt.load_variables(tmp_path / "full" / "final_variables.npz")
+  b = ckpt.load_variables(tmp_path / "cut" / "final_variables.npz")
+  assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
