@@ -90,7 +90,9 @@ def conv_patches(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padd
   """Convolution as one matmul of im2col patches with the reshaped kernel."""
   patches = _patches(x, kernel.shape[:2], strides, padding)
   return lax.dot_general(
-    patches, _kernel_as_matrix(kernel).astype(patches.dtype), (((patches.ndim - 1,), (0,)), ((), ()))
+    patches,
+    _kernel_as_matrix(kernel).astype(patches.dtype),
+    (((patches.ndim - 1,), (0,)), ((), ())),
   )
 
 

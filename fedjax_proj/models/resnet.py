@@ -3,20 +3,22 @@
 He, Zhang, Ren and Sun, "Deep Residual Learning for Image Recognition" (CVPR 2016).
 
 - ``resnet8``: the ResNet-8 of FedDF (Lin, Kong, Stich and Jaggi, "Ensemble Distillation for
-  Robust Model Fusion in Federated Learning", NeurIPS 2020; code epfml/federated-learning-public-code,
-  ``ResNet_cifar`` with ``resnet_size=8``): 3x3 conv 16 -> norm -> ReLU -> three stages of one basic
-  block (16/32/64 channels, strides 1/2/2; 1x1 conv + norm shortcut when the shape changes) ->
-  global average pool -> linear. Convolutions have no bias and use FedDF's He-normal (fan-out)
-  initialisation. 78,042 parameters for 10 classes. This is the model FedProj's paper calls
-  "ResNet-8"; the FedProj code's own "ResNet-8" is a 4.9M-parameter ResNet-10 and is not provided.
+  Robust Model Fusion in Federated Learning", NeurIPS 2020; code
+  epfml/federated-learning-public-code, CIFAR ResNet with ``resnet_size=8``): 3x3 conv 16 -> norm
+  -> ReLU -> three stages of one basic block (16/32/64 channels, strides 1/2/2; 1x1 conv + norm
+  shortcut when the shape changes) -> global average pool -> linear. Convolutions have no bias
+  and use FedDF's He-normal (fan-out) initialisation. 78,042 parameters for 10 classes. This is
+  the model FedProj's paper calls "ResNet-8"; the FedProj code's own "ResNet-8" is a
+  4.9M-parameter ResNet-10 and is not provided.
 - ``resnet18``: the usual CIFAR variant of ResNet-18 (3x3 conv 64 stem, no max pool, [2, 2, 2, 2]
   basic blocks with 64/128/256/512 channels): 11,173,962 parameters for 10 classes.
 
 ``norm="group"`` swaps every BatchNorm for GroupNorm (Wu and He, "Group Normalization", ECCV 2018),
 as Hsieh et al., "The Non-IID Data Quagmire of Decentralized Machine Learning" (ICML 2020) suggest
-for non-IID FL; the model then has no ``batch_stats``. FedDF's code passes
-``group_norm_num_groups`` to ``nn.GroupNorm(planes // group_norm_num_groups, planes)``, i.e. it is
-really channels per group: use ``group_size`` to reproduce that, ``num_groups`` for a fixed count.
+for non-IID FL; the model then has no ``batch_stats``. The pcode ResNets of FedDF's code base (as
+copied into CGCL-codes/FedGKD, ``pcode/models/resnet.py``) build
+``nn.GroupNorm(planes // group_norm_num_groups, planes)``, so their "number of groups" is really
+channels per group: use ``group_size`` to reproduce that, ``num_groups`` for a fixed count.
 """
 
 from __future__ import annotations

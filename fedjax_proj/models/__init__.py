@@ -1,0 +1,42 @@
+"""Models: linen architectures adapted to the pure-function :class:`~fedjax_proj.core.types.Model`.
+
+Architectures and their papers: ``mlp`` and ``cnn`` (McMahan et al., "Communication-Efficient
+Learning of Deep Networks from Decentralized Data", AISTATS 2017), ``resnet8`` (FedDF: Lin et al.,
+"Ensemble Distillation for Robust Model Fusion in Federated Learning", NeurIPS 2020), ``resnet18``
+(He et al., "Deep Residual Learning for Image Recognition", CVPR 2016) and ``alexnet`` (GPM: Saha et
+al., "Gradient Projection Memory for Continual Learning", ICLR 2021, as used by FOT). ``multi_head``
+adds one linear head per task; every backbone factory takes ``projection_dim`` for MOON's
+projection head; conv models take ``conv_impl`` (see :mod:`fedjax_proj.models.conv`).
+
+Example::
+
+  model = get_model("resnet8", num_classes=10)
+  variables = model.init(jax.random.key(0), x[:1])
+  out = model.apply(variables, x, train=True, mask=mask)  # out.logits, out.features, out.state
+"""
+
+from fedjax_proj.models.alexnet import alexnet
+from fedjax_proj.models.base import count_params, from_flax
+from fedjax_proj.models.cnn import cnn
+from fedjax_proj.models.conv import CONV_IMPLS, Conv, conv2d
+from fedjax_proj.models.mlp import mlp
+from fedjax_proj.models.multihead import multi_head
+from fedjax_proj.models.registry import MODELS, get_model, get_module
+from fedjax_proj.models.resnet import resnet8, resnet18
+
+__all__ = [
+  "CONV_IMPLS",
+  "MODELS",
+  "Conv",
+  "alexnet",
+  "cnn",
+  "conv2d",
+  "count_params",
+  "from_flax",
+  "get_model",
+  "get_module",
+  "mlp",
+  "multi_head",
+  "resnet8",
+  "resnet18",
+]

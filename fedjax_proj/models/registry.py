@@ -1,0 +1,69 @@
+"""Name -> model registry (``get_model``) and name -> linen module builders (for wrappers).
+
+The registered architectures and their sources are documented in their modules: ``mlp`` and
+``cnn`` (McMahan et al., AISTATS 2017), ``resnet8`` (FedDF, Lin et al., NeurIPS 2020), ``resnet18``
+(He et al., CVPR 2016) and ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+
+from fedjax_proj.core.types import Model
+from fedjax_proj.models.alexnet import AlexNet, alexnet
+from fedjax_proj.models.cnn import CNN, cnn
+from fedjax_proj.models.mlp import MLP, mlp
+from fedjax_proj.models.resnet import resnet8, resnet8_module, resnet18, resnet18_module
+
+MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
+  "mlp": mlp,
+  "cnn": cnn,
+  "resnet8": resnet8,
+  "resnet18": resnet18,
+  "alexnet": alexnet,
+}
+
+# Same names, but building bare linen modules; ``num_classes=None`` gives a backbone without a
+# classifier (used by :func:`fedjax_proj.models.multihead.multi_head`).
+MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+  "mlp": MLP,
+  "cnn": CNN,
+  "resnet8": resnet8_module,
+  "resnet18": resnet18_module,
+  "alexnet": AlexNet,
+}
+
+MODELS: tuple[str, ...] = tuple(MODEL_FACTORIES)
+
+
+def get_model(name: str, num_classes: int, **kwargs: Any) -> Model:
+  """Builds a registered model.
+
+  Args:
+    name: one of :data:`MODELS` ("mlp", "cnn", "resnet8", "resnet18", "alexnet").
+    num_classes: output width.
+    **kwargs: the factory's options (e.g. ``norm``, ``projection_dim``, ``conv_impl``).
+
+  Returns:
+    The Model.
+
+  Raises:
+    ValueError: unknown name.
+  """
+  if name not in MODEL_FACTORIES:
+    raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}")
+  return MODEL_FACTORIES[name](num_classes, **kwargs)
+
+
+def get_module(name: str, num_classes: int | None, **kwargs: Any) -> nn.Module:
+  """Builds a registered architecture as a bare linen module (see :data:`MODULE_BUILDERS`).
+
+  Raises:
+    ValueError: unknown name.
+  """
+  if name not in MODULE_BUILDERS:
+    raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}")
+  return MODULE_BUILDERS[name](num_classes=num_classes, **kwargs)
