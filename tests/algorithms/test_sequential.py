@@ -168,3 +168,22 @@ def test_run_experiment_end_to_end(tmp_path):
     # IID digits (10 classes): far above chance after 3 rounds; the run wrote its files.
     assert summary["final_test_accuracy"] > 0.5
     assert (tmp_path / method / "metrics.jsonl").exists()
+
+
+def test_experiment_configs():
+  """experiments/sequential.py: per-dataset paper settings, presets, and a clear bad-name error."""
+  import importlib.util
+  import pathlib
+
+  path = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "sequential.py"
+  spec = importlib.util.spec_from_file_location("sequential_experiment", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  assert mod.get_config("paper", "cifar10").partition == "exdir:2:0.5"
+  assert mod.get_config("paper", "cifar100").partition == "exdir:20:1.0"
+  paper = mod.get_config("paper", "fashion_mnist")
+  assert (paper.clients_per_round, paper.local_epochs, paper.lr) == (10, 5, 0.01)
+  smoke = mod.get_config("smoke", "cifar10")
+  assert smoke.method_kwargs.num_teachers <= smoke.clients_per_round
+  with pytest.raises(ValueError, match="Unknown --dataset"):
+    mod.get_config("paper", "svhn")

@@ -194,6 +194,10 @@ def _runs(setup, name, rounds=2):
     alg, strategy = {
       "kd_scan": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2)), "vmap_scan"),
       "kd_host": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2)), "sequential"),
+      "kd_vmap": (
+        sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2, teacher_forward="vmap")),
+        "vmap_scan",
+      ),
       "off_scan": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2, 0.0, 0.0)), "vmap_scan"),
       "fedseq_scan": (fedseq(model, optax.sgd(LR), bf), "vmap_scan"),
     }[name]
@@ -255,6 +259,14 @@ def test_host_loop_equals_scan_with_teachers(setup):
   assert round_fn._cache_size() == 1  # rounds with and without teachers share one program
 
 
+def test_vmapped_and_unrolled_teacher_forward_agree(setup):
+  """``teacher_forward="vmap"`` (one vmapped forward over the stacked teachers) == unrolled."""
+  (a, _), (b, _) = _runs(setup, "kd_scan")[0][-1], _runs(setup, "kd_vmap")[0][-1]
+  np.testing.assert_allclose(
+    tree_lib.tree_ravel(a.variables), tree_lib.tree_ravel(b.variables), atol=1e-5
+  )
+
+
 def test_too_many_teachers_is_a_clear_error(setup):
   x, y, model, fd, variables = setup
   alg = sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(num_teachers=5))
@@ -264,3 +276,5 @@ def test_too_many_teachers_is_a_clear_error(setup):
     )
   with pytest.raises(ValueError, match="Unknown distribution metric"):
     sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(metric="cos"))
+  with pytest.raises(ValueError, match="Unknown teacher_forward"):
+    sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(teacher_forward="x"))
