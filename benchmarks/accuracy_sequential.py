@@ -33,6 +33,19 @@ from fedjax_proj.training.experiment import base_config, run_experiment
 PAPER = {"fedavg": 32.48, "fedseq": 54.66, "cwc": 55.16, "sfedkd": 61.56}
 
 
+def accuracy_curve(output_dir: str) -> list[list[float]]:
+  """[[round, test accuracy %], ...] from a run's metrics.jsonl (every evaluated round)."""
+  path = Path(output_dir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return [
+    [r["round"], round(100 * r["test_accuracy"], 2)]
+    for r in records
+    if r.get("test_accuracy") is not None
+  ]
+
+
 def make_config(args, method: str, seed: int, output_dir: str):
   c = base_config()
   c.update(
@@ -103,6 +116,7 @@ def main(argv=None) -> int:
           "wall_seconds": time.perf_counter() - t0,
           "strategy": summary["strategy"],
           "output_dir": out_dir,
+          "accuracy_curve": accuracy_curve(out_dir),
         }
       )
   table = {}
@@ -112,9 +126,10 @@ def main(argv=None) -> int:
     acc = np.array([r["final_test_accuracy"] * 100 for r in runs[method]])
     wall = float(np.mean([r["wall_seconds"] for r in runs[method]]))
     table[method] = {"mean": float(acc.mean()), "std": float(acc.std()), "wall_seconds": wall}
+    curve = " ".join(f"r{r}:{a:.2f}" for r, a in runs[method][0]["accuracy_curve"])
     print(
       f"{method:8s} {acc.mean():16.2f} ± {acc.std():5.2f} {PAPER.get(method, float('nan')):8.2f} "
-      f"{wall:8.0f}"
+      f"{wall:8.0f}   seed {seeds[0]} curve: {curve}"
     )
   result = {
     "benchmark": "accuracy_sequential",
