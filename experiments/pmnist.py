@@ -45,6 +45,8 @@ def get_config(preset: str = "paper") -> ml_collections.ConfigDict:
   c.strategy = "auto"
   c.eval_batch_size = 1000
   c.eval_every = 0
+  # The end-of-task pass (GPSE, Fisher, ...) is inference only: larger batches, fewer updates.
+  c.end_task_batch_size = 256
   c.hidden = "400,400"
   c.dropout = "0.2,0.2"
   # "single": one 10-way classifier shared by all tasks (the authors' PMNIST code: domain-

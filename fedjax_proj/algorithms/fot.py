@@ -64,6 +64,7 @@ def fot(
   dp_clip: float = 0.0,
   dp_noise: float = 0.0,
   max_exact_svd: int = 2_000_000,
+  sketch_dist: str = "gaussian",
 ) -> ContinualMethod:
   """Builds FOT.
 
@@ -84,12 +85,15 @@ def fot(
     dp_clip: Frobenius clip L of each client sketch (0 = off; paper Appendix H uses 1).
     dp_noise: std of the Gaussian noise added to each clipped client sketch (0 = off).
     max_exact_svd: matrices with more entries use the randomized range finder.
+    sketch_dist: "gaussian" (the paper's G ~ N(0, 1)) or "rademacher" (±1 entries; cheaper).
 
   Returns:
     The :class:`ContinualMethod` (round algorithm + GPSE end-of-task hook).
   """
   if not 0.0 < eps <= 1.0:
     raise ValueError(f"FOT threshold eps must be in (0, 1], got {eps}")
+  if sketch_dist not in gpse.SKETCH_DISTS:
+    raise ValueError(f"unknown sketch_dist {sketch_dist!r}; choose one of {gpse.SKETCH_DISTS}")
   if (dp_noise > 0) != (dp_clip > 0):
     raise ValueError("FOT's Gaussian mechanism needs both dp_clip > 0 and dp_noise > 0")
   specs = gpse.find_layers(model, variables, sample_x, task=0)
@@ -138,10 +142,12 @@ def fot(
       widths,
       shared["variables"],
       shared["bases"],
+      shared["ranks"],
       sk,
       batch.x,
       batch.mask,
       key,
+      sketch_dist,
       task=shared["task"],
     )
     return sk, final_key
@@ -167,7 +173,12 @@ def fot(
 
   def client_sketches(state: FOTState, rd: RoundData, key, task: int):
     """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""
-    shared = {"variables": state.variables, "bases": state.bases, "task": jnp.int32(task)}
+    shared = {
+      "variables": state.variables,
+      "bases": state.bases,
+      "ranks": state.ranks,
+      "task": jnp.int32(task),
+    }
     c = rd.idx.shape[0]
     # Host-looped strategies run one client per call so only one [d, s] sketch is alive besides
     # the running sum; traceable ones vmap over ``client_chunk`` clients (all by default).
@@ -195,8 +206,11 @@ def fot(
     for s in specs:
       rho = float(np.sum(weights * ratio[s.key]))
       ep = gpse.eps_prime(rho, eps_t)
-      new, k, solver = gpse.top_subspace(np.asarray(a_sum[s.key]), ep, max_exact=max_exact_svd)
-      basis, rank = gpse.expand_basis(np.asarray(state.bases[s.key]), int(state.ranks[s.key]), new)
+      old_basis, old_rank = np.asarray(state.bases[s.key]), int(state.ranks[s.key])
+      # Σ_k R_kᵀ G_k = (I − U Uᵀ) Σ_k X_kᵀ G_k: the residual projection, applied once.
+      a = gpse.project_sketch(np.asarray(a_sum[s.key]), old_basis, old_rank)
+      new, k, solver = gpse.top_subspace(a, ep, max_exact=max_exact_svd)
+      basis, rank = gpse.expand_basis(old_basis, old_rank, new)
       bases[s.key], ranks[s.key] = jnp.asarray(basis), jnp.int32(rank)
       metrics[f"rho/{s.key}"] = rho
       metrics[f"eps_prime/{s.key}"] = ep

@@ -336,6 +336,7 @@ def run_continual_experiment(
     iid=c.iid,
     seed=c.seed,
     num_tasks=num_tasks,
+    end_task_batch_size=c.get("end_task_batch_size", 0),
     eval_every=c.eval_every,
     output_dir=c.output_dir or None,
     summary_extra={

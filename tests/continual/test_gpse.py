@@ -49,6 +49,9 @@ def test_sketch_sum_over_clients_equals_sketch_of_concatenation():
   per_client = sum(gpse.sketch(gpse.residual(x, basis), g) for x, g in zip(xs, gs))
   whole = gpse.sketch(gpse.residual(np.concatenate(xs), basis), np.concatenate(gs))
   np.testing.assert_allclose(per_client, whole, rtol=1e-4, atol=1e-4)
+  # What FOT actually ships: raw client sketches, projected once by the server after the sum.
+  raw_sum = sum(gpse.sketch(x, g) for x, g in zip(xs, gs))
+  np.testing.assert_allclose(gpse.project_sketch(raw_sum, basis, 3), whole, rtol=1e-4, atol=1e-4)
   # The residual is orthogonal to the stored basis, so the sketch is too.
   np.testing.assert_allclose(basis.T @ whole, 0.0, atol=1e-3)
 
@@ -111,8 +114,16 @@ def _planted_setup(d=20, true_rank=3, n=400, clients=4, seed=0):
   return model, v, batch_fn, rd, b
 
 
-@pytest.mark.parametrize("strategy", ["vmap_scan", "sequential"])
-def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy):
+def test_rademacher_sketch_matrix():
+  g = np.asarray(gpse.sketch_matrix(jax.random.key(0), 400, 70, "rademacher"))
+  assert g.shape == (400, 70) and set(np.unique(g)) == {-1.0, 1.0}
+  assert abs(g.mean()) < 0.02 and np.abs(g.T @ g / 400 - np.eye(70)).max() < 0.3
+  with pytest.raises(ValueError, match="gaussian"):
+    gpse.sketch_matrix(jax.random.key(0), 2, 2, "uniform")
+
+
+@pytest.mark.parametrize("strategy,dist", [("vmap_scan", "gaussian"), ("sequential", "rademacher")])
+def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
   model, v, batch_fn, rd, b = _planted_setup()
   import optax
 
@@ -126,6 +137,7 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy):
     eps=0.97,
     sketch_multiplier=2.0,
     client_chunk=3,
+    sketch_dist=dist,
   )
   state = method.algorithm.init(v, jax.random.key(0))
   state, metrics = method.end_task(state, rd, jax.random.key(1), 0)
