@@ -140,9 +140,13 @@ def sfedkd(
     config.teacher_forward == "auto" and jax.default_backend() != "cpu"
   )
 
-  def teacher_logits(teachers, x):
-    """[K, B, C] logits of every teacher (inference mode) on one batch."""
-    forward = lambda v: model.apply(v, x, train=False).logits
+  def teacher_logits(teachers, x, mask):
+    """[K, B, C] logits of every teacher (inference mode) on one batch.
+
+    ``mask`` matters for models whose BatchNorm uses batch statistics in inference (AlexNet-like):
+    padding examples must not enter them.
+    """
+    forward = lambda v: model.apply(v, x, train=False, mask=mask).logits
     if vmap_teachers:
       return jax.vmap(forward)(teachers)
     return jnp.stack([forward(tree_lib.index_clients(teachers, i)) for i in range(k)])
@@ -154,7 +158,7 @@ def sfedkd(
     ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
 
     def kd(_):
-      t_logits = teacher_logits(ctx.shared["teachers"], batch.x)
+      t_logits = teacher_logits(ctx.shared["teachers"], batch.x, batch.mask)
       g, h = ctx.extra
       nckd, tckd = multi_teacher_dkd(t_logits, out.logits, batch.y, batch.mask, g, h, config)
       return config.gamma * nckd + config.beta * tckd
