@@ -302,35 +302,43 @@ def threshold_rank(sq_singular: np.ndarray, total_sq: float, eps_prime: float) -
   return int(hit[0]) + 1 if hit.size else None
 
 
+def _exact_subspace(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """All left singular vectors and squared singular values of ``a``, descending."""
+  m, n = a.shape
+  if m <= n:
+    # From the eigendecomposition of the small Gram matrix A Aᵀ [d, d]: σ_j² are its
+    # eigenvalues; several times cheaper than an SVD of the wide A.
+    w, v = np.linalg.eigh(a @ a.T)
+    order = np.argsort(w)[::-1]
+    return v[:, order], np.maximum(w[order], 0.0)
+  u, sv, _ = np.linalg.svd(a, full_matrices=False)
+  return u, sv**2
+
+
 def top_subspace(
   a: np.ndarray, eps_prime: float, *, max_exact: int = 2_000_000, seed: int = 0
 ) -> tuple[np.ndarray, int, str]:
-  """Left singular vectors of ``a`` up to the ε' rank: (U_A[:, :k], k, solver used)."""
+  """Left singular vectors of ``a`` up to the ε' rank: (U_A[:, :k], k, solver used).
+
+  Matrices with at most ``max_exact`` entries are decomposed exactly. Larger ones use the
+  randomized range finder with a target rank that doubles until the ε' rule is met inside it;
+  once the target would exceed a quarter of min(m, n) the exact path is cheaper and is used.
+  """
   a = np.asarray(a, np.float64)
   total = float(np.sum(a * a))
   m, n = a.shape
-  if a.size <= max_exact:
-    if m <= n:
-      # Left singular pairs of A from the eigendecomposition of the small Gram matrix A Aᵀ
-      # [d, d] (float64): σ_j² are its eigenvalues; ~3x cheaper than an SVD of A.
-      w, v = np.linalg.eigh(a @ a.T)
-      order = np.argsort(w)[::-1]
-      s2, u = np.maximum(w[order], 0.0), v[:, order]
-    else:
-      u, sv, _ = np.linalg.svd(a, full_matrices=False)
-      s2 = sv**2
-    k = threshold_rank(s2, total, eps_prime)
-    k = len(s2) if k is None else k
-    return u[:, :k], k, "exact"
-  target = max(8, min(m, n) // 16)
-  while True:
-    u, s = randomized_svd(a, target, seed=seed)
-    k = threshold_rank(s**2, total, eps_prime)
-    if k is not None and (k < target or target >= min(m, n)):
-      return u[:, :k], k, "randomized"
-    if target >= min(m, n):
-      return u, len(s), "randomized"
-    target = min(2 * target, min(m, n))
+  if a.size > max_exact:
+    target = max(8, min(m, n) // 16)
+    while target <= min(m, n) // 4:
+      u, s = randomized_svd(a, target, seed=seed)
+      k = threshold_rank(s**2, total, eps_prime)
+      if k is not None and k < target:
+        return u[:, :k], k, "randomized"
+      target *= 2
+  u, s2 = _exact_subspace(a)
+  k = threshold_rank(s2, total, eps_prime)
+  k = len(s2) if k is None else k
+  return u[:, :k], k, "exact"
 
 
 def expand_basis(basis: np.ndarray, rank: int, new: np.ndarray) -> tuple[np.ndarray, int]:
