@@ -19,6 +19,7 @@ from fedjax_proj.algorithms import fednova, registry
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedrcl import relaxed_contrastive_terms
 from fedjax_proj.algorithms.moon import model_contrastive_loss
+from fedjax_proj.core.engine import run_vmap_scan
 from fedjax_proj.core.types import Model, ModelOutput, RoundData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 
@@ -433,6 +434,31 @@ def test_moon_and_fedrcl_losses_match_numpy():
   mask = np.array([1] * 6 + [0, 0], np.float32)
   got_pad = relaxed_contrastive_terms(jnp.asarray(padded), jnp.asarray(y_pad), jnp.asarray(mask))
   np.testing.assert_allclose(got_pad, got, rtol=1e-5)
+
+
+def test_fedrcl_clips_the_local_gradient(toy):
+  """With clip_norm = c below the raw gradient norm, one plain-SGD step moves the parameters by
+  exactly lr·c; with a large c the step is the ordinary, much larger one."""
+  x, y, rounds = toy
+  rd = rounds[0]._replace(mask=rounds[0].mask.at[:, 1].set(False))  # one step per client
+  keys = jax.random.split(jax.random.key(0), 2)
+  steps = {}
+  for clip_norm in (1e-3, 1e3):
+    model, alg = build("fedrcl", {"clip_norm": clip_norm}, 0.0)
+    variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+    shared, inputs = alg.broadcast(alg.init(variables, jax.random.key(0)), rd, jax.random.key(0))
+    res = run_vmap_scan(
+      alg.client, alg.batch_fn, shared, inputs, rd.images, rd.labels, rd.idx, rd.mask, keys
+    )
+    p0 = flat(to_np(variables["params"]))
+    steps[clip_norm] = [
+      np.linalg.norm(
+        flat(to_np(jax.tree.map(lambda a, c=c: a[c], res["variables"]["params"]))) - p0
+      )
+      for c in range(2)
+    ]
+  np.testing.assert_allclose(steps[1e-3], [LR * 1e-3] * 2, rtol=1e-3)
+  assert min(steps[1e3]) > 10 * LR * 1e-3
 
 
 @pytest.mark.parametrize(
