@@ -108,12 +108,23 @@ def resume_command(argv, output_dir: str) -> str:
   )
 
 
-def main(argv, description, get_config, choices) -> int:
+def main(argv, description, get_config, choices, prepare: Callable | None = None) -> int:
+  """Parses flags, runs the experiment and maps failures to exit codes with a message.
+
+  ``prepare(config) -> config`` applies preset rules that depend on the chosen flags (e.g. the
+  public set a preset expects); its ValueErrors exit 2 like other flag errors.
+  """
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
   from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices)
+  if prepare is not None:
+    try:
+      config = prepare(config)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   # Fix the output directory here so the resume message can name it.
   config.output_dir = config.output_dir or default_output_dir(config.method)
   try:

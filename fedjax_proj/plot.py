@@ -50,10 +50,12 @@ def plot_runs(runs: list[Path], out: Path, metrics: list[str] | None = None) -> 
   rows = -(-len(metrics) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
   for ax, metric in zip(axes.ravel(), metrics):
-    for run, recs in records.items():
+    for i, (run, recs) in enumerate(records.items()):
       pts = [(r["round"], r[metric]) for r in recs if r.get(metric) is not None]
-      if pts:
-        ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, ms=3, label=_label(run))
+      if pts:  # one colour per run in every panel, even where another run lacks the metric
+        ax.plot(
+          *zip(*pts), marker="o" if len(pts) < 30 else None, ms=3, color=f"C{i}", label=_label(run)
+        )
     ax.set_title(metric)
     ax.set_xlabel("round")
     ax.grid(alpha=0.3)

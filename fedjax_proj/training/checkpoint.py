@@ -148,6 +148,20 @@ class Checkpointer:
       return []
     return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit())
 
+  def newest_meta(self) -> dict | None:
+    """The JSON record of the newest checkpoint as its manifest states it (not verified)."""
+    for step in reversed(self.steps()):
+      try:
+        return json.loads((self.directory / str(step) / MANIFEST).read_text())["meta"]
+      except (OSError, ValueError, KeyError):
+        continue
+    return None
+
+  def clear(self) -> None:
+    """Deletes every checkpoint (a new run replaces a finished one in the same directory)."""
+    self._reopen()
+    shutil.rmtree(self.directory, ignore_errors=True)
+
   def save(self, round_idx: int, state, meta: dict | None = None) -> Path:
     """Saves ``state`` as the checkpoint after ``round_idx`` completed rounds, with its manifest."""
     manager = self._open()

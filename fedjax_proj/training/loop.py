@@ -156,7 +156,8 @@ def train(
     NonFiniteError: a round produced a non-finite training/test loss or global parameters.
     TrainingInterrupted: SIGINT/SIGTERM arrived; the state after the running round was saved.
     CheckpointError: resuming from a checkpoint of another config or version, or starting a new
-      run over existing checkpoints without ``resume``.
+      run over the checkpoints of an unfinished run without ``resume`` (a finished run's
+      checkpoints are replaced).
   """
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {rounds}.")
@@ -173,10 +174,18 @@ def train(
         start_round, last_eval = int(meta["round"]), dict(meta.get("last_eval") or {})
         print(f"resuming from the checkpoint of round {start_round}", file=sys.stderr)
     elif checkpointer.steps():
-      raise CheckpointError(
-        f"{checkpointer.directory} already holds checkpoints (rounds {checkpointer.steps()}); "
-        "pass --resume to continue that run or choose another --output_dir."
-      )
+      # A finished run is replaced (as its metrics file is); an unfinished one may be a preempted
+      # job whose relaunch forgot --resume, so its checkpoints are never deleted implicitly.
+      meta = checkpointer.newest_meta() or {}
+      finished = meta.get("round", -1) >= meta.get("config", {}).get("rounds", math.inf)
+      if not finished:
+        raise CheckpointError(
+          f"{checkpointer.directory} holds the checkpoints of an unfinished run (rounds "
+          f"{checkpointer.steps()}); pass --resume to continue it, or delete the directory or "
+          "choose another --output_dir for a new run."
+        )
+      print(f"replacing the finished run in {checkpointer.directory.parent}", file=sys.stderr)
+      checkpointer.clear()
   if start_round > rounds:
     raise CheckpointError(f"The checkpoint is at round {start_round}, beyond rounds={rounds}.")
   images, labels = jax.device_put(train_set[0]), jax.device_put(np.asarray(train_set[1], np.int32))
