@@ -68,7 +68,7 @@ def test_fedavg_equals_manual_loop(setup):
         continue
       ii = np.asarray(rd.idx[c, s])[m]
 
-      def loss(p):
+      def loss(p, ii=ii):
         logits = model.apply({"params": p}, jnp.asarray(x[ii]), train=True).logits
         return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(y[ii])).mean()
 
