@@ -1,6 +1,6 @@
 """Checkpointer: exact round trip, keep-n, corrupt or incomplete ones skipped, foreign ones refused.
 
-Also the in-process resume path of :func:`fedjax_proj.training.loop.train`: a SIGTERM delivered
+Also the in-process resume path of :func:`fedjax_proj.training.loop.train`: a SIGINT delivered
 mid-run stops after the running round, saves, and a resumed run ends with the same parameters and
 the same metrics file (wall-clock fields aside) as an uninterrupted run.
 """
@@ -157,9 +157,9 @@ def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):
   x, y, fed, alg, round_fn, variables = _setup()
 
   def extra_metrics(state):
-    # Deliver SIGTERM during a round, as a scheduler would.
+    # Deliver Ctrl-C during a round (the subprocess test in test_resume.py sends SIGTERM).
     if stop_at is not None and int(state.round) == stop_at:
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signal.SIGINT)
     return {}
 
   fp = ckpt.config_fingerprint({"lr": 0.1, "rounds": rounds})
@@ -183,11 +183,11 @@ def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):
   )
 
 
-def test_in_process_sigterm_and_resume_match_an_uninterrupted_run(tmp_path):
+def test_in_process_sigint_and_resume_match_an_uninterrupted_run(tmp_path):
   full, _ = _tiny_run(tmp_path / "full", 7)
-  with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped after round 3/7") as e:
+  with pytest.raises(TrainingInterrupted, match="SIGINT received: stopped after round 3/7") as e:
     _tiny_run(tmp_path / "cut", 7, stop_at=3)
-  assert e.value.saved and e.value.signum == signal.SIGTERM
+  assert e.value.saved and e.value.signum == signal.SIGINT
   assert [r["round"] for r in read_metrics(tmp_path / "cut")] == [1, 2, 3]
   assert ckpt.Checkpointer(tmp_path / "cut" / "checkpoints", FP).steps() == [2, 3]
   # Starting over an interrupted run without --resume is refused.
@@ -200,3 +200,15 @@ def test_in_process_sigterm_and_resume_match_an_uninterrupted_run(tmp_path):
   a = ckpt.load_variables(tmp_path / "full" / "final_variables.npz")
   b = ckpt.load_variables(tmp_path / "cut" / "final_variables.npz")
   assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_first_signal_sets_a_flag_second_aborts_and_handlers_are_restored():
+  from fedjax_proj.training.loop import _StopOnSignal
+
+  before = signal.getsignal(signal.SIGTERM)
+  with _StopOnSignal(True) as stop:
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.signum == signal.SIGTERM  # the round in progress is allowed to finish
+    with pytest.raises(KeyboardInterrupt, match="aborting without saving"):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGTERM) is before
