@@ -1,0 +1,73 @@
+"""A round sharded over 4 forced host devices equals the single-device round (FedAvg, FedProj)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+  """
+  import jax, jax.numpy as jnp, numpy as np, optax
+  from fedjax_proj.algorithms.base import make_round
+  from fedjax_proj.algorithms.fedavg import fedavg
+  from fedjax_proj.algorithms.fedproj import fedproj
+  from fedjax_proj.core import sharding, tree as T
+  from fedjax_proj.data.federated import FederatedData
+  from tests import helpers
+
+  assert jax.device_count() == 4, jax.devices()
+  x, y = helpers.synthetic_data(n=200)
+  public = jnp.asarray(helpers.synthetic_data(n=40, seed=5)[0])
+  model = helpers.tiny_model()
+  fd = FederatedData(np.array_split(np.arange(200), 8), batch_size=6, local_epochs=2)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  algs = {
+    "fedavg": fedavg(model, optax.sgd(0.1), helpers.float_batch_fn()),
+    "fedproj": fedproj(model, optax.sgd(0.1), helpers.float_batch_fn(), lambda z: z,
+                       public_size=40, memory_size=32, memory_batch_size=8, distill_batch_size=16),
+  }
+  mesh = sharding.client_mesh()
+  for name, alg in algs.items():
+    finals = []
+    for sharded in (False, True):
+      round_fn = make_round(alg, "vmap_scan")
+      state = alg.init(variables, jax.random.key(0))
+      for r in range(2):
+        rd = helpers.round_data(fd, x, y, round_idx=r)._replace(extra={"public_images": public})
+        if sharded:
+          rd, state = sharding.shard_round_data(rd, mesh), sharding.replicate(state, mesh)
+        state, _ = round_fn(state, rd, jax.random.key(r))
+      if sharded:
+        assert len(rd.idx.sharding.device_set) == 4
+      finals.append(np.asarray(T.tree_ravel(alg.global_variables(state))))
+    diff = float(np.abs(finals[0] - finals[1]).max())
+    print(name, diff)
+    assert diff < 1e-5, (name, diff)
+  try:
+    sharding.shard_round_data(helpers.round_data(fd, x, y, cpr=6), mesh)
+  except ValueError as e:
+    assert "multiple of 4" in str(e)
+  else:
+    raise AssertionError("uneven split accepted")
+  print("OK")
+  """
+)
+
+
+def test_sharded_round_equals_single_device():
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": str(ROOT),
+  }
+  proc = subprocess.run(
+    [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
+  )
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  assert "OK" in proc.stdout
