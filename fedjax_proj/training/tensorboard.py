@@ -22,6 +22,8 @@ def require_tensorboardx():
     import tensorboardX
   except ImportError as e:
     raise ImportError(INSTALL_HINT) from e
+  except OSError as e:  # tensorboardX imports torch when present; a broken torch fails like this
+    raise ImportError(f"tensorboardX failed to import ({e}). {INSTALL_HINT}") from e
   return tensorboardX
 
 
