@@ -5,6 +5,7 @@ invalid configurations are rejected before the model is built or anything is com
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -81,14 +82,20 @@ def test_nan_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path)
 
 def test_divergent_learning_rate_exits_1_naming_round_and_method(tmp_path, capsys):
   entry, common = _cifar10_entry_point()
-  flags = ["--preset=smoke", "--dataset=digits", "--model=mlp", "--optimizer=sgd", "--lr=1e30"]
-  rc = common.main(
-    [*flags, "--progress=false", f"--output_dir={tmp_path}"], "", entry.get_config, {}
-  )
+  # SGD at lr=20 on digits diverges after a couple of finite rounds (round 3 with seed 0).
+  flags = ["--preset=smoke", "--dataset=digits", "--model=mlp", "--optimizer=sgd", "--lr=20"]
+  flags += ["--rounds=8", "--eval_every=8", "--checkpoint_every=1", "--progress=false"]
+  rc = common.main([*flags, f"--output_dir={tmp_path}"], "", entry.get_config, {})
   assert rc == 1
   err = capsys.readouterr().err
-  assert "Round 1 of fedavg produced non-finite train_loss, global parameters" in err
-  assert "Lower the learning rate" in err
+  found = re.search(r"Round (\d+) of fedavg produced non-finite train_loss", err)
+  assert found and "Lower the learning rate" in err, err
+  bad = int(found.group(1))
+  assert bad >= 2, "diverged at once: the test no longer shows a checkpoint being kept"
+  assert f"last good checkpoint (round {bad - 1}) is kept in {tmp_path}/checkpoints" in err
+  checkpointer = Checkpointer(tmp_path / "checkpoints", {"hash": "", "config": {}})
+  assert checkpointer.steps()[-1] == bad - 1
+  assert len(read_metrics(tmp_path)) == bad - 1
 
 
 @pytest.fixture
