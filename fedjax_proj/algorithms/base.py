@@ -26,6 +26,25 @@ BroadcastFn = Callable[[PyTree, RoundData, Array], tuple[PyTree, PyTree]]
 AggregateFn = Callable[[PyTree, RoundData, PyTree, Array], tuple[PyTree, dict]]
 
 
+class StreamingAggregate(NamedTuple):
+  """An aggregate written as a sum over clients, for cohorts processed in chunks.
+
+  Used by :func:`fedjax_proj.algorithms.chunked.make_chunked_round`: each chunk's client outputs
+  are reduced to sums inside the jitted chunk, the sums are added over chunks, and the server
+  update runs once, so peak memory grows with the chunk, not the cohort.
+
+  Attributes:
+    reduce: ``reduce(state, round_data_chunk, outputs_chunk) -> sums``, a pytree of sums over the
+      chunk's clients (e.g. Σ n_k θ_k, Σ n_k). Padding clients have ``num_examples`` 0 and an
+      all-False mask, so a reduction weighted by ``num_examples`` ignores them.
+    finish: ``finish(state, round_data, sums, key) -> (state, metrics)``; must equal
+      ``aggregate`` given the sums over all clients.
+  """
+
+  reduce: Callable[[PyTree, RoundData, PyTree], PyTree]
+  finish: Callable[[PyTree, RoundData, PyTree, Array], tuple[PyTree, dict]]
+
+
 class FederatedAlgorithm(NamedTuple):
   """A federated algorithm as pure functions.
 
@@ -39,6 +58,9 @@ class FederatedAlgorithm(NamedTuple):
     global_variables: ``global_variables(state) -> variables`` of the global model (evaluation).
     aggregate_host: optional host-level ``aggregate`` with identical results, used by host-looped
       strategies when the server itself trains a conv model (server distillation on XLA:CPU).
+    streaming: optional :class:`StreamingAggregate` equal to ``aggregate`` but computed from sums
+      over clients; methods whose aggregate is a weighted mean provide it to support chunked
+      cohorts (:mod:`fedjax_proj.algorithms.chunked`).
   """
 
   name: str
@@ -49,6 +71,7 @@ class FederatedAlgorithm(NamedTuple):
   batch_fn: BatchFn
   global_variables: Callable[[PyTree], dict]
   aggregate_host: AggregateFn | None = None
+  streaming: StreamingAggregate | None = None
 
   def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
     """One round, pure and traceable (``vmap_scan``); jit it whole."""

@@ -3,18 +3,20 @@
 Server: θ ← Σ_k (n_k / Σ_j n_j) θ_k over the sampled clients; BatchNorm statistics are averaged the
 same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient:
 g = θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with
-the client optimiser (METHODS.md, FedAvg).
+the client optimiser (METHODS.md, FedAvg). The same average as sums over clients (``streaming``)
+lets a large cohort run in chunks (:mod:`fedjax_proj.algorithms.chunked`).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.base import FederatedAlgorithm, StreamingAggregate
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
@@ -29,6 +31,24 @@ class FedAvgState(NamedTuple):
 def client_metrics(outputs: dict, rd: RoundData) -> dict:
   """Example-weighted means of the clients' reported metrics."""
   return {k: tree_lib.weighted_mean(v, rd.num_examples) for k, v in outputs["metrics"].items()}
+
+
+def weighted_sums(outputs: dict, rd: RoundData) -> dict:
+  """Σ_k n_k θ_k, Σ_k n_k and Σ_k n_k m_k over a chunk of clients (float32), for streaming."""
+  w = jnp.asarray(rd.num_examples, jnp.float32)
+  wsum = lambda x: jnp.tensordot(w, x.astype(jnp.float32), axes=1)
+  return {
+    "variables": jax.tree.map(wsum, outputs["variables"]),
+    "metrics": {k: wsum(v) for k, v in outputs["metrics"].items()},
+    "weight": jnp.sum(w),
+  }
+
+
+def from_weighted_sums(sums: dict, like: dict) -> tuple[dict, dict]:
+  """(averaged variables cast like ``like``, averaged metrics) from :func:`weighted_sums`."""
+  total = sums["weight"]
+  averaged = jax.tree.map(lambda s, x: (s / total).astype(x.dtype), sums["variables"], like)
+  return averaged, {k: v / total for k, v in sums["metrics"].items()}
 
 
 def server_update(
@@ -87,6 +107,14 @@ def fedavg(
     new_state = FedAvgState(state.round + 1, variables, opt_state)
     return new_state, client_metrics(outputs, rd)
 
+  def finish(state, rd, sums, key):
+    del rd, key
+    averaged, metrics = from_weighted_sums(sums, state.variables)
+    variables, opt_state = server_update(
+      state.variables, averaged, server_optimizer, state.server_opt_state
+    )
+    return FedAvgState(state.round + 1, variables, opt_state), metrics
+
   return FederatedAlgorithm(
     name="fedavg",
     init=init,
@@ -95,6 +123,7 @@ def fedavg(
     aggregate=aggregate,
     batch_fn=batch_fn,
     global_variables=lambda state: state.variables,
+    streaming=StreamingAggregate(lambda state, rd, outputs: weighted_sums(outputs, rd), finish),
   )
 
 

@@ -1,0 +1,240 @@
+"""Large cohorts in bounded memory: a round's clients run in chunks with streaming aggregation.
+
+The ordinary round (:func:`fedjax_proj.algorithms.base.make_round`) materialises every sampled
+client's outputs at once ([C, num_params] local models), so memory grows with the cohort C. Here
+the cohort is cut into chunks of ``client_chunk`` clients; each chunk's outputs are reduced to sums
+(for FedAvg: Σ n_k θ_k, Σ n_k and Σ n_k m_k) right where they are produced, the sums are added over
+chunks, and the server update runs once (:class:`~fedjax_proj.algorithms.base.StreamingAggregate`).
+Peak memory therefore grows with the chunk, not with the cohort (measured in
+``benchmarks/scaling.py``, docs/performance.md). FedAvg's weighted mean is associative, so any
+chunking gives the ordinary round's result up to float summation order; every client keeps the PRNG
+key it has in the ordinary round.
+
+* ``vmap_scan``: one jitted program, a ``lax.scan`` over chunks whose body is the vmapped client
+  computation of one chunk plus its reduction. A cohort that is not a multiple of the chunk is
+  padded with clients that have an all-False mask and ``num_examples`` 0 (no-op steps, zero weight).
+* ``vmap_stepwise`` / ``sequential``: a host loop over chunks around the engine, the reduction and
+  accumulation jitted (the last chunk may be smaller).
+
+``client_chunk="auto"`` (default; :func:`auto_client_chunk`): all clients in one chunk when
+``C * per_client_bytes`` fits the budget, else the fewest equal chunks that fit, where
+``per_client_bytes = 8 * param_bytes`` (local params, gradients, optimiser state, the output copy
+and its float32 sum, with slack) and the budget is 1 GiB, or a quarter of the device memory when the
+backend reports it (GPU/TPU).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_proj.algorithms.base import FederatedAlgorithm, _round_keys
+from fedjax_proj.core import random as random_lib
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.engine import ClientEngine, run_vmap_scan
+from fedjax_proj.core.types import PyTree, RoundData
+
+DEFAULT_BUDGET_BYTES = 1 << 30
+PER_CLIENT_PARAM_COPIES = 8
+
+
+def memory_budget_bytes(device=None) -> int:
+  """A quarter of the device memory when the backend reports it (GPU/TPU), else 1 GiB."""
+  device = device or jax.local_devices()[0]
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # Some backends do not implement memory_stats.
+    stats = {}
+  limit = stats.get("bytes_limit")
+  return int(limit) // 4 if limit else DEFAULT_BUDGET_BYTES
+
+
+def auto_client_chunk(num_clients: int, param_bytes: int, budget_bytes: int | None = None) -> int:
+  """The chunk size rule of ``client_chunk="auto"`` (see the module docstring).
+
+  Args:
+    num_clients: clients per round C.
+    param_bytes: bytes of one model's variables.
+    budget_bytes: memory allowed for per-client state; default :func:`memory_budget_bytes`.
+
+  Returns:
+    ``C`` if everything fits, else ``ceil(C / n)`` for the smallest chunk count ``n`` that fits.
+  """
+  budget = memory_budget_bytes() if budget_bytes is None else budget_bytes
+  per_client = max(1, PER_CLIENT_PARAM_COPIES * int(param_bytes))
+  max_chunk = max(1, budget // per_client)
+  if num_clients <= max_chunk:
+    return num_clients
+  num_chunks = math.ceil(num_clients / max_chunk)
+  return math.ceil(num_clients / num_chunks)
+
+
+def tree_bytes(tree: PyTree) -> int:
+  return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _resolve_chunk(client_chunk: int | str, num_clients: int, state: PyTree, alg) -> int:
+  if client_chunk == "auto":
+    return auto_client_chunk(num_clients, tree_bytes(alg.global_variables(state)))
+  if not isinstance(client_chunk, int) or client_chunk < 1:
+    raise ValueError(f"client_chunk={client_chunk!r} must be a positive int or 'auto'.")
+  return min(client_chunk, num_clients)
+
+
+def _client_fields(rd: RoundData) -> dict:
+  return {
+    "client_ids": rd.client_ids,
+    "idx": rd.idx,
+    "mask": rd.mask,
+    "num_examples": rd.num_examples,
+  }
+
+
+def _pad_clients(tree: PyTree, pad: int, zero: bool) -> PyTree:
+  """Appends ``pad`` rows along the client axis: copies of the first rows, or zeros."""
+  if pad == 0:
+    return tree
+  fill = (lambda x: jnp.zeros_like(x[:pad])) if zero else (lambda x: x[:pad])
+  return jax.tree.map(lambda x: jnp.concatenate([x, fill(x)]), tree)
+
+
+def make_chunked_round(
+  algorithm: FederatedAlgorithm,
+  strategy: str,
+  client_chunk: int | str = "auto",
+  unroll: int = 1,
+) -> Callable[[PyTree, RoundData, jax.Array], tuple[PyTree, dict]]:
+  """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` processing clients in chunks.
+
+  Same contract as :func:`~fedjax_proj.algorithms.base.make_round` (the input state is donated);
+  with ``client_chunk >= C`` it computes the ordinary round (up to float summation order).
+
+  Args:
+    algorithm: a method with ``streaming`` set (e.g. FedAvg).
+    strategy: ``vmap_scan``, ``vmap_stepwise`` or ``sequential`` (resolve ``auto`` first).
+    client_chunk: clients per chunk, or ``"auto"`` (:func:`auto_client_chunk`, resolved from the
+      first round's state and cohort; fixed afterwards, so later rounds do not recompile).
+    unroll: ``lax.scan`` unroll factor over local steps (``vmap_scan``).
+
+  Raises:
+    ValueError: the method has no streaming aggregate, or ``client_chunk`` is invalid.
+  """
+  if algorithm.streaming is None:
+    raise ValueError(
+      f"Method {algorithm.name!r} has no streaming aggregate (FederatedAlgorithm.streaming), so "
+      "its clients cannot run in chunks; use make_round, or give the method a StreamingAggregate "
+      "(possible when its aggregate is a weighted mean over clients)."
+    )
+  if client_chunk != "auto":
+    _resolve_chunk(client_chunk, 1, None, algorithm)  # Validate early.
+  engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
+  reduce, finish = algorithm.streaming
+  resolved: dict[int, int] = {}
+
+  def chunk_of(state, rd) -> int:
+    c = int(rd.idx.shape[0])
+    if c not in resolved:
+      resolved[c] = _resolve_chunk(client_chunk, c, state, algorithm)
+    return resolved[c]
+
+  if engine.traceable:
+
+    def traced(state, rd: RoundData, key, chunk: int):
+      b_key, c_key, a_key = _round_keys(key)
+      shared, client_inputs = algorithm.broadcast(state, rd, b_key)
+      c = rd.idx.shape[0]
+      keys = random_lib.client_keys(c_key, c)
+      num_chunks = math.ceil(c / chunk)
+      pad = num_chunks * chunk - c
+      fields = _pad_clients(_client_fields(rd), pad, zero=False)
+      # Padding clients: all-False mask (every step a no-op) and zero weight.
+      fields["mask"] = _pad_clients(rd.mask, pad, zero=True)
+      fields["num_examples"] = _pad_clients(rd.num_examples, pad, zero=True)
+      per_chunk = lambda x: x.reshape(num_chunks, chunk, *x.shape[1:])
+      xs = jax.tree.map(
+        per_chunk,
+        (fields, _pad_clients(client_inputs, pad, zero=False), _pad_clients(keys, pad, False)),
+      )
+
+      def run_chunk(xs_chunk):
+        f, inputs, k = xs_chunk
+        outputs = run_vmap_scan(
+          algorithm.client,
+          algorithm.batch_fn,
+          shared,
+          inputs,
+          rd.images,
+          rd.labels,
+          f["idx"],
+          f["mask"],
+          k,
+          unroll=unroll,
+        )
+        return reduce(state, rd._replace(**f), outputs)
+
+      first = jax.tree.map(lambda x: x[0], xs)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(run_chunk, first))
+      body = lambda acc, xs_chunk: (tree_lib.tree_add(acc, run_chunk(xs_chunk)), None)
+      sums, _ = jax.lax.scan(body, zeros, xs)
+      return finish(state, rd, sums, a_key)
+
+    jitted = jax.jit(traced, donate_argnums=0, static_argnums=3)
+
+    def round_fn(state, rd, key):
+      return jitted(state, rd, key, chunk_of(state, rd))
+
+    round_fn._cache_size = jitted._cache_size  # For no-recompilation checks.
+    return round_fn
+
+  broadcast = jax.jit(algorithm.broadcast)
+  split_keys = jax.jit(_round_keys)
+  make_client_keys = jax.jit(random_lib.client_keys, static_argnums=1)
+  # The start is traced, so every chunk of one size shares one compiled slice.
+  take = jax.jit(
+    lambda tree, start, size: jax.tree.map(
+      lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree
+    ),
+    static_argnums=2,
+  )
+
+  def reduce_chunk(state, rd_chunk, outputs, acc):
+    sums = reduce(state, rd_chunk, outputs)
+    return sums if acc is None else tree_lib.tree_add(acc, sums)
+
+  reduce_first = jax.jit(lambda s, r, o: reduce_chunk(s, r, o, None))
+  reduce_add = jax.jit(reduce_chunk, donate_argnums=3)
+  finish_jit = jax.jit(finish, donate_argnums=0)
+
+  def host_round(state, rd: RoundData, key):
+    chunk = chunk_of(state, rd)
+    b_key, c_key, a_key = split_keys(key)
+    shared, client_inputs = broadcast(state, rd, b_key)
+    c = int(rd.idx.shape[0])
+    keys = make_client_keys(c_key, c)
+    acc = None
+    for start in range(0, c, chunk):
+      size = min(chunk, c - start)
+      f = take(_client_fields(rd), start, size)
+      outputs = engine.run(
+        shared,
+        take(client_inputs, start, size),
+        rd.images,
+        rd.labels,
+        f["idx"],
+        f["mask"],
+        take(keys, start, size),
+      )
+      rd_chunk = rd._replace(**f)
+      acc = (
+        reduce_first(state, rd_chunk, outputs)
+        if acc is None
+        else reduce_add(state, rd_chunk, outputs, acc)
+      )
+      del outputs  # Free the chunk's client outputs before the next chunk runs.
+    return finish_jit(state, rd, acc, a_key)
+
+  return host_round
