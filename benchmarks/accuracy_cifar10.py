@@ -157,7 +157,8 @@ def main(argv=None) -> int:
   skipped: dict[str, str] = {}
   for method in methods:
     for seed in seeds:
-      out_dir = f"runs/bench_accuracy_cifar10/{method}-seed{seed}"
+      # Per-invocation folder (named after --out), so concurrent invocations never share files.
+      out_dir = f"runs/bench_{Path(args.out).stem}/{method}-seed{seed}"
       config = make_config(args, method, seed, out_dir, method_kwargs)
       t0 = time.perf_counter()
       try:
