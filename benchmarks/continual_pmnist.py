@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 
 PAPER = {"fl": (80.06, 9.21), "fot": (85.21, 1.97)}
+_NOT_SETTING = ("out", "methods", "merge")
 
 
 def main(argv=None) -> int:
@@ -36,6 +37,11 @@ def main(argv=None) -> int:
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--local_epochs", type=int, default=1)
   parser.add_argument("--iid", action="store_true")
+  parser.add_argument(
+    "--merge",
+    action="store_true",
+    help="add these methods to an existing --out of the same setting",
+  )
   parser.add_argument(
     "--heads",
     default="single",
@@ -69,7 +75,14 @@ def main(argv=None) -> int:
     train_per_task=args.train_per_task,
     test_per_task=args.test_per_task,
   )
+  out = Path(args.out)
   results = {}
+  if args.merge and out.exists():
+    previous = json.loads(out.read_text())
+    if previous["setting"] != {k: v for k, v in vars(args).items() if k not in _NOT_SETTING}:
+      print("error: --merge needs the same setting as the existing results file", file=sys.stderr)
+      return 1
+    results = previous["results"]
   for method in args.methods.split(","):
     c = pmnist.get_config("paper")
     c.method = method
@@ -93,27 +106,34 @@ def main(argv=None) -> int:
       model = mlp(10, hidden=(400, 400), dropout=(0.2, 0.2))
     else:
       model = multi_head("mlp", bench.num_tasks, 10, hidden=(400, 400), dropout=(0.2, 0.2))
-    summary = run_continual_experiment(
-      c, bench, model, log=lambda s: print(s, flush=True), shared_head=args.heads == "single"
-    )
+    try:
+      summary = run_continual_experiment(
+        c, bench, model, log=lambda s: print(s, flush=True), shared_head=args.heads == "single"
+      )
+    except FloatingPointError as e:
+      print(f"{method} diverged: {e}", flush=True)
+      results[method] = {"diverged": str(e), "method_kwargs": dict(c.method_kwargs)}
+      continue
     results[method] = {
       k: summary[k]
       for k in ("acc", "fgt", "acc_matrix", "wall_seconds", "train_seconds", "end_task_seconds")
     }
     results[method]["method_kwargs"] = dict(c.method_kwargs)
-  setting = {k: v for k, v in vars(args).items() if k not in ("out", "methods")}
+  setting = {k: v for k, v in vars(args).items() if k not in _NOT_SETTING}
   lines = [
     f"Permuted MNIST, {'IID' if args.iid else 'non-IID (2 shards/client)'}: {setting}",
     "| method | ACC % | FGT % | paper ACC / FGT | wall s |",
     "|---|---|---|---|---|",
   ]
   for m, r in results.items():
+    if "diverged" in r:
+      lines.append(f"| {m} | diverged | - | - | - |")
+      continue
     paper = "{:.2f} / {:.2f}".format(*PAPER[m]) if m in PAPER and not args.iid else "-"
     lines.append(
       f"| {m} | {100 * r['acc']:.2f} | {100 * r['fgt']:.2f} | {paper} | {r['wall_seconds']:.0f} |"
     )
   print("\n".join(lines))
-  out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps({"setting": setting, "results": results, "table": lines}, indent=2))
   print(f"wrote {out}")
