@@ -1,0 +1,195 @@
+"""PyTorch reference throughput: the same FedAvg round as a plain sequential loop of SGD steps.
+
+    pip install -e .[bench]   # torch (CPU build), kept out of the core dependencies
+    python benchmarks/torch_reference.py [--cpr 10,100] [--models mlp,cnn]
+
+The same MLP (784-200-200-10) and FedAvg CNN, the same MNIST clients, sampled clients and batches
+(``scaling.round_layouts``), the same local optimiser (SGD, lr 0.01, momentum 0.9, re-initialised
+per client) and the same example-weighted average. The torch round is the loop a PyTorch user
+would write: for each client, load the global weights, run its steps, add n_k θ_k. In the same run
+our round is measured per execution strategy (each configuration, torch or JAX, in a fresh
+subprocess) and the table puts the best strategy next to torch. Samples/s counts real (unpadded)
+training examples; the first (compiling / warm-up) round is excluded. Writes
+benchmarks/results/torch_reference.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scaling import NUM_CLIENTS, federation, round_layouts, run_in_subprocess
+
+HERE = Path(__file__).resolve().parent
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+JAX_STRATEGIES = {"mlp": ("vmap_scan", "sequential"), "cnn": ("sequential", "vmap_scan")}
+# vmap_scan of the CNN on XLA:CPU is ~10x slower than the host loop (benchmarks/strategies.py);
+# measure it only at the smallest cohort.
+SLOW = {("cnn", "vmap_scan")}
+
+
+def torch_model(name: str):
+  import torch.nn as nn
+
+  if name == "mlp":
+    return nn.Sequential(
+      nn.Flatten(),
+      nn.Linear(784, 200),
+      nn.ReLU(),
+      nn.Linear(200, 200),
+      nn.ReLU(),
+      nn.Linear(200, 10),
+    )
+  if name == "cnn":
+    return nn.Sequential(
+      nn.Conv2d(1, 32, 5, padding=2),
+      nn.ReLU(),
+      nn.MaxPool2d(2),
+      nn.Conv2d(32, 64, 5, padding=2),
+      nn.ReLU(),
+      nn.MaxPool2d(2),
+      nn.Flatten(),
+      nn.Linear(7 * 7 * 64, 512),
+      nn.ReLU(),
+      nn.Linear(512, 10),
+    )
+  raise ValueError(f"Unknown model {name!r}; choose mlp or cnn.")
+
+
+def torch_round(model, global_state, images, labels, layout, lr):
+  """One FedAvg round: a sequential loop over clients and their steps; returns the new state."""
+  import torch
+  import torch.nn.functional as F
+
+  _, idx, mask, n = layout
+  acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+  for c in range(idx.shape[0]):
+    model.load_state_dict(global_state)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for s in range(idx.shape[1]):
+      m = mask[c, s]
+      if not m.any():
+        continue
+      ii = torch.from_numpy(idx[c, s][m].astype(np.int64))
+      xb = (images[ii].float() / 255.0 - MNIST_MEAN) / MNIST_STD
+      loss = F.cross_entropy(model(xb), labels[ii])
+      opt.zero_grad(set_to_none=True)
+      loss.backward()
+      opt.step()
+    with torch.no_grad():
+      for k, v in model.state_dict().items():
+        acc[k] += float(n[c]) * v
+  total = float(n.sum())
+  return {k: v / total for k, v in acc.items()}
+
+
+def run_torch(cfg: dict) -> dict:
+  import torch
+
+  torch.manual_seed(0)
+  x, y, fd = federation(NUM_CLIENTS, cfg["batch"], cfg["steps"])
+  images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))  # NCHW uint8.
+  labels = torch.from_numpy(y.astype(np.int64))
+  layouts = round_layouts(fd, cfg["cpr"], 1 + cfg["rounds"])
+  model = torch_model(cfg["model"])
+  state = {k: v.clone() for k, v in model.state_dict().items()}
+  t0 = time.perf_counter()
+  state = torch_round(model, state, images, labels, layouts[0], 0.01)
+  first = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  for r in range(1, 1 + cfg["rounds"]):
+    state = torch_round(model, state, images, labels, layouts[r], 0.01)
+  elapsed = time.perf_counter() - t0
+  samples = int(layouts[0][2].sum())
+  return {
+    **cfg,
+    "framework": "torch",
+    "torch": torch.__version__,
+    "threads": torch.get_num_threads(),
+    "first_round_s": first,
+    "round_s": elapsed / cfg["rounds"],
+    "samples_per_s": samples * cfg["rounds"] / elapsed,
+  }
+
+
+def torch_in_subprocess(cfg: dict, timeout: float) -> dict:
+  env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
+  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {**cfg, "framework": "torch", "error": f"timeout after {timeout:.0f} s"}
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+  if proc.returncode != 0 or not lines:
+    return {**cfg, "framework": "torch", "error": proc.stderr.strip().splitlines()[-1:]}
+  return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--cpr", default="10,100", help="clients per round, comma-separated")
+  p.add_argument("--models", default="mlp,cnn")
+  p.add_argument("--steps", type=int, default=2)
+  p.add_argument("--batch", type=int, default=20)
+  p.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up round")
+  p.add_argument("--timeout", type=float, default=300)
+  p.add_argument("--worker", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.worker:
+    print("RESULT " + json.dumps(run_torch(json.loads(args.worker))), flush=True)
+    return
+  from common import header, write_results
+
+  print(header(), f"steps={args.steps} batch={args.batch} timed rounds={args.rounds}", flush=True)
+  rows, summary = [], []
+  for model in args.models.split(","):
+    for cpr in (int(c) for c in args.cpr.split(",")):
+      base = dict(model=model, cpr=cpr, rounds=args.rounds, steps=args.steps, batch=args.batch)
+      t = torch_in_subprocess(base, args.timeout)
+      rows.append(t)
+      jax_rows = []
+      for strategy in JAX_STRATEGIES[model]:
+        if (model, strategy) in SLOW and cpr > min(int(c) for c in args.cpr.split(",")):
+          continue
+        r = run_in_subprocess({**base, "strategy": strategy, "chunk": None}, args.timeout)
+        r["framework"] = "jax"
+        rows.append(r)
+        jax_rows.append(r)
+      ok = [r for r in jax_rows if "error" not in r]
+      best = max(ok, key=lambda r: r["samples_per_s"]) if ok else None
+      torch_sps = t.get("samples_per_s")
+      summary.append(
+        {
+          "model": model,
+          "cpr": cpr,
+          "torch_samples_per_s": torch_sps,
+          "best_strategy": best and best["strategy"],
+          "jax_samples_per_s": best and best["samples_per_s"],
+          "jax_over_torch": best and torch_sps and best["samples_per_s"] / torch_sps,
+          "all_jax": {r["strategy"]: r.get("samples_per_s") for r in jax_rows},
+        }
+      )
+      print(json.dumps(summary[-1]), flush=True)
+  print(
+    f"{'model':5s} {'clients':>7s} {'torch sps':>10s} {'best ours':>13s} {'ours sps':>9s} "
+    f"{'ours/torch':>10s}"
+  )
+  for s in summary:
+    fmt = lambda v, spec: format(v, spec) if v is not None else "n/a"
+    print(
+      f"{s['model']:5s} {s['cpr']:7d} {fmt(s['torch_samples_per_s'], '10.0f')} "
+      f"{str(s['best_strategy']):>13s} {fmt(s['jax_samples_per_s'], '9.0f')} "
+      f"{fmt(s['jax_over_torch'], '10.2f')}"
+    )
+  payload = {"args": vars(args), "rows": rows, "summary": summary}
+  print(f"wrote {write_results('torch_reference', payload)}")
+
+
+if __name__ == "__main__":
+  main()
