@@ -160,10 +160,16 @@ def ewc(
       out = task_forward(model, p, model_state, x[None], shared["task"], train=False)
       return losses.cross_entropy(out.logits, y[None])
 
-    # Empirical Fisher: mean over the client's examples of the squared per-example gradient.
-    g = jax.vmap(jax.grad(ce_one), in_axes=(None, 0, 0))(params, batch.x, batch.y)
+    # Empirical Fisher: mean over the client's examples of the squared per-example gradient,
+    # accumulated one example at a time (a vmap over examples would hold B x params gradients
+    # for every client at once).
+    def one(acc, xym):
+      x, y, m = xym
+      g = jax.grad(ce_one)(params, x, y)
+      return jax.tree.map(lambda f, gi: f + m * jnp.square(gi), acc, g), None
+
+    acc, _ = jax.lax.scan(one, state[0], (batch.x, batch.y, batch.mask))
     m = batch.mask
-    acc = jax.tree.map(lambda f, gi: f + jnp.tensordot(m, jnp.square(gi), axes=1), state[0], g)
     return acc, state[1] + jnp.sum(m)
 
   fisher_program = ClientProgram(
