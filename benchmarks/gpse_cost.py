@@ -77,7 +77,13 @@ def _timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def measure(
-  model_name: str, clients: int, num_clients: int, repeats: int, seed: int, gpse_batch: int
+  model_name: str,
+  clients: int,
+  num_clients: int,
+  repeats: int,
+  seed: int,
+  gpse_batch: int,
+  sketch_dist: str,
 ) -> dict:
   from fedjax_proj.algorithms.base import make_round
   from fedjax_proj.algorithms.continual_baselines import fl
@@ -135,7 +141,14 @@ def measure(
 
   epoch_first, epoch_warm = _timed(epoch, repeats)
   fot_method = fot(
-    model, optax.sgd(0.01), batch_fn, variables=variables, sample_x=sample, strategy=strategy, **hp
+    model,
+    optax.sgd(0.01),
+    batch_fn,
+    variables=variables,
+    sample_x=sample,
+    strategy=strategy,
+    sketch_dist=sketch_dist,
+    **hp,
   )
   fstate = fot_method.algorithm.init(variables, jax.random.key(0))
   # GPSE is inference only: it may use larger batches than training (fewer sketch updates).
@@ -161,6 +174,7 @@ def measure(
     "model": model_name,
     "data": source,
     "strategy": strategy,
+    "sketch_dist": sketch_dist,
     "clients": clients,
     "examples": examples,
     "train_batch": batch_size,
@@ -183,6 +197,7 @@ def main(argv=None) -> int:
   parser.add_argument("--models", default="mlp,alexnet")
   parser.add_argument("--clients", type=int, default=0, help="0: 64 (mlp) / 10 (alexnet)")
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--sketch_dists", default="gaussian,rademacher")
   parser.add_argument("--gpse_batch", type=int, default=256, help="0: the training batch size")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpse_cost.json"))
@@ -192,16 +207,20 @@ def main(argv=None) -> int:
   for name in args.models.split(","):
     clients = args.clients or (64 if name == "mlp" else 10)
     num_clients = 125 if name == "mlp" else 50
-    rows.append(measure(name, clients, num_clients, args.repeats, args.seed, args.gpse_batch))
-    print(json.dumps(rows[-1]), flush=True)
+    for dist in args.sketch_dists.split(","):
+      rows.append(
+        measure(name, clients, num_clients, args.repeats, args.seed, args.gpse_batch, dist)
+      )
+      print(json.dumps(rows[-1]), flush=True)
   lines = [
-    "| model | strategy | clients | examples | batch train/GPSE | 1 local epoch s |"
+    "| model | strategy | G | clients | examples | batch train/GPSE | 1 local epoch s |"
     " GPSE s (empty / populated basis) | GPSE / epoch |",
-    "|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
-      f"| {r['model']} ({r['data']}) | {r['strategy']} | {r['clients']} | {r['examples']} | "
+      f"| {r['model']} ({r['data']}) | {r['strategy']} | {r['sketch_dist']} | {r['clients']} | "
+      f"{r['examples']} | "
       f"{r['train_batch']}/{r['gpse_batch']} | "
       f"{r['epoch_seconds']:.3f} | {r['gpse_seconds_empty_basis']:.3f} / "
       f"{r['gpse_seconds_populated_basis']:.3f} | {r['ratio_empty']:.2f} / "

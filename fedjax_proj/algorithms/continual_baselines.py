@@ -6,9 +6,10 @@ each centralised continual-learning method runs on every client inside FedAvg.
 * FL: FedAvg (McMahan et al., 2017) with a multi-head model; clients train the current task's head.
 * EWC+FL (Kirkpatrick et al., PNAS 2017): after each task every client computes the diagonal
   empirical Fisher of the global model on its task data (mean squared per-example gradient); the
-  server averages them (weights n_k), scales F_t to max 1, accumulates F ← F + F_t and stores the
-  anchor θ* = θ_g. Local loss: CE + (λ/2) Σ F (θ − θ*)², λ = 10 by default (lr·λ < 2 keeps local
-  SGD stable; an unscaled Fisher with λ = 100 diverged on PMNIST at lr 0.05).
+  server averages them (weights n_k), scales F_t to max 1, accumulates F ← F + F_t, rescales F
+  to max 1 and stores the anchor θ* = θ_g. Local loss: CE + (λ/2) Σ F (θ − θ*)², λ = 10 by
+  default (lr·λ < 2 keeps local SGD stable; an unscaled Fisher with λ = 100 diverged on PMNIST at
+  lr 0.05, and so did an unnormalised sum over tasks at task 7).
 * ER+FL (Chaudhry et al., 2019): each client keeps ``buffer_per_task`` examples of every past task
   it held (indices into the data store, per-client state [num_clients, T, P]); each local step adds
   the CE of the replay examples of one past task drawn uniformly (with that task's head).
@@ -186,6 +187,10 @@ def ewc(
     f_max = jnp.max(jnp.stack([jnp.max(f) for f in jax.tree.leaves(f_t)]))
     f_t = jax.tree.map(lambda f: f / jnp.maximum(f_max, 1e-12), f_t)
     fisher = tree_lib.tree_add(state.method["fisher"], f_t)
+    # Keep the accumulated Fisher at max 1 as well: a sum over tasks growing with t would make
+    # lr·λ·F exceed 2 after a few tasks and local SGD diverge (it did on PMNIST at task 7).
+    total_max = jnp.max(jnp.stack([jnp.max(f) for f in jax.tree.leaves(fisher)]))
+    fisher = jax.tree.map(lambda f: f / jnp.maximum(total_max, 1e-12), fisher)
     method = {"fisher": fisher, "anchor": tree_lib.tree_copy(state.variables["params"])}
     return state._replace(method=method), {"fisher_mean": float(tree_lib.tree_norm(f_t))}
 
