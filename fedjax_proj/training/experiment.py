@@ -24,6 +24,7 @@ import optax
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.core import engine as engine_lib
+from fedjax_proj.core import sharding
 from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import parse_partition, partition
@@ -67,6 +68,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.test_subset = 0
   c.output_dir = ""
   c.progress = True
+  # Split each round's clients over all local devices (vmap_scan only; a no-op on one device).
+  c.shard_clients = True
   c.public_data = ""  # name (e.g. cifar100) or path (npz / image folder); "" = none
   c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
@@ -182,6 +185,26 @@ def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]
   return inputs, len(labels)
 
 
+def _maybe_sharded(round_fn, strategy: str, c, log):
+  """Wraps ``round_fn`` to shard the client axis over local devices when that applies."""
+  devices = jax.local_device_count()
+  if not c.get("shard_clients", True) or devices == 1 or strategy != "vmap_scan":
+    return round_fn
+  if c.clients_per_round % devices:
+    log(
+      f"note: not sharding clients: clients_per_round={c.clients_per_round} is not a multiple "
+      f"of the {devices} local devices"
+    )
+    return round_fn
+  mesh = sharding.client_mesh()
+  log(f"sharding the client axis over {devices} devices")
+
+  def sharded(state, rd, key):
+    return round_fn(sharding.replicate(state, mesh), sharding.shard_round_data(rd, mesh), key)
+
+  return sharded
+
+
 def default_output_dir(method: str) -> str:
   return str(Path("runs") / f"{method}-{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -230,8 +253,8 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
     f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
   )
+  round_fn = _maybe_sharded(make_round(algorithm, strategy), strategy, c, log)
   sys.stdout.flush()
-  round_fn = make_round(algorithm, strategy)
   checkpointer = Checkpointer(
     Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)
   )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,46 @@ def test_sharded_round_equals_single_device():
   )
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   assert "OK" in proc.stdout
+
+
+def test_experiment_cli_shards_over_forced_devices(tmp_path):
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    "JAX_PLATFORMS": "cpu",
+  }
+  finals = {}
+  for shard in ("true", "false"):
+    out = tmp_path / shard
+    proc = subprocess.run(
+      [
+        sys.executable,
+        str(ROOT / "experiments" / "cifar10.py"),
+        "--preset=smoke",
+        "--dataset=digits",
+        "--model=mlp",
+        "--clients_per_round=4",
+        "--rounds=2",
+        "--optimizer=sgd",
+        "--lr=0.05",
+        "--progress=false",
+        f"--shard_clients={shard}",
+        f"--output_dir={out}",
+      ],
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("sharding the client axis over 4 devices" in proc.stdout) == (shard == "true")
+    finals[shard] = (out / "metrics.jsonl").read_text()
+  strip = lambda text: [
+    {k: v for k, v in json.loads(line).items() if k != "round_seconds"}
+    for line in text.splitlines()
+  ]
+  a, b = strip(finals["true"]), strip(finals["false"])
+  assert len(a) == len(b) == 2
+  for ra, rb in zip(a, b):
+    for k in ra:
+      assert abs(ra[k] - rb[k]) < 1e-4, (k, ra[k], rb[k])
