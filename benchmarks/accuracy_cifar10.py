@@ -163,6 +163,10 @@ def main(argv=None) -> int:
       t0 = time.perf_counter()
       try:
         summary = run_experiment(config)
+      except FloatingPointError as e:  # the loop's NonFiniteError: record it, run the rest
+        runs[method].append({"seed": seed, "diverged": str(e), "output_dir": out_dir})
+        print(f"{method} seed={seed}: diverged ({e})")
+        continue
       except ValueError as e:
         if registry.needs_public(method):  # e.g. a runner without public-data support
           skipped[method] = str(e)
@@ -194,18 +198,24 @@ def main(argv=None) -> int:
   )
   print(f"{'method':10s} {'accuracy % (mean ± std)':>24s} {'wall s/run':>11s}")
   for method in methods:
-    if not runs[method]:
-      print(f"{method:10s} {'skipped':>24s}")
+    finished = [r for r in runs[method] if "diverged" not in r]
+    diverged = len(runs[method]) - len(finished)
+    if not finished:
+      status = f"diverged ({diverged} seed(s))" if diverged else "skipped"
+      print(f"{method:10s} {status:>24s}")
+      table[method] = {"diverged_seeds": diverged}
       continue
-    acc = np.array([r["final_test_accuracy"] * 100 for r in runs[method]])
-    wall = float(np.mean([r["wall_seconds"] for r in runs[method]]))
+    acc = np.array([r["final_test_accuracy"] * 100 for r in finished])
+    wall = float(np.mean([r["wall_seconds"] for r in finished]))
     table[method] = {
       "mean": float(acc.mean()),
       "std": float(acc.std()),
       "seeds": len(acc),
+      "diverged_seeds": diverged,
       "wall_seconds_per_run": wall,
     }
-    print(f"{method:10s} {acc.mean():16.2f} ± {acc.std():5.2f} {wall:11.0f}")
+    note = f"  ({diverged} seed(s) diverged)" if diverged else ""
+    print(f"{method:10s} {acc.mean():16.2f} ± {acc.std():5.2f} {wall:11.0f}{note}")
   result = {
     "benchmark": "accuracy_cifar10",
     "settings": {k: v for k, v in vars(args).items() if k != "out"},
