@@ -9,7 +9,10 @@ per client) and the same example-weighted average. The torch round is the loop a
 would write: for each client, load the global weights, run its steps, add n_k θ_k. In the same run
 our round is measured per execution strategy (each configuration, torch or JAX, in a fresh
 subprocess) and the table puts the best strategy next to torch. Samples/s counts real (unpadded)
-training examples; the first (compiling / warm-up) round is excluded. Writes
+training examples; the first (compiling / warm-up) round is excluded. torch runs with
+``--torch_threads`` intra-op threads (default 1: on the shared, overloaded 2-core development
+machine torch's default of 2 OpenMP threads made a round ~100x slower, 67 vs ~9000 samples/s for
+the MLP); XLA uses its own thread pool. Writes
 benchmarks/results/torch_reference.json.
 """
 
@@ -92,6 +95,7 @@ def torch_round(model, global_state, images, labels, layout, lr):
 def run_torch(cfg: dict) -> dict:
   import torch
 
+  torch.set_num_threads(cfg["threads"])
   torch.manual_seed(0)
   x, y, fd = federation(NUM_CLIENTS, cfg["batch"], cfg["steps"])
   images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))  # NCHW uint8.
@@ -139,6 +143,12 @@ def main():
   p.add_argument("--batch", type=int, default=20)
   p.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up round")
   p.add_argument("--timeout", type=float, default=300)
+  p.add_argument(
+    "--torch_threads",
+    type=int,
+    default=1,
+    help="torch intra-op threads (1: on a loaded 2-core machine 2 threads ran ~100x slower)",
+  )
   p.add_argument("--worker", help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.worker:
@@ -151,7 +161,7 @@ def main():
   for model in args.models.split(","):
     for cpr in (int(c) for c in args.cpr.split(",")):
       base = dict(model=model, cpr=cpr, rounds=args.rounds, steps=args.steps, batch=args.batch)
-      t = torch_in_subprocess(base, args.timeout)
+      t = torch_in_subprocess({**base, "threads": args.torch_threads}, args.timeout)
       rows.append(t)
       jax_rows = []
       for strategy in JAX_STRATEGIES[model]:

@@ -61,7 +61,7 @@ def test_chunk_sizes_and_strategies_equal_ordinary_round(setup, strategy, chunk)
     np.testing.assert_allclose(m[k], ref_m[k], atol=1e-5)
 
 
-def test_single_chunk_differs_from_partial_cohort(setup):
+def test_every_chunk_contributes(setup):
   """Sanity: chunk sums really cover every chunk (dropping the last chunk would differ)."""
   x, y, model, fd, variables = setup
   alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
