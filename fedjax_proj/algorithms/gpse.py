@@ -9,8 +9,8 @@ so any Flax backbone works; task heads are not ``Dense`` and are never projected
 
 * dense: the input vectors, d = in_features;
 * conv: im2col patches (``lax.conv_general_dilated_patches`` with the layer's strides/padding),
-  d = C_in·k·k, rows ordered exactly like :func:`kernel_matrix` (the kernel reshaped to
-  (C_in·k·k) x C_out), so that ``conv(x, W) == patches(x) @ kernel_matrix(W)``.
+  d = k·k·C_in, features permuted to exactly the order of the kernel reshape [k, k, C_in, C_out]
+  -> (k·k·C_in) x C_out (:func:`kernel_matrix`), so that ``conv(x, W) == im2col(x) @ W.reshape``.
 
 GPSE, per layer, with the stored orthonormal basis U [d, d] (columns beyond the rank are zero):
 
@@ -41,6 +41,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fedjax_proj.core.types import Array, Model
 from fedjax_proj.models import conv as conv_lib
@@ -94,7 +95,7 @@ def find_layers(model: Model, variables: dict, sample_x: Array, **apply_kwargs) 
         kh, kw = module.kernel_size
         strides = tuple(module.strides) if module.strides is not None else (1, 1)
         pad = module.padding
-        pad = pad.upper() if isinstance(pad, str) else conv_lib._canonical_padding(pad)
+        pad = _padding(pad)
         specs.append(LayerSpec(path, "conv", int(inp.shape[-1]) * kh * kw, (kh, kw), strides, pad))
     return 0
 
@@ -104,18 +105,42 @@ def find_layers(model: Model, variables: dict, sample_x: Array, **apply_kwargs) 
   return specs
 
 
+def _padding(pad: Any) -> Any:
+  """A hashable padding spec: "SAME" / "VALID" or ((lo, hi), (lo, hi))."""
+  if isinstance(pad, str):
+    return pad.upper()
+  if isinstance(pad, int):
+    return ((pad, pad), (pad, pad))
+  return tuple(tuple(int(v) for v in p) for p in pad)
+
+
+def im2col(x: Array, kernel_hw: tuple[int, int], strides: tuple[int, int], padding: Any) -> Array:
+  """NHWC im2col patches [B, Ho, Wo, kh·kw·cin], features in the kernel's (kh, kw, cin) order.
+
+  ``lax.conv_general_dilated_patches`` returns features ordered (cin, kh, kw); they are permuted
+  so that ``im2col(x) @ kernel.reshape(-1, cout)`` equals the convolution.
+  """
+  kh, kw = kernel_hw
+  p = lax.conv_general_dilated_patches(
+    x, (kh, kw), tuple(strides), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+  cin = x.shape[-1]
+  p = p.reshape(*p.shape[:3], cin, kh, kw)
+  return jnp.transpose(p, (0, 1, 2, 4, 5, 3)).reshape(*p.shape[:3], kh * kw * cin)
+
+
 def kernel_matrix(kernel: Array) -> Array:
   """A projected kernel as a matrix [d, out] whose rows live in the layer's input space."""
   if kernel.ndim == 2:
     return kernel
-  return conv_lib._kernel_as_matrix(kernel)
+  return kernel.reshape(-1, kernel.shape[-1])  # [kh, kw, cin, cout] -> [kh·kw·cin, cout]
 
 
 def matrix_kernel(mat: Array, shape: tuple[int, ...]) -> Array:
   """Inverse of :func:`kernel_matrix`."""
   if len(shape) == 2:
     return mat
-  return conv_lib._matrix_as_kernel(mat, shape)
+  return mat.reshape(shape)
 
 
 def input_rows(spec: LayerSpec, inp: Array, mask: Array | None = None) -> Array:
@@ -123,7 +148,7 @@ def input_rows(spec: LayerSpec, inp: Array, mask: Array | None = None) -> Array:
   if spec.kind == "dense":
     rows = inp.reshape(inp.shape[0], -1, inp.shape[-1])
   else:
-    patches = conv_lib._patches(inp, spec.kernel_size, spec.strides, spec.padding)
+    patches = im2col(inp, spec.kernel_size, spec.strides, spec.padding)
     rows = patches.reshape(patches.shape[0], -1, patches.shape[-1])
   if mask is not None:
     rows = rows * mask.astype(rows.dtype)[:, None, None]

@@ -69,6 +69,8 @@ def test_im2col_rows_match_kernel_reshape():
   np.testing.assert_array_equal(
     gpse.matrix_kernel(gpse.kernel_matrix(kernel), kernel.shape), kernel
   )
+  # The ordering is exactly the kernel's own reshape (k·k·C_in) x C_out.
+  np.testing.assert_array_equal(gpse.kernel_matrix(kernel), np.asarray(kernel).reshape(27, 4))
 
 
 def test_find_layers_and_captured_conv_inputs_reproduce_outputs():
