@@ -39,10 +39,14 @@ class StreamingAggregate(NamedTuple):
       all-False mask, so a reduction weighted by ``num_examples`` ignores them.
     finish: ``finish(state, round_data, sums, key) -> (state, metrics)``; must equal
       ``aggregate`` given the sums over all clients.
+    aggregate: the ``aggregate`` function this streaming form equals. A method derived with
+      ``alg._replace(aggregate=...)`` keeps the old ``streaming``; the chunked round refuses it
+      unless ``streaming.aggregate is alg.aggregate``.
   """
 
   reduce: Callable[[PyTree, RoundData, PyTree], PyTree]
   finish: Callable[[PyTree, RoundData, PyTree, Array], tuple[PyTree, dict]]
+  aggregate: AggregateFn | None = None
 
 
 class FederatedAlgorithm(NamedTuple):

@@ -129,10 +129,16 @@ def make_chunked_round(
       "its clients cannot run in chunks; use make_round, or give the method a StreamingAggregate "
       "(possible when its aggregate is a weighted mean over clients)."
     )
+  if algorithm.streaming.aggregate is not algorithm.aggregate:
+    raise ValueError(
+      f"Method {algorithm.name!r} replaced its aggregate but kept the streaming aggregate of the "
+      "method it derives from, so a chunked round would aggregate differently; give it its own "
+      "StreamingAggregate(reduce, finish, aggregate) or use make_round."
+    )
   if client_chunk != "auto":
     _resolve_chunk(client_chunk, 1, None, algorithm)  # Validate early.
   engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
-  reduce, finish = algorithm.streaming
+  reduce, finish = algorithm.streaming.reduce, algorithm.streaming.finish
   resolved: dict[int, int] = {}
 
   def chunk_of(state, rd) -> int:

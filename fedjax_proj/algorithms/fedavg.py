@@ -123,7 +123,9 @@ def fedavg(
     aggregate=aggregate,
     batch_fn=batch_fn,
     global_variables=lambda state: state.variables,
-    streaming=StreamingAggregate(lambda state, rd, outputs: weighted_sums(outputs, rd), finish),
+    streaming=StreamingAggregate(
+      lambda state, rd, outputs: weighted_sums(outputs, rd), finish, aggregate
+    ),
   )
 
 

@@ -115,3 +115,10 @@ def test_bad_input_is_refused(setup):
     make_chunked_round(alg, "vmap_scan", client_chunk=0)
   with pytest.raises(ValueError, match="streaming"):
     make_chunked_round(alg._replace(streaming=None, name="x"), "vmap_scan")
+  # A derived method with its own aggregate (e.g. FedNova) must not inherit FedAvg's streaming.
+  with pytest.raises(ValueError, match="replaced its aggregate"):
+    make_chunked_round(alg._replace(aggregate=lambda *a: None), "vmap_scan")
+  # Methods that only change the client (FedProx) keep a valid streaming aggregate.
+  from fedjax_proj.algorithms.fedprox import fedprox
+
+  make_chunked_round(fedprox(model, helpers.sgd(), helpers.float_batch_fn(), mu=0.1), "vmap_scan")
