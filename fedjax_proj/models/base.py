@@ -59,6 +59,9 @@ def batch_norm(
     momentum: flax convention (weight of the old running value); 0.9 is PyTorch's momentum=0.1.
     epsilon: PyTorch's default 1e-5 (flax's is 1e-6).
 
+  The running variance is updated with the biased batch variance (PyTorch uses the unbiased one;
+  the difference is a factor n/(n-1) on the update).
+
   Returns:
     Normalised x.
   """
@@ -190,14 +193,19 @@ def from_flax(name: str, module: nn.Module, num_classes: int) -> Model:
   Returned functions:
 
   - ``init(key, sample_x) -> variables``: ``{"params": ...}`` plus ``"batch_stats"`` when the
-    module has running statistics.
+    module has running statistics. Called directly it runs as its own jit compiled at XLA
+    optimisation level 0 (fast compile); inside a caller's jit/vmap it traces through, and values
+    can then differ from a direct call in the last float bit.
   - ``apply(variables, x, *, train, rng=None, mask=None, **kwargs) -> ModelOutput``; extra keyword
     arguments (e.g. a multi-head model's ``task``) go to the module. ``train=True``: batch
     statistics over the examples where ``mask`` is true and updated running averages in
     ``state``; dropout needs ``rng`` (a clear ``ValueError`` otherwise). A step whose ``mask`` is
     all false returns the input state unchanged and normalises with the whole (padding) batch so
     nothing becomes NaN. ``train=False``: running averages, no dropout, and ``state`` is the input's
-    non-parameter collections unchanged (``{}`` when there are none).
+    non-parameter collections unchanged (``{}`` when there are none); models that normalise with
+    batch statistics at eval too (``alexnet``'s default) use ``mask`` there as well. Padding
+    values never reach real examples' outputs, but must be finite: an inf or NaN in a padded
+    example can still turn gradients into NaN (0 * inf) through the masked reductions.
 
   Args:
     name: registry name recorded in the Model.

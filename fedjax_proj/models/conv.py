@@ -6,10 +6,11 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
 - ``"xla"``: ``lax.conv_general_dilated`` with autodiff gradients (the default; best on
   accelerators and for a plain loop of jitted steps on CPU).
 - ``"patches_grad"``: the same forward convolution, wrapped in a ``jax.custom_vjp`` whose kernel
-  gradient is one matmul, im2col patches (``lax.conv_general_dilated_patches``) transposed times
-  the output gradient. The input gradient is still the usual transposed convolution.
-- ``"patches"``: the whole convolution as patches @ reshaped kernel; gradients by autodiff. Under
-  ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped
+  gradient is one matmul, im2col patches transposed times the output gradient. The input
+  gradient is still the usual transposed convolution.
+- ``"patches"``: the whole convolution as im2col patches @ reshaped kernel, with no convolution
+  primitive at all (patches are strided slices); gradients by autodiff (matmuls, slices, pads).
+  Under ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped
   convolution. Its cost: the patch matrix is kh·kw times the activation.
 
 Why: on XLA:CPU the kernel-gradient convolution inside a loop body (``lax.scan``) is about 10x
@@ -19,7 +20,7 @@ im2col convolution as a matrix product is the classic formulation of Chellapilla
 "High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
 
 All three implementations agree with ``nn.Conv`` to float32 round-off (forward and gradients);
-``tests/models/test_conv.py`` checks stride 1 and 2 with SAME and VALID padding.
+``tests/models/test_models_conv.py`` checks stride 1 and 2, SAME, VALID and explicit padding.
 """
 
 from __future__ import annotations
@@ -64,36 +65,36 @@ def _xla_conv(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding
 
 
 def _patches(x: jax.Array, kernel_hw: tuple[int, int], strides: tuple[int, int], padding: Padding):
-  """im2col: [B, Ho, Wo, cin·kh·kw], feature order (cin, kh, kw) with cin slowest."""
-  return lax.conv_general_dilated_patches(
-    x,
-    filter_shape=kernel_hw,
-    window_strides=strides,
-    padding=padding,
-    dimension_numbers=_DIMENSION_NUMBERS,
-  )
+  """im2col: [B, Ho, Wo, kh·kw·cin], feature order (kh, kw, cin), i.e. the kernel's own order.
 
-
-def _kernel_as_matrix(kernel: jax.Array) -> jax.Array:
-  """[kh, kw, cin, cout] -> [cin·kh·kw, cout], rows in the patch order (cin, kh, kw)."""
-  kh, kw, cin, cout = kernel.shape
-  return jnp.transpose(kernel, (2, 0, 1, 3)).reshape(cin * kh * kw, cout)
-
-
-def _matrix_as_kernel(mat: jax.Array, kernel_shape: tuple[int, ...]) -> jax.Array:
-  """Inverse of :func:`_kernel_as_matrix`."""
-  kh, kw, cin, cout = kernel_shape
-  return jnp.transpose(mat.reshape(cin, kh, kw, cout), (1, 2, 0, 3))
+  Built from kh·kw strided slices of the padded input rather than with
+  ``lax.conv_general_dilated_patches``: that primitive is itself a convolution (with a one-hot
+  kernel) and so is its transpose (the input gradient); on XLA:CPU it made the "patches" train step
+  6-8x slower in a Python loop and 2-3x slower inside ``lax.scan`` (``benchmarks/conv_impl.py``).
+  Slices transpose to pads, so autodiff's col2im is pads and adds.
+  """
+  (kh, kw), (sh, sw) = kernel_hw, strides
+  if isinstance(padding, str):
+    padding = tuple(lax.padtype_to_pads(x.shape[1:3], kernel_hw, strides, padding))
+  (plo, phi), (qlo, qhi) = padding
+  xp = jnp.pad(x, ((0, 0), (plo, phi), (qlo, qhi), (0, 0)))
+  ho = (xp.shape[1] - kh) // sh + 1
+  wo = (xp.shape[2] - kw) // sw + 1
+  cols = [
+    xp[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw, :]
+    for i in range(kh)
+    for j in range(kw)
+  ]
+  patches = jnp.stack(cols, axis=3)  # [B, Ho, Wo, kh·kw, cin]
+  return patches.reshape(*patches.shape[:3], -1)
 
 
 def conv_patches(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
   """Convolution as one matmul of im2col patches with the reshaped kernel."""
   patches = _patches(x, kernel.shape[:2], strides, padding)
-  return lax.dot_general(
-    patches,
-    _kernel_as_matrix(kernel).astype(patches.dtype),
-    (((patches.ndim - 1,), (0,)), ((), ())),
-  )
+  # [kh, kw, cin, cout] -> [kh·kw·cin, cout] is the patch feature order: a free reshape.
+  wmat = kernel.reshape(-1, kernel.shape[-1]).astype(patches.dtype)
+  return lax.dot_general(patches, wmat, (((3,), (0,)), ((), ())))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -114,7 +115,7 @@ def _conv_patches_grad_bwd(strides, padding, residuals, g):
   patches = _patches(x, kernel.shape[:2], strides, padding)
   # One contraction over batch and output positions replaces the slow kernel-gradient conv.
   dmat = lax.dot_general(patches, g, (((0, 1, 2), (0, 1, 2)), ((), ())))
-  return dx, _matrix_as_kernel(dmat, kernel.shape).astype(kernel.dtype)
+  return dx, dmat.reshape(kernel.shape).astype(kernel.dtype)
 
 
 conv_patches_grad.defvjp(_conv_patches_grad_fwd, _conv_patches_grad_bwd)
