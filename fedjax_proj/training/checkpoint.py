@@ -92,21 +92,36 @@ def _atomic_write(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
-# Typed PRNG keys cannot be serialised; store their raw key data and re-wrap on restore.
+# Typed PRNG keys cannot be serialised: store their raw key data and re-wrap on restore. Orbax
+# refuses zero-size arrays (e.g. FedDF's empty memory buffer): store a one-element placeholder and
+# take the (empty) array from the restore template.
 def _is_key(x) -> bool:
   return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def _is_empty(x) -> bool:
+  return hasattr(x, "size") and not _is_key(x) and x.size == 0
+
+
+def _storable_leaf(x):
+  if _is_key(x):
+    return jax.random.key_data(x)
+  if _is_empty(x):
+    return np.zeros((1,), x.dtype)
+  return x
+
+
 def _to_storable(tree):
-  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+  return jax.tree.map(_storable_leaf, tree)
 
 
 def _from_storable(tree, template):
-  return jax.tree.map(
-    lambda x, t: jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t) else x,
-    tree,
-    template,
-  )
+  def restore_leaf(x, t):
+    if _is_key(t):
+      return jax.random.wrap_key_data(x, impl=jax.random.key_impl(t))
+    return t if _is_empty(t) else x
+
+  return jax.tree.map(restore_leaf, tree, template)
 
 
 class Checkpointer:

@@ -212,3 +212,22 @@ def test_first_signal_sets_a_flag_second_aborts_and_handlers_are_restored():
     with pytest.raises(KeyboardInterrupt, match="aborting without saving"):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_zero_size_leaves_round_trip(tmp_path):
+  """FedDF/FedET carry an empty memory buffer; orbax cannot store zero-size arrays directly."""
+  import jax.numpy as jnp
+
+  from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
+
+  state = {
+    "w": jnp.arange(3.0),
+    "memory_idx": jnp.zeros((0,), jnp.int32),
+    "memory_logits": jnp.zeros((0, 10), jnp.float32),
+  }
+  ck = Checkpointer(tmp_path / "ck", config_fingerprint({"a": 1}))
+  ck.save(1, state, {})
+  restored, _ = ck.restore_latest(state)
+  assert restored["memory_idx"].shape == (0,) and restored["memory_logits"].shape == (0, 10)
+  assert restored["w"].tolist() == [0.0, 1.0, 2.0]
+  ck.close()

@@ -73,3 +73,25 @@ def test_missing_data_names_offline_alternatives(tmp_path):
   proc = _run("--preset=smoke", f"--data_dir={empty}", "--dataset=cifar10", timeout=120)
   assert proc.returncode != 0
   assert "--data_dir" in proc.stderr and "FEDJAX_PROJ_DATA_DIR" in proc.stderr
+
+
+@pytest.mark.parametrize("method", ["feddf", "fedproj"])
+def test_public_data_methods_run_and_checkpoint(tmp_path, method):
+  """The distillation family end to end through the runner, checkpoints included."""
+  out = tmp_path / method
+  proc = _run(
+    "--preset=smoke",
+    "--dataset=digits",
+    "--model=mlp",
+    "--rounds=2",
+    "--progress=false",
+    f"--method={method}",
+    "--public_data=digits",
+    "--memory_size=200",
+    "--checkpoint_every=1",
+    f"--output_dir={out}",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["final_test_accuracy"] is not None
+  assert any((out / "checkpoints").iterdir())
