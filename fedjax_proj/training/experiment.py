@@ -23,6 +23,7 @@ import optax
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.chunked import auto_client_chunk, make_chunked_round, tree_bytes
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.core import sharding
 from fedjax_proj.data import pipeline
@@ -70,6 +71,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True
   # Split each round's clients over all local devices (vmap_scan only; a no-op on one device).
   c.shard_clients = True
+  # Clients per chunk for large cohorts (streaming aggregation, peak memory bounded by the chunk):
+  # "auto" chunks methods that support it when the cohort would not fit (algorithms/chunked.py),
+  # "none" disables chunking, an integer forces that chunk size.
+  c.client_chunk = "auto"
   c.public_data = ""  # name (e.g. cifar100) or path (npz / image folder); "" = none
   c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
@@ -104,6 +109,9 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"Unknown --server_optimizer {c.server_optimizer!r}; choose one of {SERVER_OPTIMIZERS}."
     )
+  chunk = str(c.get("client_chunk", "auto")).lower()
+  if chunk not in ("auto", "none") and not (chunk.isdigit() and int(chunk) >= 1):
+    raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
   if c.eval_every < 1:
     raise ValueError("--eval_every must be >= 1.")
   if c.get("checkpoint_every", 0) < 0:
@@ -185,6 +193,26 @@ def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]
   return inputs, len(labels)
 
 
+def _build_round(algorithm, strategy: str, c, variables, log):
+  """The round function: chunked (streaming aggregation) when asked for and possible."""
+  chunk = str(c.get("client_chunk", "auto")).lower()
+  if chunk == "none":
+    return make_round(algorithm, strategy)
+  sharded = c.get("shard_clients", True) and jax.local_device_count() > 1
+  if chunk == "auto":
+    if algorithm.streaming is None or sharded:
+      return make_round(algorithm, strategy)
+    size = auto_client_chunk(c.clients_per_round, tree_bytes(variables))
+    if size >= c.clients_per_round:  # the whole cohort fits: the ordinary round
+      return make_round(algorithm, strategy)
+    log(f"clients run in chunks of {size} with streaming aggregation (client_chunk=auto)")
+    return make_chunked_round(algorithm, strategy, size)
+  if sharded:
+    raise ValueError("--client_chunk and --shard_clients cannot be combined yet; pick one.")
+  log(f"clients run in chunks of {int(chunk)} with streaming aggregation")
+  return make_chunked_round(algorithm, strategy, int(chunk))
+
+
 def _maybe_sharded(round_fn, strategy: str, c, log):
   """Wraps ``round_fn`` to shard the client axis over local devices when that applies."""
   devices = jax.local_device_count()
@@ -253,7 +281,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
     f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
   )
-  round_fn = _maybe_sharded(make_round(algorithm, strategy), strategy, c, log)
+  round_fn = _maybe_sharded(_build_round(algorithm, strategy, c, variables, log), strategy, c, log)
   sys.stdout.flush()
   checkpointer = Checkpointer(
     Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)

@@ -95,3 +95,25 @@ def test_public_data_methods_run_and_checkpoint(tmp_path, method):
   summary = json.loads((out / "summary.json").read_text())
   assert summary["final_test_accuracy"] is not None
   assert any((out / "checkpoints").iterdir())
+
+
+def test_client_chunk_flag_matches_unchunked_run(tmp_path):
+  runs = {}
+  for chunk in ("none", "2"):
+    out = tmp_path / chunk
+    proc = _run(
+      "--preset=smoke",
+      "--dataset=digits",
+      "--model=mlp",
+      "--rounds=2",
+      "--progress=false",
+      "--clients_per_round=4",
+      f"--client_chunk={chunk}",
+      f"--output_dir={out}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("chunks of 2" in proc.stdout) == (chunk == "2")
+    runs[chunk] = json.loads((out / "summary.json").read_text())["final_test_accuracy"]
+  assert abs(runs["none"] - runs["2"]) < 1e-6
+  bad = _run("--preset=smoke", "--dataset=digits", "--client_chunk=-3", timeout=120)
+  assert bad.returncode != 0 and "client_chunk" in bad.stderr
