@@ -200,7 +200,7 @@ def _build_round(algorithm, strategy: str, c, variables, log):
     return make_round(algorithm, strategy)
   sharded = c.get("shard_clients", True) and jax.local_device_count() > 1
   if chunk == "auto":
-    if algorithm.streaming is None or sharded:
+    if getattr(algorithm, "streaming", None) is None or sharded:
       return make_round(algorithm, strategy)
     size = auto_client_chunk(c.clients_per_round, tree_bytes(variables))
     if size >= c.clients_per_round:  # the whole cohort fits: the ordinary round
