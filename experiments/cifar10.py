@@ -34,15 +34,8 @@ def get_config(preset: str = "paper"):
     c.eval_every = 5
     return c
   if preset == "smoke":
-    c.num_clients = 10
-    c.clients_per_round = 2
-    c.rounds = 2
-    c.local_epochs = 1
-    c.train_subset = 2000
-    c.test_subset = 500
-    c.eval_every = 1
     c.partition = "dirichlet:0.5"
-    return c
+    return common.apply_smoke(c)
   raise ValueError(f"Unknown preset {preset!r}; choose one of {common.PRESETS}.")
 
 

@@ -24,6 +24,19 @@ import ml_collections
 PRESETS = ("paper", "cpu", "smoke")
 
 
+def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The ``smoke`` budget shared by the image experiments: under a minute on 2 CPU cores."""
+  c.num_clients = 10
+  c.clients_per_round = 2
+  c.rounds = 2
+  c.local_epochs = 1
+  c.train_subset = 2000
+  c.test_subset = 500
+  c.eval_every = 1
+  c.memory_size = 500
+  return c
+
+
 def _bool(text: str) -> bool:
   low = text.lower()
   if low in ("1", "true", "yes", "on"):
