@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedjax_proj.core.sharding import CLIENT_AXIS
+from fedjax_proj.core.sharding import CLIENT_AXIS, place_round_data
 from fedjax_proj.core.types import RoundData
 
 _AUTO = "auto"
@@ -128,24 +128,7 @@ def shard_round_data(rd: RoundData, mesh: Mesh) -> RoundData:
   Raises:
     ValueError: the clients per round are not a multiple of the mesh size.
   """
-  num_devices = mesh.devices.size
-  num_clients = int(rd.idx.shape[0])
-  if num_clients % num_devices:
-    raise ValueError(
-      f"{num_clients} clients per round cannot be split evenly over {num_devices} devices "
-      f"({jax.process_count()} processes); use a multiple of {num_devices} clients per round."
-    )
-  split = NamedSharding(mesh, P(CLIENT_AXIS))
-  rep = NamedSharding(mesh, P())
-  return RoundData(
-    images=_global_array(rd.images, rep),
-    labels=_global_array(rd.labels, rep),
-    client_ids=_global_array(rd.client_ids, split),
-    idx=_global_array(rd.idx, split),
-    mask=_global_array(rd.mask, split),
-    num_examples=_global_array(rd.num_examples, split),
-    extra=jax.tree.map(lambda x: _global_array(x, rep), rd.extra),
-  )
+  return place_round_data(rd, mesh, _global_array)
 
 
 def replicate(tree, mesh: Mesh):

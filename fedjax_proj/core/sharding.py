@@ -9,6 +9,8 @@ On CPU, test with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
@@ -25,8 +27,11 @@ def client_mesh(devices=None) -> Mesh:
   return Mesh(np.asarray(devices), (CLIENT_AXIS,))
 
 
-def shard_round_data(rd: RoundData, mesh: Mesh) -> RoundData:
-  """Places the client-axis fields of ``rd`` split over the mesh; the rest replicated.
+def place_round_data(rd: RoundData, mesh: Mesh, put: Callable) -> RoundData:
+  """Places ``rd`` with ``put(array, sharding)``: client-axis fields split, the rest replicated.
+
+  Shared by the single-process (:func:`shard_round_data`, ``jax.device_put``) and multi-process
+  (:func:`fedjax_proj.core.distributed.shard_round_data`, global arrays) placements.
 
   Raises:
     ValueError: the number of sampled clients is not a multiple of the number of devices.
@@ -34,13 +39,13 @@ def shard_round_data(rd: RoundData, mesh: Mesh) -> RoundData:
   num_devices = mesh.devices.size
   num_clients = int(rd.idx.shape[0])
   if num_clients % num_devices:
+    processes = f" ({jax.process_count()} processes)" if jax.process_count() > 1 else ""
     raise ValueError(
-      f"{num_clients} clients per round cannot be split evenly over {num_devices} devices; "
-      f"use a multiple of {num_devices} clients per round (or fewer devices)."
+      f"{num_clients} clients per round cannot be split evenly over {num_devices} devices"
+      f"{processes}; use a multiple of {num_devices} clients per round (or fewer devices)."
     )
   split = NamedSharding(mesh, P(CLIENT_AXIS))
   replicated = NamedSharding(mesh, P())
-  put = lambda x, s: jax.device_put(x, s)
   return RoundData(
     images=put(rd.images, replicated),
     labels=put(rd.labels, replicated),
@@ -50,6 +55,11 @@ def shard_round_data(rd: RoundData, mesh: Mesh) -> RoundData:
     num_examples=put(rd.num_examples, split),
     extra=jax.tree.map(lambda x: put(x, replicated), rd.extra),
   )
+
+
+def shard_round_data(rd: RoundData, mesh: Mesh) -> RoundData:
+  """Places the client-axis fields of ``rd`` split over the (local) mesh; the rest replicated."""
+  return place_round_data(rd, mesh, jax.device_put)
 
 
 def replicate(tree, mesh: Mesh):
