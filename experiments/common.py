@@ -9,6 +9,11 @@ continues D's newest valid checkpoint bit-exactly, ``--checkpoint_every=k`` (0: 
 ``--keep_checkpoints=n``, ``--tensorboard``. SIGINT/SIGTERM finish the running round, save and exit
 with 128 + the signal number and a message naming the resume command; a non-finite loss or
 parameters exit 1 keeping the last good checkpoint.
+
+Several processes / hosts: run the same command on every process with ``--num_processes=N
+--process_id=<rank> --coordinator_address=<process 0's host:port> --output_dir=<shared dir>``
+(``--cpu_collectives=gloo`` for CPU-only jobs; ``--num_processes=0`` auto-detects Cloud TPU, Slurm
+and Open MPI jobs). Only process 0 prints and writes outputs. See docs/performance.md.
 """
 
 from __future__ import annotations

@@ -16,6 +16,14 @@ key it has in the ordinary round.
 * ``vmap_stepwise`` / ``sequential``: a host loop over chunks around the engine, the reduction and
   accumulation jitted (the last chunk may be smaller).
 
+Sharded client axis (``mesh``, ``vmap_scan`` only): each chunk is spread over all devices of the
+mesh. Device ``d`` holds the contiguous block of clients ``[d*L, (d+1)*L)`` (``L = C / D``, the
+layout of :func:`fedjax_proj.core.sharding.shard_round_data`); chunk ``j`` takes the ``j``-th
+``ceil(client_chunk / D)`` clients of every device's block, so cutting the cohort into chunks moves
+no client between devices, and the per-chunk sums become one cross-device reduction each. Padding
+is added per device block. The client order inside a chunk differs from the unsharded chunking,
+which again changes results only by float summation order.
+
 ``client_chunk="auto"`` (default; :func:`auto_client_chunk`): all clients in one chunk when
 ``C * per_client_bytes`` fits the budget, else the fewest equal chunks that fit, where
 ``per_client_bytes = 8 * param_bytes`` (local params, gradients, optimiser state, the output copy
@@ -31,11 +39,14 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm, _round_keys
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientEngine, run_vmap_scan
+from fedjax_proj.core.sharding import CLIENT_AXIS
 from fedjax_proj.core.types import PyTree, RoundData
 
 DEFAULT_BUDGET_BYTES = 1 << 30
@@ -77,12 +88,16 @@ def tree_bytes(tree: PyTree) -> int:
   return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _resolve_chunk(client_chunk: int | str, num_clients: int, state: PyTree, alg) -> int:
+def _resolve_chunk(
+  client_chunk: int | str, num_clients: int, state: PyTree, alg, shards: int = 1
+) -> int:
+  """Clients per chunk on each of ``shards`` devices (the whole chunk when ``shards=1``)."""
+  local = max(1, num_clients // shards)
   if client_chunk == "auto":
-    return auto_client_chunk(num_clients, tree_bytes(alg.global_variables(state)))
+    return auto_client_chunk(local, tree_bytes(alg.global_variables(state)))
   if not isinstance(client_chunk, int) or client_chunk < 1:
     raise ValueError(f"client_chunk={client_chunk!r} must be a positive int or 'auto'.")
-  return min(client_chunk, num_clients)
+  return min(math.ceil(client_chunk / shards), local)
 
 
 def _client_fields(rd: RoundData) -> dict:
@@ -94,12 +109,28 @@ def _client_fields(rd: RoundData) -> dict:
   }
 
 
-def _pad_clients(tree: PyTree, pad: int, zero: bool) -> PyTree:
-  """Appends ``pad`` rows along the client axis: copies of the first rows, or zeros."""
-  if pad == 0:
-    return tree
-  fill = (lambda x: jnp.zeros_like(x[:pad])) if zero else (lambda x: x[:pad])
-  return jax.tree.map(lambda x: jnp.concatenate([x, fill(x)]), tree)
+def _chunk_layout(tree: PyTree, shards: int, per_device: int, zero: bool, constrain) -> PyTree:
+  """``[C, ...] -> [num_chunks, shards * per_device, ...]`` without moving a client between shards.
+
+  Each shard's block ``[C / shards, ...]`` is padded to a multiple of ``per_device`` (with copies of
+  its first clients, or zeros) and cut into ``num_chunks`` pieces; chunk ``j`` is the ``j``-th piece
+  of every block, shard-major. With ``shards=1`` this is the plain contiguous chunking.
+  """
+
+  def layout(x):
+    rest = x.shape[1:]
+    local = x.shape[0] // shards
+    num_chunks = math.ceil(local / per_device)
+    pad = num_chunks * per_device - local
+    x = x.reshape(shards, local, *rest)
+    if pad:  # pad < per_device <= local, so the first ``pad`` clients exist
+      fill = jnp.zeros_like(x[:, :pad]) if zero else x[:, :pad]
+      x = jnp.concatenate([x, fill], axis=1)
+    x = x.reshape(shards, num_chunks, per_device, *rest)
+    x = jnp.swapaxes(x, 0, 1).reshape(num_chunks, shards * per_device, *rest)
+    return constrain(x, 1)
+
+  return jax.tree.map(layout, tree)
 
 
 def make_chunked_round(
@@ -107,6 +138,7 @@ def make_chunked_round(
   strategy: str,
   client_chunk: int | str = "auto",
   unroll: int = 1,
+  mesh: Mesh | None = None,
 ) -> Callable[[PyTree, RoundData, jax.Array], tuple[PyTree, dict]]:
   """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` processing clients in chunks.
 
@@ -117,11 +149,19 @@ def make_chunked_round(
     algorithm: a method with ``streaming`` set (e.g. FedAvg).
     strategy: ``vmap_scan``, ``vmap_stepwise`` or ``sequential`` (resolve ``auto`` first).
     client_chunk: clients per chunk, or ``"auto"`` (:func:`auto_client_chunk`, resolved from the
-      first round's state and cohort; fixed afterwards, so later rounds do not recompile).
+      first round's state and cohort; fixed afterwards, so later rounds do not recompile). With a
+      ``mesh`` of D devices each chunk holds ``ceil(client_chunk / D)`` clients per device, and
+      ``"auto"`` budgets each device's share.
     unroll: ``lax.scan`` unroll factor over local steps (``vmap_scan``).
+    mesh: a ``"clients"`` mesh (:func:`fedjax_proj.core.sharding.client_mesh` or
+      :func:`fedjax_proj.core.distributed.global_client_mesh`) over which every chunk's client axis
+      is sharded (``vmap_scan`` only). Place the round data on it
+      (``shard_round_data``) so no client moves between devices.
 
   Raises:
-    ValueError: the method has no streaming aggregate, or ``client_chunk`` is invalid.
+    ValueError: the method has no streaming aggregate, ``client_chunk`` is invalid, or a mesh
+      was given for a host-looped strategy. At call time: the cohort is not a multiple of the
+      mesh size.
   """
   if algorithm.streaming is None:
     raise ValueError(
@@ -138,36 +178,48 @@ def make_chunked_round(
   if client_chunk != "auto":
     _resolve_chunk(client_chunk, 1, None, algorithm)  # Validate early.
   engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
+  if mesh is not None and not engine.traceable:
+    raise ValueError(
+      f"A sharded (mesh) chunked round needs strategy='vmap_scan', got {strategy!r}; drop the "
+      "mesh or use vmap_scan."
+    )
+  shards = 1 if mesh is None else int(mesh.devices.size)
   reduce, finish = algorithm.streaming.reduce, algorithm.streaming.finish
   resolved: dict[int, int] = {}
 
   def chunk_of(state, rd) -> int:
     c = int(rd.idx.shape[0])
+    if c % shards:
+      raise ValueError(
+        f"{c} clients per round cannot be split evenly over {shards} devices; use a multiple of "
+        f"{shards} clients per round."
+      )
     if c not in resolved:
-      resolved[c] = _resolve_chunk(client_chunk, c, state, algorithm)
+      resolved[c] = _resolve_chunk(client_chunk, c, state, algorithm, shards)
     return resolved[c]
+
+  def constrain(x, axis: int):
+    """Pins the client axis of ``x`` to the mesh, so XLA keeps every client on its device."""
+    if mesh is None:
+      return x
+    spec = P(*([None] * axis), CLIENT_AXIS)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
   if engine.traceable:
 
-    def traced(state, rd: RoundData, key, chunk: int):
+    def traced(state, rd: RoundData, key, per_device: int):
       b_key, c_key, a_key = _round_keys(key)
       shared, client_inputs = algorithm.broadcast(state, rd, b_key)
-      c = rd.idx.shape[0]
-      keys = random_lib.client_keys(c_key, c)
-      num_chunks = math.ceil(c / chunk)
-      pad = num_chunks * chunk - c
-      fields = _pad_clients(_client_fields(rd), pad, zero=False)
+      keys = random_lib.client_keys(c_key, rd.idx.shape[0])
+      lay = lambda tree, zero=False: _chunk_layout(tree, shards, per_device, zero, constrain)
+      fields = lay(_client_fields(rd))
       # Padding clients: all-False mask (every step a no-op) and zero weight.
-      fields["mask"] = _pad_clients(rd.mask, pad, zero=True)
-      fields["num_examples"] = _pad_clients(rd.num_examples, pad, zero=True)
-      per_chunk = lambda x: x.reshape(num_chunks, chunk, *x.shape[1:])
-      xs = jax.tree.map(
-        per_chunk,
-        (fields, _pad_clients(client_inputs, pad, zero=False), _pad_clients(keys, pad, False)),
-      )
+      fields["mask"] = lay(rd.mask, zero=True)
+      fields["num_examples"] = lay(rd.num_examples, zero=True)
+      xs = (fields, lay(client_inputs), lay(keys))
 
       def run_chunk(xs_chunk):
-        f, inputs, k = xs_chunk
+        f, inputs, k = jax.tree.map(lambda x: constrain(x, 0), xs_chunk)
         outputs = run_vmap_scan(
           algorithm.client,
           algorithm.batch_fn,
@@ -194,6 +246,8 @@ def make_chunked_round(
       return jitted(state, rd, key, chunk_of(state, rd))
 
     round_fn._cache_size = jitted._cache_size  # For no-recompilation checks.
+    # For inspecting the compiled program (e.g. which collectives a sharded round uses).
+    round_fn.lower = lambda state, rd, key: jitted.lower(state, rd, key, chunk_of(state, rd))
     return round_fn
 
   broadcast = jax.jit(algorithm.broadcast)

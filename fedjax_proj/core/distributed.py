@@ -11,7 +11,13 @@ RPC layer of our own. What this module adds on top of :mod:`fedjax_proj.core.sha
 * :func:`shard_round_data` / :func:`replicate`: build *global* arrays from host data that every
   process holds identically (the round layout is a pure function of (seed, round), so each process
   computes the same indices), each process materialising only its own devices' slices.
-* :func:`fetch`: a replicated global array's value on this process (e.g. for evaluation/logging).
+* :func:`fetch`: a replicated global array's value on this process (e.g. for evaluation/logging);
+  :func:`to_host` for any tree (local, replicated or sharded arrays).
+* :func:`max_over_processes` and :func:`barrier`: the few points where processes must agree
+  (e.g. stopping on a signal that reached only some of them).
+
+The experiment runner wires all of this behind ``--num_processes`` / ``--coordinator_address`` /
+``--process_id`` (docs/performance.md, "Several hosts").
 
 Launching (every process runs the same command with its own ``process_id``)::
 
@@ -115,6 +121,10 @@ def global_client_mesh() -> Mesh:
 
 
 def _global_array(x, sharding: NamedSharding) -> jax.Array:
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    # Already a global array (e.g. the state a sharded round returned); np.asarray cannot read it
+    # and jit accepts it as it is.
+    return x
   host = np.asarray(x)
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
@@ -150,3 +160,39 @@ def replicate(tree, mesh: Mesh):
 def fetch(tree):
   """Host (numpy) copies of a tree of replicated global arrays, readable on every process."""
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
+def to_host(tree):
+  """Host (numpy) copies of any tree: local, replicated global or sharded global arrays.
+
+  Sharded global leaves are gathered from all processes (a collective: every process must call
+  this with the same tree); everything else is copied without communication.
+  """
+
+  def get(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return np.asarray(x)
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+  return jax.tree.map(get, tree)
+
+
+def max_over_processes(value: int) -> int:
+  """The maximum of an integer over all processes (every process must call it; 1 process: as is)."""
+  if jax.process_count() == 1:
+    return int(value)
+  from jax.experimental import multihost_utils
+
+  return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int32))))
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches ``barrier(name)`` (no-op for one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)

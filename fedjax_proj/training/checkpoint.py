@@ -14,6 +14,11 @@ file of the step, written (atomically) after orbax commits. A step without a man
 do not match it is treated as corrupt: it is moved aside to ``corrupt-<round>`` with a warning and
 the previous checkpoint is used.
 
+Several processes (``jax.distributed``; :mod:`fedjax_proj.core.distributed`): every process calls
+the same methods in the same order with the same (global) state and the same directory, which must
+be on a filesystem all of them see (NFS, GCS, or one machine's disk). Orbax coordinates the array
+writes; the manifest and any deletion or quarantine are done by process 0 between barriers.
+
 Wall-clock fields (:data:`WALL_CLOCK_FIELDS`) are the only part of ``metrics.jsonl`` that differs
 between an uninterrupted and a resumed (or repeated) run; :func:`comparable_metrics` drops them.
 """
@@ -33,11 +38,15 @@ import jax
 import numpy as np
 
 import fedjax_proj
+from fedjax_proj.core import distributed
 from fedjax_proj.training.metrics import to_python
 
 MANIFEST = "fedjax_manifest.json"
 # Config fields that do not change what is computed: excluded from the fingerprint, so e.g. a run
-# can be resumed with another progress setting or checkpoint interval.
+# can be resumed with another progress setting or checkpoint interval. The process layout is among
+# them: process_id differs between the processes of one job (which must agree on the fingerprint),
+# a relaunched job may get another coordinator, and the number of processes changes results only by
+# float summation order.
 NON_SEMANTIC_FIELDS = (
   "output_dir",
   "progress",
@@ -45,6 +54,10 @@ NON_SEMANTIC_FIELDS = (
   "checkpoint_every",
   "keep_checkpoints",
   "tensorboard",
+  "coordinator_address",
+  "num_processes",
+  "process_id",
+  "cpu_collectives",
 )
 # metrics.jsonl fields that measure time and so differ between otherwise identical runs.
 WALL_CLOCK_FIELDS = ("round_seconds",)
@@ -175,7 +188,10 @@ class Checkpointer:
   def clear(self) -> None:
     """Deletes every checkpoint (a new run replaces a finished one in the same directory)."""
     self._reopen()
-    shutil.rmtree(self.directory, ignore_errors=True)
+    distributed.barrier("fedjax_checkpoint_clear_start")  # every process has read the directory
+    if jax.process_index() == 0:
+      shutil.rmtree(self.directory, ignore_errors=True)
+    distributed.barrier("fedjax_checkpoint_clear_done")
 
   def save(self, round_idx: int, state, meta: dict | None = None) -> Path:
     """Saves ``state`` as the checkpoint after ``round_idx`` completed rounds, with its manifest."""
@@ -198,8 +214,9 @@ class Checkpointer:
     )
     manager.wait_until_finished()
     step_dir = self.directory / str(round_idx)
-    manifest = {"round": int(round_idx), "meta": record, "files": _file_digests(step_dir)}
-    _atomic_write(step_dir / MANIFEST, json.dumps(manifest, sort_keys=True, indent=1))
+    if jax.process_index() == 0:  # orbax has committed every process's files by now
+      manifest = {"round": int(round_idx), "meta": record, "files": _file_digests(step_dir)}
+      _atomic_write(step_dir / MANIFEST, json.dumps(manifest, sort_keys=True, indent=1))
     return step_dir
 
   def _verify(self, step: int) -> dict | None:
@@ -223,14 +240,18 @@ class Checkpointer:
   def _quarantine(self, step: int, reason: str) -> None:
     src = self.directory / str(step)
     dst = self.directory / f"corrupt-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-    warnings.warn(
-      f"Checkpoint of round {step} in {self.directory} is corrupt or incomplete ({reason}); "
-      f"moved it to {dst.name} and falling back to the previous checkpoint.",
-      RuntimeWarning,
-      stacklevel=3,
-    )
     self._reopen()
-    shutil.move(str(src), str(dst))
+    # Every process judged the same files; process 0 moves them once all have looked.
+    distributed.barrier(f"fedjax_checkpoint_quarantine_{step}_start")
+    if jax.process_index() == 0:
+      warnings.warn(
+        f"Checkpoint of round {step} in {self.directory} is corrupt or incomplete ({reason}); "
+        f"moved it to {dst.name} and falling back to the previous checkpoint.",
+        RuntimeWarning,
+        stacklevel=3,
+      )
+      shutil.move(str(src), str(dst))
+    distributed.barrier(f"fedjax_checkpoint_quarantine_{step}_done")
 
   def _check_compatible(self, meta: dict) -> None:
     if meta.get("package_version") != fedjax_proj.__version__:

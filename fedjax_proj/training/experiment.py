@@ -8,6 +8,11 @@ settings before any data is loaded; data-dependent checks (the partition, the pu
 Each run's ``output_dir`` holds ``metrics.jsonl``, ``summary.json``, ``final_variables.npz``,
 ``checkpoints/`` (see :mod:`fedjax_proj.training.checkpoint`; ``resume=True`` continues from the
 newest valid one) and, with ``tensorboard=True``, ``tensorboard/`` event files.
+
+Several processes (hosts, or CPU processes on one machine): every process runs the same command
+with its own ``process_id`` and the same ``coordinator_address``, ``num_processes`` and
+``output_dir``; the round's client axis is sharded over the devices of all processes and only
+process 0 writes outputs (docs/performance.md, "Several hosts").
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ import optax
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.chunked import auto_client_chunk, make_chunked_round, tree_bytes
+from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core import engine as engine_lib
-from fedjax_proj.core import sharding
 from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import parse_partition, partition
@@ -37,6 +42,7 @@ from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import train
 
 OPTIMIZERS = ("sgd", "adam")
+CPU_COLLECTIVES = ("", "gloo", "mpi")
 SERVER_OPTIMIZERS = ("none", "sgd", "adam")
 
 
@@ -75,6 +81,13 @@ def base_config() -> ml_collections.ConfigDict:
   # "auto" chunks methods that support it when the cohort would not fit (algorithms/chunked.py),
   # "none" disables chunking, an integer forces that chunk size.
   c.client_chunk = "auto"
+  # Several processes (jax.distributed): every process passes the same coordinator "host:port"
+  # (process 0's) and num_processes, and its own process_id. num_processes=0 lets JAX detect a
+  # Cloud TPU / Slurm / Open MPI job. cpu_collectives="gloo" for CPU-only jobs ("" = JAX default).
+  c.coordinator_address = ""
+  c.num_processes = 1
+  c.process_id = 0
+  c.cpu_collectives = ""
   c.public_data = ""  # name (e.g. cifar100) or path (npz / image folder); "" = none
   c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
@@ -131,6 +144,7 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       f"--memory_size={memory_size} exceeds --public_size={c.public_size}; lower --memory_size "
       "or raise --public_size (0 uses the whole public set)."
     )
+  _validate_processes(c)
   if c.get("tensorboard", False):
     from fedjax_proj.training.tensorboard import require_tensorboardx
 
@@ -138,6 +152,71 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       require_tensorboardx()
     except ImportError as e:
       raise ValueError(str(e)) from e
+
+
+def _validate_processes(c: ml_collections.ConfigDict) -> None:
+  """The process-layout flags (device-count checks run after jax.distributed is initialised)."""
+  n = int(c.get("num_processes", 1))
+  pid = int(c.get("process_id", 0))
+  address = c.get("coordinator_address", "")
+  if c.get("cpu_collectives", "") not in CPU_COLLECTIVES:
+    raise ValueError(
+      f"--cpu_collectives must be one of {CPU_COLLECTIVES} ('' = JAX's default), got "
+      f"{c.cpu_collectives!r}."
+    )
+  if n < 0:
+    raise ValueError(f"--num_processes must be >= 1 (or 0 to auto-detect a cluster), got {n}.")
+  if n == 1:
+    if pid != 0:
+      raise ValueError(f"--process_id={pid} needs --num_processes > {pid}; a single process is 0.")
+    return
+  if n == 0 and (address or pid):
+    raise ValueError(
+      "--num_processes=0 lets JAX detect the cluster (Cloud TPU, Slurm, Open MPI): leave "
+      "--coordinator_address and --process_id unset, or pass all three explicitly."
+    )
+  if n > 1:
+    if not 0 <= pid < n:
+      raise ValueError(
+        f"--process_id={pid} is out of range for --num_processes={n}; give each process a "
+        f"distinct id in 0..{n - 1}."
+      )
+    if ":" not in address:
+      raise ValueError(
+        f"--num_processes={n} needs --coordinator_address=<host:port> of process 0 (the same on "
+        f"every process), e.g. 10.0.0.1:1234; got {address!r}."
+      )
+  if not c.output_dir:
+    raise ValueError(
+      "A multi-process run needs an explicit --output_dir on a filesystem every process sees "
+      "(the default name is timestamped per process)."
+    )
+  if not c.get("shard_clients", True):
+    raise ValueError(
+      "--num_processes > 1 shards the clients over all processes' devices; drop "
+      "--shard_clients=false."
+    )
+  if c.strategy not in ("auto", "vmap_scan"):
+    raise ValueError(
+      f"A multi-process run needs --strategy=vmap_scan (the sharded round), got {c.strategy!r}."
+    )
+
+
+def init_processes(c: ml_collections.ConfigDict) -> bool:
+  """Joins the multi-process job the config describes (no-op for one process).
+
+  Must run before any JAX computation. Returns True when several processes run.
+  """
+  n = int(c.get("num_processes", 1))
+  if n == 1:
+    return False
+  distributed.initialize(
+    c.coordinator_address or None,
+    n or None,
+    int(c.process_id) if n else None,
+    cpu_collectives=c.get("cpu_collectives", "") or None,
+  )
+  return jax.process_count() > 1
 
 
 def make_optimizer(name: str, lr: float, momentum: float, weight_decay: float):
@@ -193,42 +272,91 @@ def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]
   return inputs, len(labels)
 
 
-def _build_round(algorithm, strategy: str, c, variables, log):
-  """The round function: chunked (streaming aggregation) when asked for and possible."""
-  chunk = str(c.get("client_chunk", "auto")).lower()
-  if chunk == "none":
-    return make_round(algorithm, strategy)
-  sharded = c.get("shard_clients", True) and jax.local_device_count() > 1
-  if chunk == "auto":
-    if getattr(algorithm, "streaming", None) is None or sharded:
-      return make_round(algorithm, strategy)
-    size = auto_client_chunk(c.clients_per_round, tree_bytes(variables))
-    if size >= c.clients_per_round:  # the whole cohort fits: the ordinary round
-      return make_round(algorithm, strategy)
-    log(f"clients run in chunks of {size} with streaming aggregation (client_chunk=auto)")
-    return make_chunked_round(algorithm, strategy, size)
-  if sharded:
-    raise ValueError("--client_chunk and --shard_clients cannot be combined yet; pick one.")
-  log(f"clients run in chunks of {int(chunk)} with streaming aggregation")
-  return make_chunked_round(algorithm, strategy, int(chunk))
-
-
-def _maybe_sharded(round_fn, strategy: str, c, log):
-  """Wraps ``round_fn`` to shard the client axis over local devices when that applies."""
+def _client_mesh(c, strategy: str, log):
+  """The mesh the client axis is sharded over, or None for the plain single-device round."""
+  if jax.process_count() > 1:
+    devices = jax.device_count()
+    if strategy != "vmap_scan":
+      raise ValueError(
+        f"A multi-process run needs --strategy=vmap_scan (the sharded round); auto chose "
+        f"{strategy!r} for this model and backend."
+      )
+    if c.clients_per_round % devices:
+      raise ValueError(
+        f"--clients_per_round={c.clients_per_round} is not a multiple of the {devices} devices of "
+        f"the {jax.process_count()} processes; use a multiple of {devices} clients per round."
+      )
+    log(
+      f"sharding the client axis over {devices} devices of {jax.process_count()} processes "
+      f"(process {jax.process_index()} holds {jax.local_device_count()})"
+    )
+    return distributed.global_client_mesh()
   devices = jax.local_device_count()
   if not c.get("shard_clients", True) or devices == 1 or strategy != "vmap_scan":
-    return round_fn
+    return None
   if c.clients_per_round % devices:
     log(
       f"note: not sharding clients: clients_per_round={c.clients_per_round} is not a multiple "
       f"of the {devices} local devices"
     )
-    return round_fn
-  mesh = sharding.client_mesh()
+    return None
   log(f"sharding the client axis over {devices} devices")
+  return sharding.client_mesh()
+
+
+def _build_round(algorithm, strategy: str, c, variables, log, mesh=None):
+  """The round function: chunked (streaming aggregation) when asked for and possible.
+
+  With a ``mesh`` each chunk's clients are sharded over its devices, so ``auto`` budgets one
+  device's share of the cohort.
+  """
+  chunk = str(c.get("client_chunk", "auto")).lower()
+  if chunk == "none":
+    return make_round(algorithm, strategy)
+  shards = 1 if mesh is None else int(mesh.devices.size)
+  per_device = f" ({-(-int(chunk) // shards)} per device)" if shards > 1 and chunk.isdigit() else ""
+  if chunk == "auto":
+    if getattr(algorithm, "streaming", None) is None:
+      return make_round(algorithm, strategy)
+    local = c.clients_per_round // shards
+    size = auto_client_chunk(local, tree_bytes(variables))
+    if size >= local:  # the whole cohort fits: the ordinary round
+      return make_round(algorithm, strategy)
+    per_device = f" ({size} per device)" if shards > 1 else ""
+    log(
+      f"clients run in chunks of {size * shards}{per_device} with streaming aggregation "
+      "(client_chunk=auto)"
+    )
+    return make_chunked_round(algorithm, strategy, size * shards, mesh=mesh)
+  log(f"clients run in chunks of {int(chunk)}{per_device} with streaming aggregation")
+  return make_chunked_round(algorithm, strategy, int(chunk), mesh=mesh)
+
+
+def _placed(round_fn, mesh):
+  """Wraps ``round_fn`` to place its inputs on ``mesh`` (clients split, the rest replicated).
+
+  The training set and the other shared inputs are the same objects every round, so they are
+  placed once. Several processes: inputs become global arrays (each process fills its own devices
+  from the identical host data it computed) and the outputs stay global.
+  """
+  if mesh is None:
+    return round_fn
+  if jax.process_count() > 1:
+    place_rd, place_tree = distributed.shard_round_data, distributed.replicate
+  else:
+    place_rd, place_tree = sharding.shard_round_data, sharding.replicate
+  shared: dict = {}
 
   def sharded(state, rd, key):
-    return round_fn(sharding.replicate(state, mesh), sharding.shard_round_data(rd, mesh), key)
+    source = (rd.images, rd.labels, rd.extra)
+    cached = shared.get("source", ())
+    # The cache keeps the sources alive, so an identity match cannot be a recycled object.
+    if len(cached) != 3 or any(a is not b for a, b in zip(cached, source, strict=True)):
+      shared["placed"], shared["source"] = place_rd(rd, mesh), source
+    placed = shared["placed"]
+    # Only the per-client fields change between rounds.
+    rd = place_rd(rd._replace(images=placed.images, labels=placed.labels, extra=placed.extra), mesh)
+    return round_fn(place_tree(state, mesh), rd, place_tree(key, mesh))
 
   return sharded
 
@@ -238,8 +366,14 @@ def default_output_dir(method: str) -> str:
 
 
 def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
-  """Runs one federated experiment described by ``c``; returns the summary dict."""
+  """Runs one federated experiment described by ``c``; returns the summary dict.
+
+  With ``num_processes != 1`` this joins the multi-process job first (before any JAX computation)
+  and only process 0 logs and writes outputs; every process returns the same summary.
+  """
   validate_config(c)
+  if init_processes(c) and jax.process_index() != 0:
+    log = lambda *args, **kwargs: None  # process 0 reports for the whole job
   data_dir = c.data_dir or None
   train_ds = load_dataset(c.dataset, "train", data_dir)
   test_ds = load_dataset(c.dataset, "test", data_dir)
@@ -276,12 +410,15 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
   output_dir = c.output_dir or default_output_dir(c.method)
   log(
-    f"backend={jax.default_backend()} devices={jax.device_count()} strategy={strategy} "
+    f"backend={jax.default_backend()} devices={jax.device_count()} "
+    + (f"processes={jax.process_count()} " if jax.process_count() > 1 else "")
+    + f"strategy={strategy} "
     f"method={c.method} model={c.model} params={count_params(variables)} "
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
     f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
   )
-  round_fn = _maybe_sharded(_build_round(algorithm, strategy, c, variables, log), strategy, c, log)
+  mesh = _client_mesh(c, strategy, log)
+  round_fn = _placed(_build_round(algorithm, strategy, c, variables, log, mesh), mesh)
   sys.stdout.flush()
   checkpointer = Checkpointer(
     Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)

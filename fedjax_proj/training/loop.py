@@ -11,6 +11,13 @@ equals an uninterrupted run's except for the wall-clock fields
 (:data:`~fedjax_proj.training.checkpoint.WALL_CLOCK_FIELDS`). A non-finite training loss or
 non-finite global parameters stop the run (:class:`NonFiniteError`) without saving, so the last
 checkpoint on disk is the last good one.
+
+Several processes (``jax.distributed``; the round function then returns global arrays): every
+process runs this loop identically and computes the same values; only process 0 writes
+``metrics.jsonl``, ``summary.json``, ``final_variables.npz``, TensorBoard events and progress
+output. Checkpoints are written collectively
+(:class:`~fedjax_proj.training.checkpoint.Checkpointer`), and a signal stops every process after
+the same round (the processes agree on it each round).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.core import distributed
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.tree import tree_all_finite
 from fedjax_proj.core.types import RoundData
@@ -85,6 +93,17 @@ class _StopOnSignal:
     for sig, old in self._old.items():
       signal.signal(sig, old)
     return False
+
+
+def _local(tree):
+  """``tree`` readable on this process: global (multi-process) arrays become host copies.
+
+  A single process keeps its device arrays (no host round trip).
+  """
+  leaves = jax.tree.leaves(tree)
+  if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
+    return tree
+  return distributed.to_host(tree)
 
 
 def _nonfinite_losses(metrics: dict) -> list[str]:
@@ -149,6 +168,9 @@ def train(
     tensorboard_dir: also write the per-round scalars as TensorBoard events there.
     handle_signals: catch SIGINT/SIGTERM to stop cleanly between rounds.
 
+  In a job of several processes only process 0 writes files and progress output (see the module
+  docstring); ``output_dir`` and the checkpoint directory must be the same on every process.
+
   Returns:
     (final server state, summary dict).
 
@@ -163,6 +185,9 @@ def train(
     raise ValueError(f"rounds must be >= 1, got {rounds}.")
   if checkpoint_every < 0:
     raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}.")
+  # One writer per job: in a multi-process run every process computes the same records.
+  writes = jax.process_index() == 0
+  multi_process = jax.process_count() > 1
   seed_key = jax.random.key(seed)
   state = algorithm.init(init_variables, random_lib.stream_key(seed_key, "init"))
   start_round, last_eval = 0, {}
@@ -172,7 +197,8 @@ def train(
       if restored is not None:
         state, meta = restored
         start_round, last_eval = int(meta["round"]), dict(meta.get("last_eval") or {})
-        print(f"resuming from the checkpoint of round {start_round}", file=sys.stderr)
+        if writes:
+          print(f"resuming from the checkpoint of round {start_round}", file=sys.stderr)
     elif checkpointer.steps():
       # A finished run is replaced (as its metrics file is); an unfinished one may be a preempted
       # job whose relaunch forgot --resume, so its checkpoints are never deleted implicitly.
@@ -184,7 +210,8 @@ def train(
           f"{checkpointer.steps()}); pass --resume to continue it, or delete the directory or "
           "choose another --output_dir for a new run."
         )
-      print(f"replacing the finished run in {checkpointer.directory.parent}", file=sys.stderr)
+      if writes:
+        print(f"replacing the finished run in {checkpointer.directory.parent}", file=sys.stderr)
       checkpointer.clear()
   if start_round > rounds:
     raise CheckpointError(f"The checkpoint is at round {start_round}, beyond rounds={rounds}.")
@@ -194,12 +221,12 @@ def train(
     test_labels = jax.device_put(np.asarray(test_set[1], np.int32))
   extra = dict(round_inputs or {})
   writer = None
-  if output_dir is not None:
+  if output_dir is not None and writes:
     if start_round:  # lines after the checkpoint are re-written by the rounds below
       truncate_metrics(Path(output_dir) / "metrics.jsonl", start_round)
     writer = MetricsWriter(output_dir, truncate=not start_round)
   tb = None
-  if tensorboard_dir is not None:
+  if tensorboard_dir is not None and writes:
     from fedjax_proj.training.tensorboard import TensorBoardWriter
 
     tb = TensorBoardWriter(tensorboard_dir)
@@ -215,7 +242,7 @@ def train(
   bar = tqdm(
     range(start_round, rounds),
     desc=algorithm.name,
-    disable=not progress,
+    disable=not progress or not writes,
     file=sys.stderr,
     unit="round",
     initial=start_round,
@@ -239,8 +266,9 @@ def train(
         state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, r))
         if extra_metrics is not None:
           metrics = {**metrics, **extra_metrics(state)}
+        metrics = _local(metrics)
         bad = _nonfinite_losses(metrics)
-        if not bool(all_finite(state)):
+        if not bool(_local(all_finite(state))):
           bad.append("global parameters")
         if bad:
           raise NonFiniteError(
@@ -254,28 +282,32 @@ def train(
           and evaluate is not None
           and ((r + 1) % eval_every == 0 or r + 1 == rounds)
         ):
-          ev = evaluate(algorithm.global_variables(state), test_images, test_labels)
+          ev = evaluate(_local(algorithm.global_variables(state)), test_images, test_labels)
           if not math.isfinite(ev["loss"]):
             raise NonFiniteError(
               f"Round {r + 1} of {algorithm.name}: non-finite test loss. {last_good()}"
             )
           record["test_accuracy"], record["test_loss"] = ev["accuracy"], ev["loss"]
           last_eval = ev
-          bar.write(
-            f"round {r + 1}/{rounds}  test_accuracy={ev['accuracy']:.4f}  "
-            f"train_loss={record.get('train_loss') or float('nan'):.4f}"
-          )
+          if writes:
+            bar.write(
+              f"round {r + 1}/{rounds}  test_accuracy={ev['accuracy']:.4f}  "
+              f"train_loss={record.get('train_loss') or float('nan'):.4f}"
+            )
         if writer is not None:
           writer.write(record)
         if tb is not None:
           tb.write(record)
         bar.set_postfix(loss=f"{record.get('train_loss') or float('nan'):.3f}")
         done = r + 1
+        signum = stop.signum
+        if multi_process:  # a signal may reach only some processes; all stop after this round
+          signum = distributed.max_over_processes(signum or 0) or None
         periodic = checkpoint_every and (done % checkpoint_every == 0 or done == rounds)
-        if checkpointer is not None and (periodic or stop.signum is not None):
+        if checkpointer is not None and (periodic or signum is not None):
           checkpointer.save(done, state, {"last_eval": last_eval})
-        if stop.signum is not None and done < rounds:
-          name = signal.Signals(stop.signum).name
+        if signum is not None and done < rounds:
+          name = signal.Signals(signum).name
           saved = checkpointer is not None
           where = (
             f"saved the checkpoint of round {done} in {checkpointer.directory}; resume with the "
@@ -286,7 +318,7 @@ def train(
           raise TrainingInterrupted(
             f"{name} received: stopped after round {done}/{rounds} and {where}.",
             done,
-            stop.signum,
+            signum,
             saved,
           )
   finally:
@@ -308,6 +340,8 @@ def train(
     **(summary_extra or {}),
   }
   if output_dir is not None:
-    save_variables(Path(output_dir) / FINAL_VARIABLES, algorithm.global_variables(state))
-    write_json(Path(output_dir) / "summary.json", summary)
+    final_variables = _local(algorithm.global_variables(state))  # a collective: every process
+    if writes:
+      save_variables(Path(output_dir) / FINAL_VARIABLES, final_variables)
+      write_json(Path(output_dir) / "summary.json", summary)
   return state, summary

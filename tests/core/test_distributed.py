@@ -4,12 +4,8 @@ over both processes' devices; both end with identical global parameters equal to
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +18,7 @@ from fedjax_proj.core import distributed
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.core.multiprocess import free_port, run_processes
 
 SETUP = textwrap.dedent(
   """
@@ -79,12 +74,6 @@ WORKER = (
 )
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _single_process_reference():
   exec_globals = {"np": np, "jax": jax, "jnp": jnp, "FederatedData": FederatedData}
   exec_globals.update(helpers=helpers, fedavg=fedavg)
@@ -99,31 +88,12 @@ def _single_process_reference():
 
 
 def test_two_processes_on_loopback_equal_single_process():
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-  env.pop("XLA_FLAGS", None)  # One CPU device per process: 2 global devices.
-  port = str(_free_port())
-  procs = [
-    subprocess.Popen(
-      [sys.executable, "-c", WORKER, str(pid), port],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env=env,
-      cwd=ROOT,
-    )
-    for pid in (0, 1)
-  ]
+  port = str(free_port())
+  outputs = run_processes([[sys.executable, "-c", WORKER, str(pid), port] for pid in (0, 1)])
   results = []
-  try:
-    for proc in procs:
-      out, err = proc.communicate(timeout=300)
-      assert proc.returncode == 0, out[-2000:] + err[-4000:]
-      line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-      results.append(json.loads(line[len("RESULT ") :]))
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        proc.kill()
+  for out, _ in outputs:
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    results.append(json.loads(line[len("RESULT ") :]))
   p0, p1 = (np.asarray(r["params"], np.float32) for r in results)
   np.testing.assert_array_equal(p0, p1)  # Replicated: bit-identical on both processes.
   ref_params, ref_loss = _single_process_reference()
