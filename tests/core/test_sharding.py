@@ -165,14 +165,20 @@ def test_chunked_sharded_round_equals_single_device():
 
 
 def test_experiment_cli_shards_over_forced_devices(tmp_path):
+  """Sharded, sharded + chunked (each chunk over all 4 devices) and plain CLI runs agree."""
   env = {
     **os.environ,
     "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
     "JAX_PLATFORMS": "cpu",
   }
   finals = {}
-  for shard in ("true", "false"):
-    out = tmp_path / shard
+  runs = {
+    "sharded": ("--shard_clients=true", "--client_chunk=none"),
+    "plain": ("--shard_clients=false", "--client_chunk=none"),
+    "sharded_chunked": ("--shard_clients=true", "--client_chunk=4"),
+  }
+  for name, flags in runs.items():
+    out = tmp_path / name
     proc = subprocess.run(
       [
         sys.executable,
@@ -180,12 +186,12 @@ def test_experiment_cli_shards_over_forced_devices(tmp_path):
         "--preset=smoke",
         "--dataset=digits",
         "--model=mlp",
-        "--clients_per_round=4",
+        "--clients_per_round=8",
         "--rounds=2",
         "--optimizer=sgd",
         "--lr=0.05",
         "--progress=false",
-        f"--shard_clients={shard}",
+        *flags,
         f"--output_dir={out}",
       ],
       capture_output=True,
@@ -194,14 +200,19 @@ def test_experiment_cli_shards_over_forced_devices(tmp_path):
       env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("sharding the client axis over 4 devices" in proc.stdout) == (shard == "true")
-    finals[shard] = (out / "metrics.jsonl").read_text()
+    assert ("sharding the client axis over 4 devices" in proc.stdout) == (name != "plain")
+    # 8 clients in chunks of 4: one client per device per chunk, two chunks.
+    assert ("chunks of 4 (1 per device)" in proc.stdout) == (name == "sharded_chunked")
+    finals[name] = (out / "metrics.jsonl").read_text()
   strip = lambda text: [
     {k: v for k, v in json.loads(line).items() if k != "round_seconds"}
     for line in text.splitlines()
   ]
-  a, b = strip(finals["true"]), strip(finals["false"])
-  assert len(a) == len(b) == 2
-  for ra, rb in zip(a, b):
-    for k in ra:
-      assert abs(ra[k] - rb[k]) < 1e-4, (k, ra[k], rb[k])
+  ref = strip(finals["plain"])
+  assert len(ref) == 2
+  for name in ("sharded", "sharded_chunked"):
+    got = strip(finals[name])
+    assert len(got) == 2
+    for ra, rb in zip(got, ref, strict=True):
+      for k in ra:
+        assert abs(ra[k] - rb[k]) < 1e-5, (name, k, ra[k], rb[k])
