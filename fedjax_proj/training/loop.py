@@ -308,6 +308,8 @@ def train(
           checkpointer.save(done, state, {"last_eval": last_eval})
         if signum is not None and done < rounds:
           name = signal.Signals(signum).name
+          # Only another process of the job may have been signalled.
+          received = "received" if stop.signum is not None else "received by another process"
           saved = checkpointer is not None
           where = (
             f"saved the checkpoint of round {done} in {checkpointer.directory}; resume with the "
@@ -316,7 +318,7 @@ def train(
             else "no checkpoint was saved (no output directory)"
           )
           raise TrainingInterrupted(
-            f"{name} received: stopped after round {done}/{rounds} and {where}.",
+            f"{name} {received}: stopped after round {done}/{rounds} and {where}.",
             done,
             signum,
             saved,
