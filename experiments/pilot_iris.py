@@ -40,6 +40,7 @@ from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.data.sources import load_sklearn
 from fedjax_proj.models import get_model
 
+PRETRAIN_STEPS = 0
 PILOT_COUNTS = np.array([[50, 0, 0], [0, 40, 10], [0, 10, 40]])
 CLASS_NAMES = ("Setosa", "Versicolor", "Virginica")
 
@@ -77,12 +78,33 @@ def build(method: str, model, public_size: int, args):
   )
 
 
-def run_method(method, args, x, y, parts, public):
+def pretrain(model, variables, x, y, steps: int, lr: float = 1e-2):
+  """Full-batch Adam on all 150 points: the "strong pretrained global model" of 001, Section 3."""
+  if steps <= 0:
+    return variables
+  opt = optax.adam(lr)
+  xs, ys = jnp.asarray(x), jnp.asarray(y)
+
+  def loss(v):
+    logits = model.apply(v, xs, train=False).logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, ys).mean()
+
+  def step(carry, _):
+    v, o = carry
+    u, o = opt.update(jax.grad(loss)(v), o, v)
+    return (optax.apply_updates(v, u), o), None
+
+  (variables, _), _ = jax.lax.scan(step, (variables, opt.init(variables)), None, length=steps)
+  return variables
+
+
+def run_method(method, args, x, y, parts, public, seed):
   model = get_model("mlp", 3, hidden=(args.hidden, args.hidden))
   alg = build(method, model, len(public), args)
   fd = FederatedData(parts, args.batch_size, local_epochs=args.local_epochs)
-  variables = model.init(jax.random.key(args.seed), jnp.asarray(x[:2]))
-  seed_key = jax.random.key(args.seed)
+  variables = model.init(jax.random.key(seed), jnp.asarray(x[:2]))
+  variables = pretrain(model, variables, x, y, args.pretrain_steps)
+  seed_key = jax.random.key(seed)
   state = alg.init(variables, random_lib.stream_key(seed_key, "init"))
 
   @jax.jit
@@ -102,7 +124,7 @@ def run_method(method, args, x, y, parts, public):
   history = []
   sampled = np.arange(3, dtype=np.int32)
   for r in range(args.rounds):
-    idx, mask, n = fd.round_layout(sampled, r, args.seed)
+    idx, mask, n = fd.round_layout(sampled, r, seed)
     rd = RoundData(
       jnp.asarray(x),
       jnp.asarray(y),
@@ -118,6 +140,8 @@ def run_method(method, args, x, y, parts, public):
       {
         "round": r + 1,
         "global_accuracy": float(accuracy(g)),
+        # How much global knowledge each client kept after local training (paper's Figure 1).
+        "client_accuracy_all_data": float(jnp.mean(jax.vmap(accuracy)(client_vars))),
         **{k: float(v) for k, v in metrics.items()},
       }
     )
@@ -173,44 +197,97 @@ def main(argv=None) -> int:
   p.add_argument("--memory_batch", type=int, default=100)
   p.add_argument("--distill_epochs", type=int, default=1)
   p.add_argument("--distill_lr", type=float, default=1e-3)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument(
+    "--pretrain_steps",
+    type=int,
+    default=PRETRAIN_STEPS,
+    help="full-batch Adam steps on all of Iris before round 1 (0 = start from random weights)",
+  )
+  p.add_argument(
+    "--seeds", default="0", help="comma-separated; the figure shows the first, the JSON all"
+  )
   p.add_argument("--no_plot", action="store_true")
   args = p.parse_args(argv)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   bad = [m for m in methods if m not in ("fedavg", "feddf", "fedproj")]
   if bad:
     p.error(f"unknown method(s) {bad}; choose from fedavg, feddf, fedproj")
+  try:
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  except ValueError:
+    p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+  if not seeds:
+    p.error("--seeds is empty")
   out = Path(args.output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  x, y, parts, public = pilot_data(args.seed)
   print(
     f"backend={jax.default_backend()} devices={jax.device_count()} strategy=vmap_scan "
-    f"clients=3 rounds={args.rounds} local_epochs={args.local_epochs}"
+    f"clients=3 rounds={args.rounds} local_epochs={args.local_epochs} "
+    f"pretrain_steps={args.pretrain_steps} seeds={seeds}"
   )
-  results = {}
-  for method in methods:
-    model, g, clients, history = run_method(method, args, x, y, parts, public)
-    acc = history[-1]["global_accuracy"]
-    results[method] = {
-      "model": model,
-      "global": g,
-      "clients": clients,
-      "final_accuracy": acc,
-      "history": history,
-    }
-    print(f"{method:8s} final global accuracy {100 * acc:.2f}%")
+  per_seed = {m: [] for m in methods}
+  client_acc = {m: [] for m in methods}
+  first = {}
+  for seed in seeds:
+    x, y, parts, public = pilot_data(seed)
+    for method in methods:
+      model, g, clients, history = run_method(method, args, x, y, parts, public, seed)
+      per_seed[method].append(history[-1]["global_accuracy"])
+      client_acc[method].append(np.mean([h["client_accuracy_all_data"] for h in history]))
+      if seed == seeds[0]:
+        first[method] = {
+          "model": model,
+          "global": g,
+          "clients": clients,
+          "final_accuracy": history[-1]["global_accuracy"],
+          "history": history,
+        }
+    print(
+      f"seed {seed}: "
+      + "  ".join(f"{m} {100 * per_seed[m][-1]:.2f}%" for m in methods)
+      + f"  (initial model {100 * first_accuracy(args, x, y, seed):.2f}%)"
+    )
+  mean = {m: float(np.mean(v)) for m, v in per_seed.items()}
+  std = {m: float(np.std(v)) for m, v in per_seed.items()}
+  for m in methods:
+    print(
+      f"{m:8s} final global accuracy {100 * mean[m]:.2f} ± {100 * std[m]:.2f}%  "
+      f"clients' accuracy on all data after local training (mean over rounds) "
+      f"{100 * np.mean(client_acc[m]):.2f} ± {100 * np.std(client_acc[m]):.2f}% "
+      f"({len(seeds)} seed(s))"
+    )
   summary = {
     "config": vars(args),
     "public_data": "1000 points ~ N(mean, 1.5 cov) of the 2-D PCA Iris data, unlabelled",
-    "final_global_accuracy": {m: r["final_accuracy"] for m, r in results.items()},
-    "history": {m: r["history"] for m, r in results.items()},
+    "final_global_accuracy": mean,
+    "final_global_accuracy_std": std,
+    "per_seed": {"seeds": seeds, **per_seed},
+    "client_accuracy_all_data_per_seed": {m: [float(a) for a in v] for m, v in client_acc.items()},
+    "history": {m: r["history"] for m, r in first.items()},
   }
+  if "fedproj" in per_seed and "fedavg" in per_seed:
+    diff = np.array(per_seed["fedproj"]) - np.array(per_seed["fedavg"])
+    summary["fedproj_minus_fedavg"] = {"per_seed": diff.tolist(), "wins": int((diff > 0).sum())}
+    print(
+      f"fedproj - fedavg per seed: {np.round(100 * diff, 2).tolist()} "
+      f"(wins {(diff > 0).sum()}/{len(diff)})"
+    )
   (out / "pilot_iris.json").write_text(json.dumps(summary, indent=2) + "\n")
   if not args.no_plot:
-    plot(results, x, y, parts, out / "pilot_iris.png")
+    x, y, parts, _ = pilot_data(seeds[0])
+    plot(first, x, y, parts, out / "pilot_iris.png")
     print(f"wrote {out / 'pilot_iris.png'}")
   print(f"wrote {out / 'pilot_iris.json'}")
   return 0
+
+
+def first_accuracy(args, x, y, seed) -> float:
+  """Global accuracy of the shared starting model (after pretraining, if any)."""
+  model = get_model("mlp", 3, hidden=(args.hidden, args.hidden))
+  v = pretrain(
+    model, model.init(jax.random.key(seed), jnp.asarray(x[:2])), x, y, args.pretrain_steps
+  )
+  return float(jnp.mean(jnp.argmax(model.apply(v, jnp.asarray(x), train=False).logits, -1) == y))
 
 
 if __name__ == "__main__":

@@ -29,3 +29,21 @@ def test_pilot_runs_and_writes_json(tmp_path):
   assert (tmp_path / "pilot_iris.png").stat().st_size > 10_000
   fp = summary["history"]["fedproj"]
   assert fp[0]["projected_fraction"] == 0.0 and "lmem_global" in fp[-1]
+  # Round 1 has no ensemble yet, so the memory gradient is off and FedProj trains like FedAvg.
+  assert (
+    fp[0]["client_accuracy_all_data"] == summary["history"]["fedavg"][0]["client_accuracy_all_data"]
+  )
+  assert summary["per_seed"]["seeds"] == [0]
+  assert summary["fedproj_minus_fedavg"]["per_seed"] == [
+    summary["per_seed"]["fedproj"][0] - summary["per_seed"]["fedavg"][0]
+  ]
+
+
+def test_pilot_rejects_bad_seeds(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, str(ROOT / "experiments" / "pilot_iris.py"), "--seeds=0,x", "--no_plot"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode != 0 and "--seeds must be comma-separated integers" in proc.stderr
