@@ -112,6 +112,24 @@ def config_kwargs(name: str) -> tuple[str, ...]:
   return tuple(getattr(importlib.import_module(METHOD_MODULES[name]), "CONFIG_KWARGS", ()))
 
 
+def optimizer_caveat(name: str, optimizer: str) -> str | None:
+  """Why ``optimizer`` is a poor client optimiser for method ``name``, or None.
+
+  Modules list the client optimisers they are defined for in ``CLIENT_OPTIMIZERS`` and say why in
+  ``CLIENT_OPTIMIZER_NOTE``.
+  """
+  if name in _EXTRA or not _available(name):
+    return None
+  module = importlib.import_module(METHOD_MODULES[name])
+  allowed = getattr(module, "CLIENT_OPTIMIZERS", None)
+  if allowed is None or optimizer in allowed:
+    return None
+  return (
+    f"{name} is defined for client optimiser(s) {', '.join(allowed)}, not {optimizer}: "
+    + getattr(module, "CLIENT_OPTIMIZER_NOTE", "expect it to train poorly.")
+  )
+
+
 def needs_public(name: str) -> bool:
   """Whether method ``name`` reads a public set from ``RoundData.extra``."""
   return _resolve(name)[1]

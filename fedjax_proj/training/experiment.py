@@ -404,6 +404,9 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   for field in registry.config_kwargs(c.method):
     hparams.setdefault(field, c[field])
   algorithm = registry.build_algorithm(c.method, ctx, **hparams)
+  caveat = registry.optimizer_caveat(c.method, c.optimizer)
+  if caveat:
+    log(f"warning: {caveat}")
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )

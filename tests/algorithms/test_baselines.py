@@ -492,3 +492,12 @@ def test_moon_declares_projection_head():
   assert registry.model_kwargs("moon") == {"projection_dim": 256}
   for name in ("fedprox", "fednova", "feddyn", "scaffold", "moon", "fedrcl"):
     assert not registry.needs_public(name)
+
+
+def test_optimizer_caveat_flags_scaffold_with_adam_only():
+  from fedjax_proj.algorithms import registry
+
+  caveat = registry.optimizer_caveat("scaffold", "adam")
+  assert caveat is not None and "--optimizer=sgd" in caveat
+  assert registry.optimizer_caveat("scaffold", "sgd") is None
+  assert registry.optimizer_caveat("fedavg", "adam") is None
