@@ -38,6 +38,11 @@ def main(argv=None) -> int:
   parser.add_argument("--local_epochs", type=int, default=1)
   parser.add_argument("--iid", action="store_true")
   parser.add_argument(
+    "--method_kwargs",
+    default="",
+    help="key=value pairs (comma separated) overriding the paper defaults, e.g. eps=0.9",
+  )
+  parser.add_argument(
     "--merge",
     action="store_true",
     help="add these methods to an existing --out of the same setting",
@@ -99,8 +104,14 @@ def main(argv=None) -> int:
     ):
       c[field] = getattr(args, field)
     c.train_per_task, c.test_per_task = args.train_per_task, args.test_per_task
-    c.method_kwargs = pmnist.method_defaults(c)
-    c.output_dir = str(REPO / "runs" / f"bench_pmnist_{method}_{time.strftime('%H%M%S')}")
+    kwargs = dict(pmnist.method_defaults(c))
+    for pair in filter(None, args.method_kwargs.split(",")):
+      key, value = pair.split("=", 1)
+      kwargs[key.strip()] = pmnist._parse_value(value.strip())
+    c.method_kwargs = kwargs
+    # The --out stem keeps concurrent runs (e.g. two thresholds) out of each other's folders.
+    run_name = f"bench_pmnist_{method}_{out.stem}_{time.strftime('%H%M%S')}"
+    c.output_dir = str(REPO / "runs" / run_name)
     c.heads = args.heads
     if args.heads == "single":
       model = mlp(10, hidden=(400, 400), dropout=(0.2, 0.2))

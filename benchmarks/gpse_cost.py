@@ -6,12 +6,16 @@ otherwise synthetic digits of the same shape) and optionally the Split-CIFAR100 
 model, on the same sampled clients and data:
 
 * ``epoch``: one training round with one local epoch (vmap over clients of a scan over steps, or
-  the engine's CPU choice for convolutions), compiled once and timed after a warm-up call;
+  the engine's CPU choice for convolutions), compiled once;
 * ``gpse``: one GPSE round on the same clients (client sketches inside one jit + the server's sum,
-  SVD, rank rule and basis update), warm, once with an empty basis (first task) and once with a
-  populated one (later tasks project their inputs first).
+  SVD, rank rule and basis update), once with an empty basis (first task) and once with a
+  populated one (later tasks: the ratio needs each client's covered energy).
 
-Prints a table and writes ``benchmarks/results/gpse_cost.json``.
+After a compile call of each, ``--repeats`` rounds call epoch, GPSE (empty), GPSE (populated) in
+turn, so all three see the same background load; ratios are taken within a round and the median
+is reported, in wall time and in this process's CPU time (less sensitive to other jobs on a
+shared machine). The 1-minute load average is recorded. Prints a table and writes
+``benchmarks/results/gpse_cost.json``.
 
     python benchmarks/gpse_cost.py --models=mlp,alexnet
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -63,17 +68,29 @@ def _bench_data(model_name: str, seed: int):
   return split_classes(ds, ds, num_tasks=10, seed=seed, normalizer_name="cifar100"), "synthetic"
 
 
-def _timed(fn, repeats: int) -> tuple[float, float]:
-  """(first call seconds incl. compile, median of ``repeats`` warm calls)."""
-  t0 = time.perf_counter()
+def _run(fn) -> tuple[float, float]:
+  """(wall seconds, process CPU seconds) of one call, waited for."""
+  t0, c0 = time.perf_counter(), time.process_time()
   jax.block_until_ready(fn())
-  first = time.perf_counter() - t0
-  times = []
+  return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _interleaved(fns: dict, repeats: int) -> dict:
+  """Warm-up (compile) call of each, then ``repeats`` rounds calling each once in turn.
+
+  Interleaving puts every function under the same background load; the ratios are taken within
+  a round. CPU seconds (this process, all threads) are less sensitive to other jobs than wall
+  seconds on a shared machine, so both are kept.
+  """
+  first = {k: _run(f)[0] for k, f in fns.items()}
+  wall = {k: [] for k in fns}
+  cpu = {k: [] for k in fns}
   for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return first, statistics.median(times)
+    for k, f in fns.items():
+      w, c = _run(f)
+      wall[k].append(w)
+      cpu[k].append(c)
+  return {"first": first, "wall": wall, "cpu": cpu}
 
 
 def measure(
@@ -139,7 +156,6 @@ def measure(
     state["s"], m = round_fn(state["s"], rd, jax.random.key(1))
     return m
 
-  epoch_first, epoch_warm = _timed(epoch, repeats)
   fot_method = fot(
     model,
     optax.sgd(0.01),
@@ -154,21 +170,24 @@ def measure(
   # GPSE is inference only: it may use larger batches than training (fewer sketch updates).
   rd_g = round_data(gpse_batch or batch_size)
   last = {}
+  populated = {}
 
   def gpse_empty():
-    _, m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
+    populated["s"], m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
     last["empty"] = m
     return jnp.zeros(())
 
-  g_first, g_empty = _timed(gpse_empty, repeats)
-  populated, _ = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
-
   def gpse_full():
-    _, m = fot_method.end_task(populated, rd_g, jax.random.key(3), 1)
+    _, m = fot_method.end_task(populated["s"], rd_g, jax.random.key(3), 1)
     last["full"] = m
     return jnp.zeros(())
 
-  _, g_full = _timed(gpse_full, repeats)
+  t = _interleaved({"epoch": epoch, "gpse_empty": gpse_empty, "gpse_full": gpse_full}, repeats)
+  med = {kind: {k: statistics.median(v) for k, v in t[kind].items()} for kind in ("wall", "cpu")}
+
+  def ratios(kind, name):
+    return [g / e for g, e in zip(t[kind][name], t[kind]["epoch"])]
+
   examples = int(np.asarray(rd.mask).sum())
   return {
     "model": model_name,
@@ -179,15 +198,22 @@ def measure(
     "examples": examples,
     "train_batch": batch_size,
     "gpse_batch": gpse_batch or batch_size,
-    "epoch_seconds": epoch_warm,
-    "epoch_first_call_seconds": epoch_first,
-    "gpse_seconds_empty_basis": g_empty,
-    "gpse_seconds_populated_basis": g_full,
-    "gpse_first_call_seconds": g_first,
+    "repeats": repeats,
+    "epoch_seconds": med["wall"]["epoch"],
+    "epoch_cpu_seconds": med["cpu"]["epoch"],
+    "epoch_first_call_seconds": t["first"]["epoch"],
+    "gpse_seconds_empty_basis": med["wall"]["gpse_empty"],
+    "gpse_seconds_populated_basis": med["wall"]["gpse_full"],
+    "gpse_cpu_seconds_populated_basis": med["cpu"]["gpse_full"],
+    "gpse_first_call_seconds": t["first"]["gpse_empty"],
     "gpse_client_seconds": last["full"]["client_seconds"],
     "gpse_server_seconds": last["full"]["server_seconds"],
-    "ratio_empty": g_empty / epoch_warm,
-    "ratio_populated": g_full / epoch_warm,
+    "ratio_empty": statistics.median(ratios("wall", "gpse_empty")),
+    "ratio_populated": statistics.median(ratios("wall", "gpse_full")),
+    "cpu_ratio_empty": statistics.median(ratios("cpu", "gpse_empty")),
+    "cpu_ratio_populated": statistics.median(ratios("cpu", "gpse_full")),
+    "ratios_populated_each_repeat": ratios("wall", "gpse_full"),
+    "load_average_1min_after": os.getloadavg()[0],
     "ranks_after_first_gpse": {k: v for k, v in last["empty"].items() if k.startswith("rank/")},
   }
 
@@ -196,7 +222,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="mlp,alexnet")
   parser.add_argument("--clients", type=int, default=0, help="0: 64 (mlp) / 10 (alexnet)")
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--sketch_dists", default="gaussian,rademacher")
   parser.add_argument("--gpse_batch", type=int, default=256, help="0: the training batch size")
   parser.add_argument("--seed", type=int, default=0)
@@ -214,8 +240,9 @@ def main(argv=None) -> int:
       print(json.dumps(rows[-1]), flush=True)
   lines = [
     "| model | strategy | G | clients | examples | batch train/GPSE | 1 local epoch s |"
-    " GPSE s (empty / populated basis) | GPSE / epoch |",
-    "|---|---|---|---|---|---|---|---|---|",
+    " GPSE s (empty / populated basis) | GPSE / epoch wall (empty / populated) |"
+    " GPSE / epoch CPU time (empty / populated) | server s | load |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
@@ -224,7 +251,9 @@ def main(argv=None) -> int:
       f"{r['train_batch']}/{r['gpse_batch']} | "
       f"{r['epoch_seconds']:.3f} | {r['gpse_seconds_empty_basis']:.3f} / "
       f"{r['gpse_seconds_populated_basis']:.3f} | {r['ratio_empty']:.2f} / "
-      f"{r['ratio_populated']:.2f} |"
+      f"{r['ratio_populated']:.2f} | {r['cpu_ratio_empty']:.2f} / "
+      f"{r['cpu_ratio_populated']:.2f} | {r['gpse_server_seconds']:.2f} | "
+      f"{r['load_average_1min_after']:.1f} |"
     )
   print("\n".join(lines))
   out = Path(args.out)

@@ -301,6 +301,11 @@ def gpm(
     return {s.key: gpse.input_rows(s, cap[s.path][1].astype(jnp.float32), b.mask) for s in specs}
 
   def end_task(state, rd, key, task):
+    # Hundreds of small per-client SVDs: single-threaded BLAS (see gpse.blas_threads).
+    with gpse.blas_threads(1):
+      return _end_task(state, rd, key, task)
+
+  def _end_task(state, rd, key, task):
     th = threshold + threshold_inc * task
     idx = np.asarray(rd.idx).reshape(rd.idx.shape[0], -1)
     mask = np.asarray(rd.mask).reshape(rd.idx.shape[0], -1)

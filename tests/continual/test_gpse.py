@@ -230,3 +230,71 @@ def test_threshold_rank_and_eps_prime():
   assert gpse.threshold_rank(sq, 20.0, 0.9) is None
   assert gpse.eps_prime(1.0, 0.95) == pytest.approx(0.95)
   assert gpse.eps_prime(0.5, 0.9) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 5, 8, 9, 13, 20])
+def test_covered_energy_matches_full_projection(rank):
+  # Blocks of 4 columns over d = 13 (not a multiple): the clamped last block must not double count.
+  rng = np.random.default_rng(rank)
+  d = 13
+  rows = rng.normal(size=(30, d)).astype(np.float32)
+  weight = (rng.random(30) > 0.3).astype(np.float32)
+  basis = np.zeros((d, d), np.float32)
+  r = min(rank, d)
+  basis[:, :r] = _orthonormal(d, r, 1) if r else basis[:, :0]
+  want = float(np.sum(np.square(rows @ basis[:, :r]) * weight[:, None]))
+  got = jax.jit(lambda x, w, u, k: gpse.covered_energy(x, w, u, k, block=4))(
+    rows, weight, basis, jnp.int32(r)
+  )
+  np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
+
+
+class _TwoDense(nn.Module):
+  @nn.compact
+  def __call__(self, x, train, mask=None):
+    h = jnp.tanh(nn.Dense(5)(x.reshape(x.shape[0], -1)))
+    return None, nn.Dense(4)(h)
+
+
+def test_sketch_step_shares_g_across_layers_and_masks_padding():
+  model = multi_head(_TwoDense(), 1, 3)
+  x = jax.random.normal(jax.random.key(0), (6, 7))
+  mask = jnp.asarray([1, 1, 0, 1, 0, 1], jnp.float32)
+  v = model.init(jax.random.key(1), x)
+  specs = gpse.find_layers(model, v, x, task=0)
+  widths = {specs[0].key: 9, specs[1].key: 4}
+  bases = gpse.empty_bases(specs)
+  u = _orthonormal(5, 2, 3)
+  bases[specs[1].key] = bases[specs[1].key].at[:, :2].set(u)
+  ranks = {specs[0].key: jnp.int32(0), specs[1].key: jnp.int32(2)}
+  key = jax.random.key(7)
+  state = gpse.sketch_step(
+    model, specs, widths, v, bases, ranks, gpse.init_sketch(specs, widths), x, mask, key, task=0
+  )
+  _, cap = gpse.capture_inputs(model, v, x, task=0)
+  # Both dense layers have one row per example: one G [6, 9], the narrower layer uses 4 columns.
+  g = np.asarray(gpse.sketch_matrix(jax.random.fold_in(key, 0), 6, 9)) * np.asarray(mask)[:, None]
+  keep = np.asarray(mask) > 0
+  for spec in specs:
+    xr = np.asarray(gpse.input_rows(spec, cap[spec.path][1]))
+    np.testing.assert_allclose(
+      state.a[spec.key], xr.T @ g[:, : widths[spec.key]], rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(state.x_sq[spec.key], np.sum(xr[keep] ** 2), rtol=1e-5)
+  x1 = np.asarray(gpse.input_rows(specs[1], cap[specs[1].path][1]))[keep]
+  residual = x1 - (x1 @ u) @ u.T
+  np.testing.assert_allclose(state.r_sq[specs[1].key], np.sum(residual**2), rtol=1e-4)
+  assert float(state.n) == 4.0
+
+
+def test_blas_threads_limits_and_restores():
+  threadpoolctl = pytest.importorskip("threadpoolctl")
+  blas = [p for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+  if not blas:
+    pytest.skip("no BLAS library loaded")
+  before = [p["num_threads"] for p in blas]
+  with gpse.blas_threads(1):
+    inside = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    assert all(n == 1 for n in inside)
+  after = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+  assert after == before
