@@ -298,3 +298,39 @@ def test_blas_threads_limits_and_restores():
     assert all(n == 1 for n in inside)
   after = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
   assert after == before
+
+
+def test_sketch_step_conv_rows_masked_per_example():
+  # Conv layers have one row per output position: the example mask must cover all of them.
+  model = multi_head(_ConvNet(), 1, 3)
+  x = jax.random.normal(jax.random.key(0), (3, 8, 8, 2))
+  mask = jnp.asarray([1, 0, 1], jnp.float32)
+  v = model.init(jax.random.key(1), x)
+  specs = gpse.find_layers(model, v, x, task=0)
+  widths = {s.key: s.in_dim for s in specs}
+  ranks = {s.key: jnp.int32(0) for s in specs}
+  key = jax.random.key(5)
+  state = gpse.sketch_step(
+    model,
+    specs,
+    widths,
+    v,
+    gpse.empty_bases(specs),
+    ranks,
+    gpse.init_sketch(specs, widths),
+    x,
+    mask,
+    key,
+    task=0,
+  )
+  _, cap = gpse.capture_inputs(model, v, x, task=0)
+  for i, spec in enumerate(specs):  # three different row counts: three draws, in layer order
+    xr = np.asarray(gpse.input_rows(spec, cap[spec.path][1])).reshape(3, -1, spec.in_dim)
+    g = np.asarray(
+      gpse.sketch_matrix(jax.random.fold_in(key, i), xr.shape[0] * xr.shape[1], widths[spec.key])
+    )
+    g = g.reshape(3, -1, widths[spec.key])
+    want = sum(xr[b].T @ g[b] for b in (0, 2))
+    np.testing.assert_allclose(state.a[spec.key], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(state.x_sq[spec.key], np.sum(xr[[0, 2]] ** 2), rtol=1e-5)
+    np.testing.assert_allclose(state.r_sq[spec.key], state.x_sq[spec.key], rtol=1e-6)
