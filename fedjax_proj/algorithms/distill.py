@@ -101,7 +101,7 @@ class HostClientLogits:
 def mean_teacher(client_logits: Array, weights: Array | None = None) -> Array:
   """Plain ensemble: the (optionally weighted) mean of the clients' logits. [C, N, K] -> [N, K]."""
   if weights is None:
-    return jnp.mean(client_logits, axis=0)
+    return tree_lib.sum_clients(client_logits) / client_logits.shape[0]
   w = weights / jnp.sum(weights)
   return jnp.tensordot(w, client_logits, axes=1)
 

@@ -108,7 +108,7 @@ def feddyn(
     h_clients = tree_lib.scatter_clients(
       state.h_clients, rd.client_ids, jax.tree.map(lambda hk, d: hk - alpha * d, h_k, drift)
     )
-    h = jax.tree.map(lambda h, d: h - alpha / num_clients * jnp.sum(d, axis=0), state.h, drift)
+    h = jax.tree.map(lambda h, d: h - alpha / num_clients * tree_lib.sum_clients(d), state.h, drift)
     uniform = jnp.ones_like(rd.num_examples)
     mean_vars = tree_lib.weighted_mean(outputs["variables"], uniform)
     params = jax.tree.map(

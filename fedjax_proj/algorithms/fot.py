@@ -166,13 +166,13 @@ def fot(
     def run_chunk(shared, images, labels, idx, mask, keys):
       out = engine.run(shared, {}, images, labels, idx, mask, keys)
       # Server-side sum (the secure-aggregation sum) inside the same program.
-      return _client_sum(out["a"]), out["ratio"], out["n"]
+      return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
 
   else:
 
     def run_chunk(shared, images, labels, idx, mask, keys):
       out = engine.run(shared, {}, images, labels, idx, mask, keys)
-      return _client_sum(out["a"]), out["ratio"], out["n"]
+      return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
 
   def client_sketches(state: FOTState, rd: RoundData, key, task: int):
     """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""
@@ -231,13 +231,3 @@ def fot(
 
   method = ContinualMethod(algorithm, end_task)
   return method
-
-
-def _client_sum(stacked: dict) -> dict:
-  """Σ over the leading client axis of every [C, d, s] sketch, as a contraction with ones.
-
-  XLA:CPU lowers ``jnp.sum(a, axis=0)`` of a [64, 784, 784] array to a reduction that took 0.5 s,
-  as long as the whole sketch product, where the same sum as a [C] x [C, d·s] contraction takes
-  5 ms (the FedAvg mean, ``tree.weighted_mean``, is a contraction for the same reason).
-  """
-  return jax.tree.map(lambda a: jnp.tensordot(jnp.ones(a.shape[0], a.dtype), a, axes=1), stacked)

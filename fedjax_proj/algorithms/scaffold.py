@@ -114,7 +114,7 @@ def scaffold(
     c_k_new = jax.tree.map(
       new_variate, c_k, state.c, state.variables["params"], outputs["variables"]["params"]
     )
-    delta_sum = jax.tree.map(lambda new, old: jnp.sum(new - old, axis=0), c_k_new, c_k)
+    delta_sum = tree_lib.sum_clients(jax.tree.map(jnp.subtract, c_k_new, c_k))
     c = jax.tree.map(lambda c, d: c + d / num_clients, state.c, delta_sum)
     c_clients = tree_lib.scatter_clients(state.c_clients, rd.client_ids, c_k_new)
     averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)

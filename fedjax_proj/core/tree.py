@@ -57,8 +57,19 @@ def scatter_clients(tree: PyTree, idx: Array, values: PyTree) -> PyTree:
   return jax.tree.map(lambda x, v: x.at[idx].set(v.astype(x.dtype)), tree, values)
 
 
+def sum_clients(stacked: PyTree) -> PyTree:
+  """Σ_k x_k over the leading client axis of every leaf, as a contraction with ones.
+
+  XLA:CPU lowers ``jnp.sum(x, axis=0)`` over a leading axis to a reduction that is 40-100x slower
+  than the same sum as a [C] x [C, ...] contraction (measured 167 ms vs 3.8 ms for [64, 784, 400]
+  float32; 0.5 s vs 5 ms for FOT's [64, 784, 784] sketches), so client-axis sums go through here.
+  """
+  return jax.tree.map(lambda x: jnp.tensordot(jnp.ones(x.shape[0], x.dtype), x, axes=1), stacked)
+
+
 def weighted_mean(stacked: PyTree, weights: Array) -> PyTree:
-  """Σ_k w_k x_k / Σ_k w_k over the leading client axis of every leaf."""
+  """Σ_k w_k x_k / Σ_k w_k over the leading client axis of every leaf (a contraction, as
+  :func:`sum_clients` explains)."""
   w = jnp.asarray(weights, jnp.float32)
   w = w / jnp.sum(w)
 

@@ -54,3 +54,12 @@ def test_where_and_finite():
   np.testing.assert_array_equal(T.tree_where(jnp.array(False), a, b)["x"], b["x"])
   assert bool(T.tree_all_finite(a))
   assert not bool(T.tree_all_finite({"x": jnp.array([1.0, jnp.nan])}))
+
+
+def test_sum_clients_equals_leading_axis_sum():
+  rng = np.random.default_rng(0)
+  tree = {"w": rng.normal(size=(5, 3, 4)).astype(np.float32), "b": rng.normal(size=(5,))}
+  got = T.sum_clients({k: jnp.asarray(v) for k, v in tree.items()})
+  np.testing.assert_allclose(got["w"], tree["w"].sum(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["b"], tree["b"].sum(0), rtol=1e-5, atol=1e-6)
+  assert got["w"].shape == (3, 4) and got["b"].shape == ()
