@@ -357,14 +357,11 @@ def blas_threads(n: int):
   The host-side SVDs/QRs here are at most a few thousand wide; on a loaded machine a
   multi-threaded OpenBLAS degrades badly (threads spin-wait for descheduled peers: the 784 x 784
   PMNIST layer's server step took 3-19 s instead of 0.25 s on two cores shared with another job).
-  threadpoolctl comes with scikit-learn, a dependency; without it this is a no-op.
   """
   if n <= 0:
     return contextlib.nullcontext()
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:  # pragma: no cover
-    return contextlib.nullcontext()
+  from threadpoolctl import threadpool_limits  # a declared dependency (also scikit-learn's)
+
   return threadpool_limits(n, user_api="blas")
 
 
