@@ -146,7 +146,7 @@ def run_method(method, args, x, y, parts, public, seed):
       }
     )
   clients = tree_lib.unstack_clients(client_vars)
-  return model, alg.global_variables(state), clients, history
+  return model, alg.global_variables(state), clients, history, float(accuracy(variables))
 
 
 def plot(results, x, y, parts, path: Path):
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
   for seed in seeds:
     x, y, parts, public = pilot_data(seed)
     for method in methods:
-      model, g, clients, history = run_method(method, args, x, y, parts, public, seed)
+      model, g, clients, history, initial = run_method(method, args, x, y, parts, public, seed)
       per_seed[method].append(history[-1]["global_accuracy"])
       client_acc[method].append(np.mean([h["client_accuracy_all_data"] for h in history]))
       if seed == seeds[0]:
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     print(
       f"seed {seed}: "
       + "  ".join(f"{m} {100 * per_seed[m][-1]:.2f}%" for m in methods)
-      + f"  (initial model {100 * first_accuracy(args, x, y, seed):.2f}%)"
+      + f"  (initial model {100 * initial:.2f}%)"
     )
   mean = {m: float(np.mean(v)) for m, v in per_seed.items()}
   std = {m: float(np.std(v)) for m, v in per_seed.items()}
@@ -279,15 +279,6 @@ def main(argv=None) -> int:
     print(f"wrote {out / 'pilot_iris.png'}")
   print(f"wrote {out / 'pilot_iris.json'}")
   return 0
-
-
-def first_accuracy(args, x, y, seed) -> float:
-  """Global accuracy of the shared starting model (after pretraining, if any)."""
-  model = get_model("mlp", 3, hidden=(args.hidden, args.hidden))
-  v = pretrain(
-    model, model.init(jax.random.key(seed), jnp.asarray(x[:2])), x, y, args.pretrain_steps
-  )
-  return float(jnp.mean(jnp.argmax(model.apply(v, jnp.asarray(x), train=False).logits, -1) == y))
 
 
 if __name__ == "__main__":
