@@ -106,11 +106,11 @@ def measure(
   from fedjax_proj.algorithms.continual_baselines import fl
   from fedjax_proj.algorithms.fot import fot
   from fedjax_proj.core import engine as engine_lib
-  from fedjax_proj.core.types import RoundData
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model, task_partition
   from fedjax_proj.data.federated import FederatedData
   from fedjax_proj.models import mlp, multi_head
+  from fedjax_proj.training.continual import task_round_data
 
   bench, source = _bench_data(model_name, seed)
   if model_name == "mlp":
@@ -135,17 +135,7 @@ def measure(
   labels = jax.device_put(bench.labels)
 
   def round_data(bs):
-    fd = FederatedData(parts, bs, 1)
-    idx, mask, n = fd.round_layout(sampled, 0, seed)
-    return RoundData(
-      images,
-      labels,
-      jnp.asarray(sampled),
-      jnp.asarray(idx),
-      jnp.asarray(mask),
-      jnp.asarray(n),
-      {"task": jnp.int32(0)},
-    )
+    return task_round_data(images, labels, FederatedData(parts, bs, 1), sampled, 0, seed, 0)
 
   rd = round_data(batch_size)
   method = fl(model, optax.sgd(0.01), batch_fn)

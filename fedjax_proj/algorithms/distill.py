@@ -101,9 +101,8 @@ class HostClientLogits:
 def mean_teacher(client_logits: Array, weights: Array | None = None) -> Array:
   """Plain ensemble: the (optionally weighted) mean of the clients' logits. [C, N, K] -> [N, K]."""
   if weights is None:
-    return tree_lib.sum_clients(client_logits) / client_logits.shape[0]
-  w = weights / jnp.sum(weights)
-  return jnp.tensordot(w, client_logits, axes=1)
+    weights = jnp.ones(client_logits.shape[0], jnp.float32)
+  return tree_lib.weighted_mean(client_logits, weights)
 
 
 def uncertainty_weighted_teacher(client_logits: Array, eps: float = 1e-6) -> Array:

@@ -160,19 +160,14 @@ def fot(
     return gpse.finish_sketch(sk, key, dp_clip, dp_noise)
 
   engine = ClientEngine(ClientProgram(g_init, g_step, g_final), batch_fn, strategy)
+
+  def run_chunk(shared, images, labels, idx, mask, keys):
+    out = engine.run(shared, {}, images, labels, idx, mask, keys)
+    # Server-side sum (the secure-aggregation sum), inside the same program when traceable.
+    return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
+
   if engine.traceable:
-
-    @jax.jit
-    def run_chunk(shared, images, labels, idx, mask, keys):
-      out = engine.run(shared, {}, images, labels, idx, mask, keys)
-      # Server-side sum (the secure-aggregation sum) inside the same program.
-      return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
-
-  else:
-
-    def run_chunk(shared, images, labels, idx, mask, keys):
-      out = engine.run(shared, {}, images, labels, idx, mask, keys)
-      return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
+    run_chunk = jax.jit(run_chunk)
 
   def client_sketches(state: FOTState, rd: RoundData, key, task: int):
     """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""

@@ -73,7 +73,8 @@ def make_task_evaluator(model: Model, normalize: Callable, batch_size: int = 500
   return evaluate
 
 
-def _round_data(images, labels, fed: FederatedData, sampled, r, seed, task) -> RoundData:
+def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) -> RoundData:
+  """Round ``r``'s layout of the ``sampled`` clients on task ``task`` (``extra["task"]``)."""
   idx, mask, n = fed.round_layout(sampled, r, seed)
   return RoundData(
     images,
@@ -154,7 +155,7 @@ def train_continual(
       for r in range(rounds[t]):
         t0 = time.perf_counter()
         sampled = fed.sample_clients(global_round, clients_per_round, seed)
-        rd = _round_data(images, labels, fed, sampled, global_round, seed, t)
+        rd = task_round_data(images, labels, fed, sampled, global_round, seed, t)
         state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, global_round))
         record = {"task": t, "round": global_round + 1, "task_round": r + 1, **to_python(metrics)}
         record["round_seconds"] = time.perf_counter() - t0
@@ -186,7 +187,7 @@ def train_continual(
         t0 = time.perf_counter()
         all_clients = np.arange(num_clients, dtype=np.int32)
         fed_all = FederatedData(parts, end_task_batch_size or batch_size, 1)
-        rd_all = _round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
+        rd_all = task_round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
         key = random_lib.stream_key(random_lib.round_key(seed_key, t), "end_task")
         state, end_metrics = method.end_task(state, rd_all, key, t)
         end_metrics = {**to_python(end_metrics), "end_task_seconds": time.perf_counter() - t0}
