@@ -2,9 +2,20 @@
 
 FedDF (Lin et al., NeurIPS 2020) and FedProj (paper 001, Algorithm 1, lines 31-42): the student
 starts from the FedAvg result and is trained for E_d epochs over the public set with Adam on
-T²·KL(σ(Z_teacher/T) ‖ σ(f(X; θ_g)/T)) + α‖θ_g − θ_anchor‖², where Z_teacher combines the sampled
-clients' logits (plain mean, or FedET's uncertainty weighting) and θ_anchor is this round's FedAvg
-result (METHODS.md). Teachers AND student run public data in inference mode, so public data never
+T²·KL(σ(Z_teacher/T) ‖ σ(f(X; θ_g)/T)) + α·L_div, where Z_teacher combines the sampled clients'
+logits (plain mean, or FedET's uncertainty weighting). The weight-divergence anchor
+(:data:`ANCHORS`, docs/fedproj.md):
+
+- ``"previous"`` (default): L_div = ‖θ_g − θ_g^(t)‖², the previous round's global model
+  (papers 000 and 001, Algorithm 1, line 38 / line 24);
+- ``"fedavg"``: L_div = ‖θ_g − θ_avg‖², this round's FedAvg result (paper 000, Sec. 4's "remain
+  close to the averaged model"; this library's default before issue 16);
+- ``"clients"``: L_div = Σ_k ‖θ_k − θ_g‖² over the K participating clients (paper 001, C.1),
+  computed as K‖θ_g − θ̄‖² with θ̄ the unweighted client mean: the same gradient, and a value
+  lower by Σ_k ‖θ_k − θ̄‖², a constant of the round.
+
+Only parameters enter L_div (BatchNorm statistics are not trained). Teachers AND student run
+public data in inference mode, so public data never
 touches BatchNorm statistics (one of the authors' bugs this project does not copy; nor does it cast
 images or logits to integers, or anchor the divergence term on the live parameters).
 
@@ -27,6 +38,8 @@ from fedjax_proj.algorithms.client import merge_variables, split_variables
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model
 
+ANCHORS = ("previous", "fedavg", "clients")
+
 
 class DistillConfig(NamedTuple):
   """Server distillation settings (METHODS.md defaults).
@@ -36,8 +49,9 @@ class DistillConfig(NamedTuple):
     batch_size: public mini-batch size.
     lr: Adam learning rate (FedDF used 1e-3, the FedProj code 1e-5; default 1e-4).
     temperature: T.
-    alpha: weight of α‖θ_g − θ_anchor‖² (0 = off).
+    alpha: weight α of the weight-divergence term (0 = off).
     teacher_batch_size: batch size for computing teacher logits.
+    anchor: what the divergence term pulls towards, one of :data:`ANCHORS` (module docstring).
   """
 
   epochs: int = 1
@@ -46,6 +60,7 @@ class DistillConfig(NamedTuple):
   temperature: float = 3.0
   alpha: float = 0.0
   teacher_batch_size: int = 500
+  anchor: str = "previous"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,17 +171,18 @@ def _distill_schedule(key: Array, n: int, cfg: DistillConfig) -> tuple[Array, Ar
 def _make_distill_step(
   model: Model, normalize, cfg: DistillConfig, opt: optax.GradientTransformation
 ):
-  def loss_fn(params, model_state, anchor, x, teacher, mask):
+  def loss_fn(params, model_state, anchor, anchor_weight, x, teacher, mask):
     out = model.apply(merge_variables(params, model_state), x, train=False)
     loss = losses.kl_from_logits(teacher, out.logits, cfg.temperature, mask)
     if cfg.alpha:
-      loss = loss + cfg.alpha * tree_lib.tree_sq_norm(tree_lib.tree_sub(params, anchor))
+      div = tree_lib.tree_sq_norm(tree_lib.tree_sub(params, anchor))
+      loss = loss + cfg.alpha * anchor_weight * div
     return loss
 
-  def step(st: _DistillState, model_state, anchor, images, teacher_logits, idx, mask):
+  def step(st: _DistillState, model_state, anchor, images, teacher_logits, idx, mask, weight=1.0):
     x = normalize(images[idx])
     loss, grads = jax.value_and_grad(loss_fn)(
-      st.params, model_state, anchor, x, teacher_logits[idx], mask
+      st.params, model_state, anchor, weight, x, teacher_logits[idx], mask
     )
     updates, opt_state = opt.update(grads, st.opt_state, st.params)
     return _DistillState(
@@ -184,8 +200,21 @@ def distill_scan(
   normalize,
   key: Array,
   cfg: DistillConfig,
+  anchor: dict | None = None,
+  anchor_weight: float = 1.0,
 ) -> tuple[dict, Array]:
   """Distils ``teacher_logits`` [P, K] into ``student`` (traceable).
+
+  Args:
+    model: the model.
+    student: the student's variables (the FedAvg result).
+    teacher_logits: [P, K] combined teacher logits.
+    public_images: [P, ...] raw public images.
+    normalize: raw images -> model inputs.
+    key: PRNG key of the shuffling.
+    cfg: distillation settings.
+    anchor: the divergence term's anchor PARAMETERS (None: the student's starting parameters).
+    anchor_weight: multiplies α (K for the ``"clients"`` anchor).
 
   Returns:
     (student variables, mean distillation loss over the steps).
@@ -197,9 +226,10 @@ def distill_scan(
   step = _make_distill_step(model, normalize, cfg, opt)
   idx, mask = _distill_schedule(key, public_images.shape[0], cfg)
   st = _DistillState(params, opt.init(params), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+  anchor = params if anchor is None else anchor
 
   def body(st, xs):
-    return step(st, model_state, params, public_images, teacher_logits, *xs), None
+    return step(st, model_state, anchor, public_images, teacher_logits, *xs, anchor_weight), None
 
   st, _ = jax.lax.scan(body, st, (idx, mask))
   return merge_variables(st.params, model_state), st.loss_sum / jnp.maximum(st.steps, 1)
@@ -214,10 +244,11 @@ class HostDistiller:
     self._step = jax.jit(_make_distill_step(model, normalize, cfg, self.opt), donate_argnums=0)
     self._schedule = jax.jit(lambda k, n: _distill_schedule(k, n, cfg), static_argnums=1)
 
-  def __call__(self, student, teacher_logits, public_images, key):
+  def __call__(self, student, teacher_logits, public_images, key, anchor=None, anchor_weight=1.0):
     if self.cfg.epochs <= 0:
       return student, jnp.zeros((), jnp.float32)
     params, model_state = split_variables(student)
+    anchor = params if anchor is None else anchor
     idx, mask = self._schedule(key, int(public_images.shape[0]))
     st = _DistillState(
       tree_lib.tree_copy(params),
@@ -226,5 +257,7 @@ class HostDistiller:
       jnp.zeros((), jnp.int32),
     )
     for s in range(idx.shape[0]):
-      st = self._step(st, model_state, params, public_images, teacher_logits, idx[s], mask[s])
+      st = self._step(
+        st, model_state, anchor, public_images, teacher_logits, idx[s], mask[s], anchor_weight
+      )
     return merge_variables(st.params, model_state), st.loss_sum / jnp.maximum(st.steps, 1)

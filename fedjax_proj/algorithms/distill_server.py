@@ -8,8 +8,12 @@ Each round (paper 001, Algorithm 1, lines 4-6 and 31-42):
 3. FedProj's memory for the NEXT round: M public indices sampled without replacement and
    Z_ens = the plain mean of this round's client logits on them — the same logits the teacher
    used, so the memory costs no extra forward pass when distillation is on;
-4. the L_mem drift metric (paper 001, C.4): T²·KL(Z_ens ‖ f(·; θ_new)) of the new global model on
-   the new memory buffer.
+4. the L_mem drift metric (paper 001, C.4): the plain KL(σ(Z_ens) ‖ σ(f(·; θ_new))), batchmean, of
+   the new global model on the new memory buffer.
+
+The weight-divergence term of step 2 pulls towards ``cfg.anchor`` (:data:`distill.ANCHORS`): the
+previous global model (Algorithm 1, the default), this round's FedAvg result, or the participating
+clients (001, C.1).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms.client import split_variables
 from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model, RoundData
@@ -73,6 +78,8 @@ def distillation_server(
     raise ValueError(f"Unknown teacher {teacher!r}; choose one of {sorted(distill.TEACHERS)}.")
   if public_size <= 0:
     raise ValueError("The distillation family needs a public set (public_size > 0).")
+  if cfg.anchor not in distill.ANCHORS:
+    raise ValueError(f"Unknown divergence anchor {cfg.anchor!r}; choose one of {distill.ANCHORS}.")
   combine = distill.TEACHERS[teacher]
   memory_size = min(memory_size, public_size)
   host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
@@ -89,6 +96,16 @@ def distillation_server(
       jnp.zeros((), bool),
     )
 
+  def _divergence_anchor(state, stacked):
+    """(anchor parameters or None = the FedAvg start, weight on α) for ``cfg.anchor``."""
+    if cfg.anchor == "previous":
+      return split_variables(state.variables)[0], 1.0
+    if cfg.anchor == "clients":
+      params = split_variables(stacked)[0]
+      num = jax.tree.leaves(params)[0].shape[0]
+      return tree_lib.weighted_mean(params, jnp.ones((num,), jnp.float32)), float(num)
+    return None, 1.0
+
   def _aggregate(state, rd: RoundData, outputs, key, logits_fn, distill_fn, memory_fn):
     public = rd.extra["public_images"]
     stacked = outputs["variables"]
@@ -98,7 +115,10 @@ def distillation_server(
     metrics = client_metrics(outputs, rd)
     if cfg.epochs > 0:
       logits = logits_fn(stacked, public)  # [C, P, K]
-      new_vars, metrics["distill_loss"] = distill_fn(averaged, combine(logits), public, k_distill)
+      anchor, weight = _divergence_anchor(state, stacked)
+      new_vars, metrics["distill_loss"] = distill_fn(
+        averaged, combine(logits), public, k_distill, anchor, weight
+      )
       memory_logits = distill.mean_teacher(logits[:, next_idx]) if memory_size else None
     else:
       new_vars = averaged
@@ -107,7 +127,7 @@ def distillation_server(
       )
     if memory_size:
       global_logits = logits_fn(tree_lib.broadcast_clients(new_vars, 1), public[next_idx])[0]
-      metrics["lmem_global"] = losses.kl_from_logits(memory_logits, global_logits, cfg.temperature)
+      metrics["lmem_global"] = losses.kl_from_logits(memory_logits, global_logits, 1.0)
     else:
       memory_logits = state.memory_logits
     new_state = DistillServerState(
@@ -122,7 +142,7 @@ def distillation_server(
       outputs,
       key,
       lambda v, x: distill.client_logits_scan(model, v, normalize, x, cfg.teacher_batch_size),
-      lambda s, t, x, k: distill.distill_scan(model, s, t, x, normalize, k, cfg),
+      lambda s, t, x, k, a, w: distill.distill_scan(model, s, t, x, normalize, k, cfg, a, w),
       lambda k: _sample_memory(k, public_size, memory_size),
     )
 

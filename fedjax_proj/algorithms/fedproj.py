@@ -7,14 +7,20 @@ Learning with Non-IID Data" (001, Algorithm 1).
 Client step on a private batch (x, y), for ONE client (the engine vmaps it):
 1. g_new = ∇ CE(f(x; θ), y);
 2. g_mem = ∇ L_mem(θ) on one mini-batch of the round's memory buffer (cycled), with
-   L_mem(θ) = T²·KL(σ(Z_ens(x_m)/T) ‖ σ(f(x_m; θ)/T)), batchmean, the memory forward in inference
-   mode (public data never touches BatchNorm statistics);
+   L_mem(θ) = KL(σ(Z_ens(x_m)) ‖ σ(f(x_m; θ))), batchmean (000 Eq. 3, 001 Eq. 4 and Algorithm 1,
+   line 14: no temperature). Ablations: ``temperature`` T divides both logits, and
+   ``temperature_squared`` multiplies by T² (the authors' code uses T = 3 without T²). The memory
+   forward runs in inference mode (public data never touches BatchNorm statistics). A memory
+   mini-batch per step follows 001, C.6 and Table 5 ("one additional forward-backward pass on a
+   public buffer mini-batch"); ``memory_batch_size >= memory_size`` gives Algorithm 1's literal
+   full-buffer mean;
 3. one inner product over the whole flattened gradient: if ‖g_mem‖² ≤ τ or ⟨g_new, g_mem⟩ ≥ 0 then
    g = g_new, else g = g_new − (⟨g_new, g_mem⟩/‖g_mem‖²)·g_mem; only g goes to the optimiser.
    Ablations: projection probability p per step; optional clamp of the coefficient's magnitude.
 Round 0 has no ensemble: projection is skipped (default) or, when the public labels share the
 private label space, g_mem is the CE gradient on labelled public data (001, Alg. 1, line 16).
-Server: :mod:`fedjax_proj.algorithms.distill_server` (FedAvg, ensemble distillation, memory).
+Server: :mod:`fedjax_proj.algorithms.distill_server` (FedAvg, ensemble distillation with the
+weight-divergence term α anchored on the previous global model by default, memory).
 """
 
 from __future__ import annotations
@@ -63,11 +69,26 @@ def project_gradient(
 
 
 def memory_kl_loss(
-  model: Model, params, model_state, x_mem: Array, ens_logits: Array, temperature: float
+  model: Model,
+  params,
+  model_state,
+  x_mem: Array,
+  ens_logits: Array,
+  temperature: float = 1.0,
+  temperature_squared: bool = False,
 ) -> Array:
-  """L_mem = T²·KL(σ(Z_ens/T) ‖ σ(f(x_m; θ)/T)), batchmean; inference-mode forward."""
+  """L_mem = [T²·]KL(σ(Z_ens/T) ‖ σ(f(x_m; θ)/T)), batchmean; inference-mode forward.
+
+  The defaults (T = 1, no T²) are the papers' plain KL (000 Eq. 3, 001 Eq. 4).
+  """
   out = client_lib.forward(model, params, model_state, x_mem, train=False)
-  return losses.kl_from_logits(ens_logits, out.logits, temperature)
+  return _memory_kl(ens_logits, out.logits, temperature, temperature_squared)
+
+
+def _memory_kl(ens_logits, logits, temperature: float, temperature_squared: bool) -> Array:
+  # kl_from_logits carries the distillation convention's T² factor; undo it unless asked for.
+  scale = 1.0 if temperature_squared else 1.0 / temperature**2
+  return scale * losses.kl_from_logits(ens_logits, logits, temperature)
 
 
 class ProjExtra(NamedTuple):
@@ -86,6 +107,7 @@ def projection_client(
   temperature: float,
   tau: float,
   memory_batch_size: int,
+  temperature_squared: bool = False,
   projection_prob: float = 1.0,
   max_coef: float | None = None,
 ):
@@ -107,7 +129,7 @@ def projection_client(
 
     def mem_loss(p):
       out = client_lib.forward(model, p, ctx.model_state, x_mem, train=False)
-      kl = losses.kl_from_logits(sh["memory_logits"][rows], out.logits, temperature)
+      kl = _memory_kl(sh["memory_logits"][rows], out.logits, temperature, temperature_squared)
       ce = losses.cross_entropy(out.logits, sh["memory_labels"][rows])
       return jnp.where(sh["use_memory"], kl, ce)
 
@@ -157,7 +179,7 @@ def fedproj(
   public_size: int,
   memory_size: int = 10_000,
   memory_batch_size: int = 256,
-  temperature: float = 3.0,
+  temperature: float = 1.0,
   tau: float = 1e-6,
   projection_prob: float = 1.0,
   max_coef: float | None = None,
@@ -167,11 +189,23 @@ def fedproj(
   distill_batch_size: int = 256,
   distill_temperature: float = 3.0,
   alpha: float = 0.0,
+  temperature_squared: bool = False,
+  divergence_anchor: str = "previous",
 ) -> FederatedAlgorithm:
-  """Builds FedProj (METHODS.md defaults). ``distill_epochs=0`` turns server distillation off.
+  """Builds FedProj. ``distill_epochs=0`` turns server distillation off.
 
+  The memory loss defaults to the papers' plain KL (``temperature=1``, no T²); the divergence
+  term α anchors on the previous global model (Algorithm 1; ``divergence_anchor`` picks another
+  of :data:`distill.ANCHORS`). ``max_coef=10`` clamps the projection coefficient as the authors'
+  code does. See docs/fedproj.md for every default and its source.
   ``round0="ce"`` needs ``RoundData.extra["public_labels"]`` in the private label space.
   """
+  if divergence_anchor not in distill.ANCHORS:
+    raise ValueError(
+      f"divergence_anchor must be one of {distill.ANCHORS}, got {divergence_anchor!r}."
+    )
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}.")
   if round0 not in ROUND0_MODES:
     raise ValueError(f"round0 must be one of {ROUND0_MODES}, got {round0!r}.")
   if memory_size < 1 or memory_batch_size < 1:
@@ -179,7 +213,12 @@ def fedproj(
   if not 0.0 <= projection_prob <= 1.0:
     raise ValueError(f"projection_prob must be in [0, 1], got {projection_prob}.")
   cfg = distill.DistillConfig(
-    distill_epochs, distill_batch_size, distill_lr, distill_temperature, alpha
+    distill_epochs,
+    distill_batch_size,
+    distill_lr,
+    distill_temperature,
+    alpha,
+    anchor=divergence_anchor,
   )
   init, aggregate, aggregate_host = distillation_server(
     model, normalize, cfg, public_size=public_size, memory_size=memory_size
@@ -191,6 +230,7 @@ def fedproj(
     temperature=temperature,
     tau=tau,
     memory_batch_size=min(memory_batch_size, memory_size, public_size),
+    temperature_squared=temperature_squared,
     projection_prob=projection_prob,
     max_coef=max_coef,
   )

@@ -2,7 +2,8 @@
 
 Architectures and their papers: ``mlp`` and ``cnn`` (McMahan et al., "Communication-Efficient
 Learning of Deep Networks from Decentralized Data", AISTATS 2017), ``resnet8`` (FedDF: Lin et al.,
-"Ensemble Distillation for Robust Model Fusion in Federated Learning", NeurIPS 2020), ``resnet18``
+"Ensemble Distillation for Robust Model Fusion in Federated Learning", NeurIPS 2020), ``resnet10``
+(the FedProj network of paper 001, Table 5: 4.9M parameters, 65 MMACs), ``resnet18``
 (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016) and ``alexnet`` (GPM: Saha et
 al., "Gradient Projection Memory for Continual Learning", ICLR 2021, as used by FOT). ``multi_head``
 adds one linear head per task; every backbone factory takes ``projection_dim`` for MOON's
@@ -22,7 +23,7 @@ from fedjax_proj.models.conv import CONV_IMPLS, Conv, conv2d
 from fedjax_proj.models.mlp import mlp
 from fedjax_proj.models.multihead import multi_head
 from fedjax_proj.models.registry import MODELS, get_model, get_module
-from fedjax_proj.models.resnet import resnet8, resnet18
+from fedjax_proj.models.resnet import resnet8, resnet10, resnet18
 
 __all__ = [
   "CONV_IMPLS",
@@ -38,5 +39,6 @@ __all__ = [
   "mlp",
   "multi_head",
   "resnet8",
+  "resnet10",
   "resnet18",
 ]

@@ -1,7 +1,8 @@
 """Name -> model registry (``get_model``) and name -> linen module builders (for wrappers).
 
 The registered architectures and their sources are documented in their modules: ``mlp`` and
-``cnn`` (McMahan et al., AISTATS 2017), ``resnet8`` (FedDF, Lin et al., NeurIPS 2020), ``resnet18``
+``cnn`` (McMahan et al., AISTATS 2017), ``resnet8`` (FedDF, Lin et al., NeurIPS 2020), ``resnet10``
+(FedProj's network, paper 001 Table 5), ``resnet18``
 (He et al., CVPR 2016) and ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024).
 """
 
@@ -16,12 +17,20 @@ from fedjax_proj.core.types import Model
 from fedjax_proj.models.alexnet import AlexNet, alexnet
 from fedjax_proj.models.cnn import CNN, cnn
 from fedjax_proj.models.mlp import MLP, mlp
-from fedjax_proj.models.resnet import resnet8, resnet8_module, resnet18, resnet18_module
+from fedjax_proj.models.resnet import (
+  resnet8,
+  resnet8_module,
+  resnet10,
+  resnet10_module,
+  resnet18,
+  resnet18_module,
+)
 
 MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
   "mlp": mlp,
   "cnn": cnn,
   "resnet8": resnet8,
+  "resnet10": resnet10,
   "resnet18": resnet18,
   "alexnet": alexnet,
 }
@@ -32,6 +41,7 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
   "mlp": MLP,
   "cnn": CNN,
   "resnet8": resnet8_module,
+  "resnet10": resnet10_module,
   "resnet18": resnet18_module,
   "alexnet": AlexNet,
 }
@@ -43,7 +53,7 @@ def get_model(name: str, num_classes: int, **kwargs: Any) -> Model:
   """Builds a registered model.
 
   Args:
-    name: one of :data:`MODELS` ("mlp", "cnn", "resnet8", "resnet18", "alexnet").
+    name: one of :data:`MODELS` ("mlp", "cnn", "resnet8", "resnet10", "resnet18", "alexnet").
     num_classes: output width.
     **kwargs: the factory's options (e.g. ``norm``, ``projection_dim``, ``conv_impl``).
 

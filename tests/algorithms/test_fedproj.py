@@ -89,10 +89,24 @@ def test_memory_kl_matches_numpy():
   v = model.init(jax.random.key(0), jnp.zeros((1, 4)))
   x = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
   logits = model.apply(v, x, train=False).logits
+  q_model = softmax(np.asarray(logits, np.float64))
+  p_plain = softmax(zt)
+  # Default: the papers' plain KL (000 Eq. 3, 001 Eq. 4): no temperature, no T².
+  plain = np.mean(np.sum(p_plain * (np.log(p_plain) - np.log(q_model)), -1))
   np.testing.assert_allclose(
-    fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t),
-    losses.kl_from_logits(jnp.asarray(zt), logits, t),
-    rtol=1e-6,
+    fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt)), plain, rtol=1e-5
+  )
+  # The authors' code: KL at T = 3 without the T² factor.
+  p_t, q_t = softmax(zt / t), softmax(np.asarray(logits, np.float64) / t)
+  tempered = np.mean(np.sum(p_t * (np.log(p_t) - np.log(q_t)), -1))
+  np.testing.assert_allclose(
+    fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t), tempered, rtol=1e-5
+  )
+  # The distillation convention (this library's default before issue 16): T²·KL at T.
+  np.testing.assert_allclose(
+    fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t, True),
+    t * t * tempered,
+    rtol=1e-5,
   )
 
 
@@ -169,13 +183,13 @@ def test_client_matches_hand_written_projected_sgd(fp_setup):
       ).mean()
     )
   )
-  kl_grad = jax.jit(
-    jax.grad(
-      lambda p, xm, zm: losses.kl_from_logits(
-        zm, model.apply({"params": p}, xm, train=False).logits, 3.0
-      )
-    )
-  )
+
+  def plain_kl(p, xm, zm):  # the default memory loss: KL(σ(Z_ens) ‖ σ(f)), batchmean, no T
+    log_q = jax.nn.log_softmax(model.apply({"params": p}, xm, train=False).logits)
+    log_p = jax.nn.log_softmax(zm)
+    return jnp.mean(jnp.sum(jnp.exp(log_p) * (log_p - log_q), -1))
+
+  kl_grad = jax.jit(jax.grad(plain_kl))
   cursor = 0
   for s in range(rd.idx.shape[1]):
     m = np.asarray(rd.mask[c, s])
@@ -250,6 +264,62 @@ def test_weight_divergence_term_pulls_towards_anchor():
     )
     dist[alpha] = float(T.tree_norm(T.tree_sub(new["params"], student["params"])))
   assert 0 < dist[10.0] < 0.5 * dist[0.0]
+
+
+def test_clients_anchor_has_the_gradient_of_the_sum_over_clients():
+  """001, C.1: L_div = Σ_k ‖θ_k − θ_g‖²; the 'clients' anchor is K‖θ_g − θ̄‖² (same gradient)."""
+  model = helpers.tiny_model(num_classes=3)
+  public = jnp.asarray(helpers.synthetic_data(n=16, seed=2)[0])
+  clients = T.stack_clients([model.init(jax.random.key(k), public[:2]) for k in (4, 5, 6)])
+  student = model.init(jax.random.key(0), public[:2])
+  teacher = jnp.zeros((16, 3))
+  cfg = distill.DistillConfig(epochs=1, batch_size=16, lr=1e-2, alpha=0.3, anchor="clients")
+  params = clients["params"]
+  mean = T.weighted_mean(params, jnp.ones(3))
+  # One Adam step from the same start: the student moves the same way for both objectives.
+  new, _ = distill.distill_scan(
+    model, student, teacher, public, lambda z: z, jax.random.key(1), cfg, mean, 3.0
+  )
+
+  def explicit(p):
+    div = sum(T.tree_sq_norm(T.tree_sub(T.index_clients(params, k), p)) for k in range(3))
+    out = model.apply({"params": p}, public, train=False).logits
+    return losses.kl_from_logits(teacher, out, cfg.temperature) + cfg.alpha * div
+
+  g = jax.grad(explicit)(student["params"])
+  opt = optax.adam(cfg.lr)
+  upd, _ = opt.update(g, opt.init(student["params"]), student["params"])
+  expected = optax.apply_updates(student["params"], upd)
+  np.testing.assert_allclose(T.tree_ravel(new["params"]), T.tree_ravel(expected), atol=1e-6)
+
+
+def test_server_divergence_anchor(fp_setup):
+  """Algorithm 1 (default) anchors on θ_g^(t); 'fedavg' on this round's average; 'clients' (C.1)."""
+  x, y, public, model, fd, _, variables = fp_setup
+  rd = _rd(fd, x, y, public, 0)
+  kwargs = dict(public_size=48, memory_size=32, memory_batch_size=8, distill_batch_size=16)
+
+  def run(**kw):
+    alg = fedproj.fedproj(
+      model, optax.sgd(0.1), helpers.float_batch_fn(), lambda z: z, **kwargs, **kw
+    )
+    state = alg.init(variables, jax.random.key(0))
+    return jax.jit(alg.apply)(state, rd, jax.random.key(1))[0].variables["params"]
+
+  averaged = run(distill_epochs=0)  # θ_avg of this round
+  previous = variables["params"]  # θ_g^(t)
+  new = {
+    a: run(distill_epochs=3, distill_lr=3e-2, alpha=1e3, divergence_anchor=a)
+    for a in ("previous", "fedavg", "clients")
+  }
+  dist = lambda a, b: float(T.tree_norm(T.tree_sub(a, b)))
+  # Each anchor pulls the distilled model towards itself, not towards the other one.
+  assert dist(new["previous"], previous) < 0.5 * dist(new["fedavg"], previous)
+  assert dist(new["fedavg"], averaged) < 0.5 * dist(new["previous"], averaged)
+  # θ̄ (unweighted) differs from θ_avg (weighted by |D_k|): a third, distinct result.
+  assert dist(new["clients"], new["fedavg"]) > 0
+  with pytest.raises(ValueError, match="divergence_anchor"):
+    run(divergence_anchor="x")
 
 
 def test_uncertainty_teacher_prefers_confident_agreeing_clients():

@@ -15,10 +15,18 @@ INPUT_SHAPES = {
   "mlp": (28, 28, 1),
   "cnn": (28, 28, 1),
   "resnet8": (16, 16, 3),
+  "resnet10": (8, 8, 3),
   "resnet18": (8, 8, 3),
   "alexnet": (32, 32, 3),
 }
-FEATURE_DIMS = {"mlp": 200, "cnn": 512, "resnet8": 64, "resnet18": 512, "alexnet": 2048}
+FEATURE_DIMS = {
+  "mlp": 200,
+  "cnn": 512,
+  "resnet8": 64,
+  "resnet10": 512,
+  "resnet18": 512,
+  "alexnet": 2048,
+}
 NUM_CLASSES = 7
 BATCH = 3
 

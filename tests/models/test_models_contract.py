@@ -1,6 +1,7 @@
 """Every registered model honours the Model contract: shapes, purity, jit, vmap, options."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from fedjax_proj.models import MODELS, count_params, get_model
 
 
 def test_models_tuple():
-  assert MODELS == ("mlp", "cnn", "resnet8", "resnet18", "alexnet")
+  assert MODELS == ("mlp", "cnn", "resnet8", "resnet10", "resnet18", "alexnet")
 
 
 def test_unknown_name_lists_valid_names():
@@ -87,12 +88,51 @@ def test_param_counts():
   assert abs(resnet8 - 78_000) / 78_000 < 0.05
   assert _count("resnet8", (32, 32, 3), norm="group") == 78_042  # GroupNorm: same scale/bias.
   assert _count("resnet18", (32, 32, 3)) == 11_173_962
+  resnet10 = _count("resnet10", (32, 32, 3))
+  assert resnet10 == 4_903_242
+  assert abs(resnet10 - 4_900_000) / 4_900_000 < 0.02  # FedProj paper 001, Table 5: d = 4.9M
   assert _count("cnn", (28, 28, 1)) == 1_663_370  # McMahan et al.'s count.
   assert _count("alexnet", (32, 32, 3)) == 6_528_896
   assert _count("alexnet", (32, 32, 3), norm="none") == 6_528_896 - 2 * (
     64 + 128 + 256 + 2048 + 2048
   )
   assert _count("mlp", (28, 28, 1)) == 199_210
+
+
+def _forward_macs(name, shape):
+  """Multiply-accumulates of one inference forward pass, read off the traced layer shapes."""
+  model = get_model(name, 10)
+  x = jnp.zeros((1, *shape))
+  variables = jax.eval_shape(model.init, key(0), x)
+  jaxpr = jax.make_jaxpr(lambda v: model.apply(v, x, train=False).logits)(variables)
+  macs = 0
+
+  def walk(jp):
+    nonlocal macs
+    for eqn in jp.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        kernel = eqn.invars[1].aval.shape  # HWIO: kh, kw, in/groups, out
+        out = eqn.outvars[0].aval.shape
+        macs += int(np.prod(out)) * kernel[0] * kernel[1] * kernel[2]
+      elif eqn.primitive.name == "dot_general":
+        (contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        macs += int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[d] for d in contract]))
+    for sub in jax.extend.core.subjaxprs(jp):
+      walk(getattr(sub, "jaxpr", sub))
+
+  walk(jaxpr.jaxpr)
+  return macs
+
+
+def test_resnet10_is_fedprojs_table5_network():
+  """Paper 001, Table 5: F = 65 MMACs per 32x32 example (4.9M parameters: test_param_counts)."""
+  macs = _forward_macs("resnet10", (32, 32, 3))
+  # stem + stage 1 (16x16, after the pool) + three strided stages (with 1x1 shortcuts) + fc.
+  assert macs == 1_769_472 + 18_874_368 + 3 * 14_680_064 + 5_120  # = 64,689,152
+  assert abs(macs - 65e6) / 65e6 < 0.02
+  # The max pool halves the resolution before the first stage: without it MACs would be ~4x.
+  assert _forward_macs("resnet8", (32, 32, 3)) < 13e6
 
 
 def test_count_params_accepts_params_tree():
