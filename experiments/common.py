@@ -1,8 +1,10 @@
 """Flag parsing shared by the experiment entry points: every config field becomes a --flag.
 
-``--preset`` picks the starting config (``paper``, ``cpu`` or ``smoke``); other flags override
-single fields. Bad values exit non-zero with a message listing the valid choices. Boolean flags
-may be given bare (``--resume`` means ``--resume=true``).
+``--preset`` picks the starting config (``paper``, ``cpu`` or ``smoke``; an entry point may offer
+more, e.g. ``paper_code``, by passing its own ``presets``); other flags override single fields.
+A preset's ``method_defaults`` (method name -> hyperparameters) apply to that method unless
+``--method_kwargs`` sets them. Bad values exit non-zero with a message listing the valid choices.
+Boolean flags may be given bare (``--resume`` means ``--resume=true``).
 
 Run management flags (fields of every config from ``base_config``): ``--output_dir=D --resume``
 continues D's newest valid checkpoint bit-exactly, ``--checkpoint_every=k`` (0: only on a signal),
@@ -55,11 +57,20 @@ def _optional_int(text: str):
   return None if text.lower() in ("none", "") else int(text)
 
 
+def dirichlet_beta(partition: str) -> float | None:
+  """β of a ``dirichlet:β`` partition spec, else None."""
+  kind, _, arg = partition.partition(":")
+  return float(arg) if kind == "dirichlet" and arg else None
+
+
 def build_parser(
-  description: str, get_config: Callable[[str], ml_collections.ConfigDict], choices: dict
+  description: str,
+  get_config: Callable[[str], ml_collections.ConfigDict],
+  choices: dict,
+  presets: tuple[str, ...] = PRESETS,
 ) -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--preset", default="paper", choices=PRESETS, help="starting config")
+  parser.add_argument("--preset", default="paper", choices=presets, help="starting config")
   defaults = get_config("paper")
   for key, value in defaults.items():
     if isinstance(value, ml_collections.ConfigDict):
@@ -94,9 +105,13 @@ def _parse_value(text: str):
 
 
 def parse_config(
-  argv, description: str, get_config: Callable[[str], ml_collections.ConfigDict], choices: dict
+  argv,
+  description: str,
+  get_config: Callable[[str], ml_collections.ConfigDict],
+  choices: dict,
+  presets: tuple[str, ...] = PRESETS,
 ) -> ml_collections.ConfigDict:
-  parser = build_parser(description, get_config, choices)
+  parser = build_parser(description, get_config, choices, presets)
   args = parser.parse_args(argv)
   config = get_config(args.preset)
   for key, value in vars(args).items():
@@ -126,7 +141,14 @@ def resume_command(argv, output_dir: str) -> str:
   )
 
 
-def main(argv, description, get_config, choices, prepare: Callable | None = None) -> int:
+def main(
+  argv,
+  description,
+  get_config,
+  choices,
+  prepare: Callable | None = None,
+  presets: tuple[str, ...] = PRESETS,
+) -> int:
   """Parses flags, runs the experiment and maps failures to exit codes with a message.
 
   ``prepare(config) -> config`` applies preset rules that depend on the chosen flags (e.g. the
@@ -136,7 +158,7 @@ def main(argv, description, get_config, choices, prepare: Callable | None = None
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
   from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
 
-  config = parse_config(argv, description, get_config, choices)
+  config = parse_config(argv, description, get_config, choices, presets)
   if prepare is not None:
     try:
       config = prepare(config)

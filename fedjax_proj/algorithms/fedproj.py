@@ -242,7 +242,11 @@ def fedproj(
     labels = rd.extra.get("public_labels")
     round0_ce = round0 == "ce" and labels is not None
     if round0 == "ce" and labels is None:
-      raise ValueError("round0='ce' needs RoundData.extra['public_labels'] (labelled public data).")
+      raise ValueError(
+        "round0='ce' needs RoundData.extra['public_labels']: labelled public data in the private "
+        "label space (experiments pass them only when the public set is the private dataset); "
+        "use round0='skip' otherwise."
+      )
     shared = {
       "variables": state.variables,
       "memory_images": public[idx],

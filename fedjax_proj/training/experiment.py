@@ -244,7 +244,18 @@ def _subset(ds, n: int, seed: int):
   return ds.images[keep], ds.labels[keep]
 
 
-def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]:
+def same_label_space(public_name: str, private_name: str) -> bool:
+  """Whether a public set's labels are the private task's labels: the same dataset by name.
+
+  Equal class counts are not enough (ImageNet-100 and CIFAR-100 both have 100 classes).
+  """
+  canon = lambda n: n.strip().lower().replace("-", "").replace("_", "")
+  return bool(public_name) and canon(public_name) == canon(private_name)
+
+
+def _public_inputs(
+  c, train_x: np.ndarray, num_classes: int, private_name: str = ""
+) -> tuple[dict, int]:
   """Loads the public set for methods that need one; validates it before any compute."""
   if not c.public_data:
     if registry.needs_public(c.method):
@@ -267,7 +278,8 @@ def _public_inputs(c, train_x: np.ndarray, num_classes: int) -> tuple[dict, int]
       "--memory_size or use more public data (--public_size=0 uses all of it)."
     )
   inputs = {"public_images": jax.device_put(images)}
-  if public.num_classes == num_classes:  # label spaces match: FedProj's round-0 CE is possible
+  # FedProj's round-0 CE (001, Algorithm 1, line 16) reads public labels as private ones.
+  if public.num_classes == num_classes and same_label_space(public.name, private_name):
     inputs["public_labels"] = jax.device_put(np.asarray(labels, np.int32))
   return inputs, len(labels)
 
@@ -381,7 +393,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   test_x, test_y = _subset(test_ds, c.test_subset, c.seed + 1)
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
-  round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes)
+  round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes, train_ds.name)
 
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
@@ -400,7 +412,8 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     public_size=public_size,
     num_classes=train_ds.num_classes,
   )
-  hparams = dict(c.method_kwargs)
+  # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.
+  hparams = {**dict(c.get("method_defaults", {}).get(c.method, {})), **dict(c.method_kwargs)}
   for field in registry.config_kwargs(c.method):
     hparams.setdefault(field, c[field])
   algorithm = registry.build_algorithm(c.method, ctx, **hparams)

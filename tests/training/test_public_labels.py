@@ -1,0 +1,41 @@
+"""Public labels reach FedProj's round-0 CE only when the public set is the private dataset."""
+
+import numpy as np
+
+from fedjax_proj.training import experiment
+
+
+def _config(public_path):
+  c = experiment.base_config()
+  c.method = "fedproj"
+  c.public_data = str(public_path)
+  c.memory_size = 8
+  return c
+
+
+def _write(path, num_classes):
+  rng = np.random.default_rng(0)
+  image = rng.integers(0, 255, (16, 4, 4, 3), dtype=np.uint8)
+  np.savez(path, image=image, label=np.arange(16) % num_classes, num_classes=num_classes)
+  return image
+
+
+def test_same_label_space_is_by_dataset_name_not_class_count():
+  assert experiment.same_label_space("cifar10", "cifar10")
+  assert experiment.same_label_space("CIFAR-100", "cifar100")
+  assert not experiment.same_label_space("imagenet100", "cifar100")  # both 100 classes
+  assert not experiment.same_label_space("", "cifar10")
+
+
+def test_public_labels_only_for_the_private_datasets_label_space(tmp_path):
+  train_x = np.zeros((4, 4, 4, 3), np.uint8)
+  # 100 classes like CIFAR-100, but another dataset (e.g. ImageNet-100): no labels.
+  other = tmp_path / "imagenet100.npz"
+  _write(other, 100)
+  inputs, size = experiment._public_inputs(_config(other), train_x, 100, "cifar100")
+  assert size == 16 and "public_labels" not in inputs
+  # The private dataset itself (a held-out part of CIFAR-100): labels are passed.
+  same = tmp_path / "cifar100.npz"
+  _write(same, 100)
+  inputs, _ = experiment._public_inputs(_config(same), train_x, 100, "cifar100")
+  np.testing.assert_array_equal(inputs["public_labels"], np.arange(16) % 100)
