@@ -90,6 +90,10 @@ def fedgkd_paper(c):
   return c
 
 
+# Preset rules applied after the flags (FedProj's α follows the final --partition).
+prepare = fedproj_presets.prepare
+
+
 if __name__ == "__main__":
   choices = {"method": methods(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(
@@ -98,7 +102,7 @@ if __name__ == "__main__":
       __doc__.splitlines()[0],
       get_config,
       choices,
-      prepare=fedproj_presets.prepare,
+      prepare=prepare,
       presets=PRESETS,
     )
   )

@@ -61,10 +61,10 @@ def get_config(preset: str = "paper"):
   raise ValueError(f"Unknown preset {preset!r}; choose one of {common.PRESETS}.")
 
 
+# Preset rules applied after the flags (FedProj's α follows the final --partition).
+prepare = fedproj_presets.prepare
+
+
 if __name__ == "__main__":
   choices = {"method": methods(), "strategy": STRATEGIES, "model": MODELS}
-  sys.exit(
-    common.main(
-      sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=fedproj_presets.prepare
-    )
-  )
+  sys.exit(common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=prepare))
