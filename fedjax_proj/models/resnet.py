@@ -186,7 +186,6 @@ def _resnet_module(
   projection_dim: int | None,
   classifier_on_projection: bool,
   conv_impl: str,
-  stem_pool: bool = False,
 ) -> ResNet:
   return ResNet(
     num_classes=num_classes,
@@ -194,7 +193,6 @@ def _resnet_module(
     stage_sizes=tuple(stage_sizes),
     stage_features=tuple(stage_features),
     stage_strides=tuple(stage_strides),
-    stem_pool=stem_pool,
     norm=norm,
     num_groups=num_groups,
     group_size=group_size,
@@ -230,30 +228,16 @@ def resnet8_module(
   )
 
 
-def resnet10_module(
-  num_classes: int | None = 10,
-  *,
-  norm: str = "batch",
-  num_groups: int | None = 2,
-  group_size: int | None = None,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
-  conv_impl: str = "xla",
-) -> ResNet:
-  """FedProj's ResNet-10 as a linen module (arguments as :func:`resnet10`)."""
-  return _resnet_module(
-    num_classes,
-    64,
-    (1, 1, 1, 1),
-    (64, 128, 256, 512),
-    (1, 2, 2, 2),
-    norm,
-    num_groups,
-    group_size,
-    projection_dim,
-    classifier_on_projection,
-    conv_impl,
+def resnet10_module(num_classes: int | None = 10, **options) -> ResNet:
+  """FedProj's ResNet-10 as a linen module (``options`` as :func:`resnet8`)."""
+  return ResNet(
+    num_classes=num_classes,
+    stem_features=64,
+    stage_sizes=(1, 1, 1, 1),
+    stage_features=(64, 128, 256, 512),
+    stage_strides=(1, 2, 2, 2),
     stem_pool=True,
+    **options,
   )
 
 
@@ -319,33 +303,18 @@ def resnet8(
   return from_flax("resnet8", module, num_classes)
 
 
-def resnet10(
-  num_classes: int = 10,
-  *,
-  norm: str = "batch",
-  num_groups: int | None = 2,
-  group_size: int | None = None,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
-  conv_impl: str = "xla",
-) -> Model:
+def resnet10(num_classes: int = 10, **options) -> Model:
   """FedProj's ResNet-10 (paper 001, Table 5) as a :class:`Model`; features are 512-d.
 
-  Args: as :func:`resnet8`.
+  Args:
+    num_classes: output width.
+    **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
+      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`.
 
   Returns:
     The Model.
   """
-  module = resnet10_module(
-    num_classes,
-    norm=norm,
-    num_groups=num_groups,
-    group_size=group_size,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
-    conv_impl=conv_impl,
-  )
-  return from_flax("resnet10", module, num_classes)
+  return from_flax("resnet10", resnet10_module(num_classes, **options), num_classes)
 
 
 def resnet18(
