@@ -2,7 +2,9 @@
 
 The registered architectures and their sources are documented in their modules: ``mlp`` and
 ``cnn`` (McMahan et al., AISTATS 2017), ``resnet8`` (FedDF, Lin et al., NeurIPS 2020), ``resnet18``
-(He et al., CVPR 2016) and ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024).
+(He et al., CVPR 2016), ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024)
+and SFedKD's networks ``alexnet8`` (Krizhevsky et al., NeurIPS 2012) and ``lenet5`` (LeCun et
+al., 1998).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import flax.linen as nn
 
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.alexnet import AlexNet, alexnet
+from fedjax_proj.models.alexnet8 import AlexNet8, alexnet8
 from fedjax_proj.models.cnn import CNN, cnn
+from fedjax_proj.models.lenet import LeNet5, lenet5
 from fedjax_proj.models.mlp import MLP, mlp
 from fedjax_proj.models.resnet import resnet8, resnet8_module, resnet18, resnet18_module
 
@@ -24,6 +28,8 @@ MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
   "resnet8": resnet8,
   "resnet18": resnet18,
   "alexnet": alexnet,
+  "alexnet8": alexnet8,
+  "lenet5": lenet5,
 }
 
 # Same names, but building bare linen modules; ``num_classes=None`` gives a backbone without a
@@ -34,6 +40,8 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
   "resnet8": resnet8_module,
   "resnet18": resnet18_module,
   "alexnet": AlexNet,
+  "alexnet8": AlexNet8,
+  "lenet5": LeNet5,
 }
 
 MODELS: tuple[str, ...] = tuple(MODEL_FACTORIES)
