@@ -93,6 +93,26 @@ class SFedKDConfig(NamedTuple):
     return self
 
 
+def cap_num_teachers(num_teachers: int | None, clients_per_round: int) -> tuple[int, str | None]:
+  """K capped to the M clients per round (teachers come from the previous round's M models).
+
+  Args:
+    num_teachers: the requested K (None: the default, :class:`SFedKDConfig`'s).
+    clients_per_round: M.
+
+  Returns:
+    (K to use, a note saying what was capped and why, or None when nothing was).
+  """
+  k = SFedKDConfig().num_teachers if num_teachers is None else int(num_teachers)
+  if k <= clients_per_round:
+    return k, None
+  return clients_per_round, (
+    f"SFedKD num_teachers={k} capped to {clients_per_round}: the teachers are models of the "
+    f"previous round's {clients_per_round} clients (--clients_per_round). Raise "
+    "--clients_per_round to use more teachers."
+  )
+
+
 class SFedKDState(NamedTuple):
   round: Array
   variables: dict
