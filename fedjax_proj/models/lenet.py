@@ -11,51 +11,20 @@ feeds them unpadded, as Li & Lyu's sequential-FL code does (liyipeng00/convergen
 
 VALID padding, biases everywhere, ReLU and max pooling (the 1998 paper's scaled tanh, trainable
 subsampling and sparse C3 connections are not used by modern reimplementations). 44,426
-parameters for 10 classes on 28x28x1 inputs (docs/sfedkd.md, "Networks").
+parameters for 10 classes on 28x28x1 inputs (docs/sfedkd.md, "Networks"). It is the FedAvg CNN's
+stack (:class:`fedjax_proj.models.cnn.CNN`) with LeNet's widths and padding.
 """
 
 from __future__ import annotations
 
-import flax.linen as nn
-import jax
+import functools
 
 from fedjax_proj.core.types import Model
-from fedjax_proj.models.base import from_flax, output_heads
-from fedjax_proj.models.conv import Conv
+from fedjax_proj.models.base import from_flax
+from fedjax_proj.models.cnn import CNN
 
-
-class LeNet5(nn.Module):
-  """LeNet-5 with ReLU and max pooling.
-
-  Attributes:
-    num_classes: classifier width (None: no classifier, for multi-head wrappers).
-    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
-    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
-    conv_impl: "xla", "patches_grad" or "patches" (:mod:`fedjax_proj.models.conv`).
-  """
-
-  num_classes: int | None = 10
-  projection_dim: int | None = None
-  classifier_on_projection: bool = False
-  conv_impl: str = "xla"
-
-  @nn.compact
-  def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None = None):
-    del train, mask  # No dropout or batch-dependent layers.
-    if x.ndim == 3:  # [B, H, W] grayscale.
-      x = x[..., None]
-    for i, width in enumerate((6, 16)):
-      x = Conv(width, (5, 5), padding="VALID", impl=self.conv_impl, name=f"conv_{i}")(x)
-      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
-    h = x.reshape(x.shape[0], -1)
-    h = nn.relu(nn.Dense(120, name="dense_0")(h))
-    h = nn.relu(nn.Dense(84, name="dense_1")(h))
-    return output_heads(
-      h,
-      self.num_classes,
-      self.projection_dim,
-      classifier_on_projection=self.classifier_on_projection,
-    )
+# LeNet-5 as a linen module builder (``LeNet5(num_classes=...)``), for the module registry.
+LeNet5 = functools.partial(CNN, conv_features=(6, 16), padding="VALID", hidden=(120, 84))
 
 
 def lenet5(

@@ -137,10 +137,10 @@ def test_cifar10_smoke_first_round(method, tmp_path):
   assert math.isfinite(summary["final_test_loss"])
 
 
-# Conformance budget (measured, docs/sfedkd.md "Entry points"): sequential.py's smoke shape on MNIST
-# (LeNet-5, 2,000 images over 10 clients, ExDir(2, 0.5), 5 clients per round, K = 5 teachers) with
-# 1 local epoch, 6 rounds and SGD lr 0.05.
-CONFORMANCE = {"rounds": 6, "local_epochs": 1, "lr": 0.05}
+# Conformance budget: sequential.py's smoke preset on MNIST (LeNet-5, 2,000 images over 10 clients,
+# ExDir(2, 0.5), 5 clients per round, K = 5 teachers, 1 local epoch, SGD 0.01) run for 20 rounds.
+# Measured (docs/sfedkd.md, "Entry points"): FedAvg 56.2%, FedSeq 74.2%; chance is 10%.
+CONFORMANCE = {"rounds": 20}
 
 
 @pytest.mark.parametrize("method", sequential.METHODS)
@@ -151,4 +151,5 @@ def test_sequential_methods_beat_chance_on_real_mnist(method, tmp_path):
   c.update(CONFORMANCE)
   c.eval_every = c.rounds
   summary = _run(sequential.prepare(c, log=lambda *a: None), tmp_path, method)
-  assert summary["final_test_accuracy"] > 0.4, f"{method}: {summary['final_test_accuracy']:.3f}"
+  accuracy = summary["final_test_accuracy"]
+  assert accuracy > 0.4, f"{method}: test accuracy {accuracy:.3f} at the conformance budget"
