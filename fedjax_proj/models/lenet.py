@@ -27,28 +27,15 @@ from fedjax_proj.models.cnn import CNN
 LeNet5 = functools.partial(CNN, conv_features=(6, 16), padding="VALID", hidden=(120, 84))
 
 
-def lenet5(
-  num_classes: int = 10,
-  *,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
-  conv_impl: str = "xla",
-) -> Model:
+def lenet5(num_classes: int = 10, **options) -> Model:
   """LeNet-5 as a :class:`Model`; features are the 84-unit layer.
 
   Args:
     num_classes: output width.
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection instead of the 84-unit layer.
-    conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
+    **options: the FedAvg CNN's options (``projection_dim``, ``classifier_on_projection``,
+      ``conv_impl``; see :func:`fedjax_proj.models.cnn.cnn`).
 
   Returns:
     The Model.
   """
-  module = LeNet5(
-    num_classes=num_classes,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
-    conv_impl=conv_impl,
-  )
-  return from_flax("lenet5", module, num_classes)
+  return from_flax("lenet5", LeNet5(num_classes=num_classes, **options), num_classes)
