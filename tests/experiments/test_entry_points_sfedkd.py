@@ -10,6 +10,9 @@
   methods would take minutes (ResNet-8 itself runs in tests/training/test_cifar10_cli.py).
 * Conformance: every method sequential.py offers beats chance clearly at a small real-data budget
   of that entry point (MNIST, its offline stand-in for Fashion-MNIST; docs/sfedkd.md).
+
+The real-data runs are marked ``slow``: each compiles a method's round (measured 34-162 s per test
+under a load average of ~20 on 2 cores; far less on an idle machine, not measured here).
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ def _run(c, tmp_path, name):
   return run_experiment(c, log=lambda *a, **k: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
 @pytest.mark.parametrize("method", sequential.METHODS)
 def test_sequential_smoke_first_round(method, dataset, tmp_path):
@@ -123,6 +127,7 @@ def test_sequential_smoke_first_round(method, dataset, tmp_path):
   assert 0.0 <= summary["final_test_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", cifar10.METHODS)
 def test_cifar10_smoke_first_round(method, tmp_path):
   _need("cifar10")
@@ -143,6 +148,7 @@ def test_cifar10_smoke_first_round(method, tmp_path):
 CONFORMANCE = {"rounds": 20}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sequential.METHODS)
 def test_sequential_methods_beat_chance_on_real_mnist(method, tmp_path):
   _need("mnist")
