@@ -17,6 +17,10 @@ Presets (each field and its source: docs/reproduction.md):
   20 local epochs, batch 64, SGD 0.05 with momentum 0.9 and weight decay 1e-5, ResNet-8 with
   GroupNorm (16 channels per group), Dirichlet 0.1, buffer M = 5, γ = 0.2.
 - ``cpu`` finishes in about 15 minutes on 2 cores; ``smoke`` in under a minute.
+
+The sequential methods (fedseq, cwc, sfedkd) are not offered here: under these parallel-FL
+settings they do not learn (docs/sfedkd.md, "Entry points"); run them with
+``experiments/sequential.py``, whose presets are their paper's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import fedproj_presets  # noqa: E402
 import ml_collections  # noqa: E402
 
 from fedjax_proj.algorithms import methods  # noqa: E402
+from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
 from fedjax_proj.training.experiment import base_config  # noqa: E402
@@ -90,12 +95,26 @@ def fedgkd_paper(c):
   return c
 
 
-# Preset rules applied after the flags (FedProj's α follows the final --partition).
-prepare = fedproj_presets.prepare
+METHODS = tuple(m for m in methods() if m not in SEQUENTIAL_METHODS)
+
+
+def prepare(c):
+  """Preset rules applied after the flags.
+
+  Refuses the sequential methods with a pointer to their entry point, then sets FedProj's α from
+  the final ``--partition`` (fedproj_presets.prepare).
+  """
+  if c.method in SEQUENTIAL_METHODS:
+    raise ValueError(
+      f"{c.method} is sequential FL and does not learn under this entry point's parallel-FL "
+      'presets (docs/sfedkd.md, "Entry points"); run it with experiments/sequential.py, e.g. '
+      f"python experiments/sequential.py --dataset={c.dataset} --method={c.method} --preset=cpu"
+    )
+  return fedproj_presets.prepare(c)
 
 
 if __name__ == "__main__":
-  choices = {"method": methods(), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": (*METHODS, *SEQUENTIAL_METHODS), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(
     common.main(
       sys.argv[1:],

@@ -53,6 +53,12 @@ HandoffFn = Callable[[dict, PyTree, PyTree], dict]
 EndFn = Callable[[PyTree, RoundData, dict, PyTree, Array, Array], tuple[PyTree, dict]]
 
 
+# The registered methods built on SequentialAlgorithm (this module, cwc.py, sfedkd.py). They need
+# settings of their own (paper 004's: SGD, ExDir partitions), so entry points written for parallel
+# FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
+SEQUENTIAL_METHODS = ("fedseq", "cwc", "sfedkd")
+
+
 def sequence_order(key: Array, num_clients: int) -> Array:
   """The round's client order: a permutation of positions ``0..M-1`` of ``round_data``."""
   return jax.random.permutation(random_lib.stream_key(key, "order"), num_clients)

@@ -9,14 +9,18 @@ Distillation"; METHODS.md "SFedKD and sequential FL". What it computes, per roun
   distributions (teachers.greedy_select, Algorithm 1) and kept stacked [K, ...] in the server
   state with their distributions. Round 1 has no teachers (plain FedSeq, Algorithm 2 line 5).
 * Client loss (Eq. 7): CE + γ·Σ_k g_k·NCKD(T_k, S) + β·Σ_k h_k·TCKD(T_k, S), DKD terms at
-  temperature T times T² (losses.dkd_per_example), with g_k, h_k from d(D^{T_k}, D^S) (Eq. 5,
-  teachers.teacher_weights). All K teachers' logits on a batch come from one forward over the
-  stacked teacher parameters, vmapped (accelerators) or unrolled (CPU; see ``teacher_forward``),
-  in inference mode (BatchNorm running statistics).
+  temperature τ (losses.dkd_per_example), with g_k, h_k from d(D^{T_k}, D^S) (Eq. 5,
+  teachers.teacher_weights). As in Eqs. 3–4 the terms are plain KL divergences: no τ² factor by
+  default. DKD's own code (mdistiller, which the paper extends, [68]) multiplies each term by τ²;
+  ``temperature_squared=True`` gives that reading. The paper uses τ without stating its value, so
+  τ = 4 comes from DKD (docs/sfedkd.md, "Loss"). All K teachers' logits on a batch come from one
+  forward over the stacked teacher parameters, vmapped (accelerators) or unrolled (CPU; see
+  ``teacher_forward``), in inference mode (BatchNorm running statistics).
 * D (a client's class distribution) is its label histogram, read from the round layout's labels
   and mask: with epoch-based local training every example appears E times, so this is exact.
 
-Defaults (METHODS.md): K = 5 of M = 10, γ = 1, β = 3, T = 4, d = KL, ε = 1e-4.
+Defaults (paper 004, Sect. 4.1 and 4.3.2; Eq. 5): K = 5 of M = 10, γ = 1, β = 3, d = KL,
+ε = 1e-4; τ = 4 without τ² (see above).
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ class SFedKDConfig(NamedTuple):
     num_teachers: K, teachers selected from the previous round's M clients (K <= M).
     gamma: γ, weight of the multi-teacher NCKD term.
     beta: β, weight of the multi-teacher TCKD term.
-    temperature: DKD temperature T.
+    temperature: DKD temperature τ (Eqs. 3–4; the paper states no value, 4 is DKD's).
+    temperature_squared: multiply both DKD terms by τ² as DKD's code does; False (default)
+      follows Eqs. 3–4, which have no τ² factor. With τ = 4 and β = 3, True scales TCKD's
+      gradient 16-fold, which needs a smaller client step (docs/sfedkd.md, "Loss").
     metric: distribution discrepancy d: "kl" (default), "l1", "l2" or "js".
     eps: ε smoothing of h_k's inverse discrepancies.
     smoothing: additive smoothing of class distributions before d (keeps KL finite).
@@ -65,6 +72,7 @@ class SFedKDConfig(NamedTuple):
   gamma: float = 1.0
   beta: float = 3.0
   temperature: float = 4.0
+  temperature_squared: bool = False
   metric: str = "kl"
   eps: float = 1e-4
   smoothing: float = 1e-6
@@ -83,6 +91,26 @@ class SFedKDConfig(NamedTuple):
     if self.gamma < 0 or self.beta < 0 or self.eps <= 0 or self.smoothing < 0:
       raise ValueError("gamma and beta must be >= 0, eps > 0 and smoothing >= 0.")
     return self
+
+
+def cap_num_teachers(num_teachers: int | None, clients_per_round: int) -> tuple[int, str | None]:
+  """K capped to the M clients per round (teachers come from the previous round's M models).
+
+  Args:
+    num_teachers: the requested K (None: the default, :class:`SFedKDConfig`'s).
+    clients_per_round: M.
+
+  Returns:
+    (K to use, a note saying what was capped and why, or None when nothing was).
+  """
+  k = SFedKDConfig().num_teachers if num_teachers is None else int(num_teachers)
+  if k <= clients_per_round:
+    return k, None
+  return clients_per_round, (
+    f"SFedKD num_teachers={k} capped to {clients_per_round}: the teachers are models of the "
+    f"previous round's {clients_per_round} clients (--clients_per_round). Raise "
+    "--clients_per_round to use more teachers."
+  )
 
 
 class SFedKDState(NamedTuple):
@@ -108,11 +136,11 @@ def multi_teacher_dkd(
   h: Array,
   config: SFedKDConfig,
 ) -> tuple[Array, Array]:
-  """(L_NCKD, L_TCKD) of Eqs. 3–4 for teacher logits [K, B, C]; each includes T²."""
+  """(L_NCKD, L_TCKD) of Eqs. 3–4 for teacher logits [K, B, C] (times τ² if configured)."""
   tckd, nckd = jax.vmap(
     lambda t: losses.dkd_per_example(t, student_logits, labels, config.temperature)
   )(teacher_logits)
-  t2 = config.temperature**2
+  t2 = config.temperature**2 if config.temperature_squared else 1.0
   per_teacher_nckd = jax.vmap(lambda v: losses.masked_mean(v, mask))(nckd)
   per_teacher_tckd = jax.vmap(lambda v: losses.masked_mean(v, mask))(tckd)
   return t2 * jnp.dot(g, per_teacher_nckd), t2 * jnp.dot(h, per_teacher_tckd)

@@ -7,7 +7,8 @@ Learning of Deep Networks from Decentralized Data", AISTATS 2017), ``resnet8`` (
 (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016) and ``alexnet`` (GPM: Saha et
 al., "Gradient Projection Memory for Continual Learning", ICLR 2021, as used by FOT). ``multi_head``
 adds one linear head per task; every backbone factory takes ``projection_dim`` for MOON's
-projection head; conv models take ``conv_impl`` (see :mod:`fedjax_proj.models.conv`).
+projection head; ``alexnet8`` and ``lenet5`` are SFedKD's CIFAR-10 and Fashion-MNIST networks
+(papers/004; docs/sfedkd.md); conv models take ``conv_impl`` (see :mod:`fedjax_proj.models.conv`).
 
 Example::
 
@@ -17,9 +18,11 @@ Example::
 """
 
 from fedjax_proj.models.alexnet import alexnet
+from fedjax_proj.models.alexnet8 import alexnet8
 from fedjax_proj.models.base import count_params, from_flax
 from fedjax_proj.models.cnn import cnn
 from fedjax_proj.models.conv import CONV_IMPLS, Conv, conv2d
+from fedjax_proj.models.lenet import lenet5
 from fedjax_proj.models.mlp import mlp
 from fedjax_proj.models.multihead import multi_head
 from fedjax_proj.models.registry import MODELS, get_model, get_module
@@ -30,12 +33,14 @@ __all__ = [
   "MODELS",
   "Conv",
   "alexnet",
+  "alexnet8",
   "cnn",
   "conv2d",
   "count_params",
   "from_flax",
   "get_model",
   "get_module",
+  "lenet5",
   "mlp",
   "multi_head",
   "resnet8",

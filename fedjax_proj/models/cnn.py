@@ -3,10 +3,13 @@ Decentralized Data" (AISTATS 2017).
 
 conv 5x5 32 -> ReLU -> maxpool 2 -> conv 5x5 64 -> ReLU -> maxpool 2 -> dense 512 -> ReLU ->
 dense num_classes; convolutions with "SAME" padding and bias. On 28x28x1 MNIST with 10 classes it
-has 1,663,370 parameters, the paper's count.
+has 1,663,370 parameters, the paper's count. The same two-conv/dense stack with other widths and
+VALID padding is LeNet-5 (:mod:`fedjax_proj.models.lenet`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -21,12 +24,18 @@ class CNN(nn.Module):
 
   Attributes:
     num_classes: classifier width (None: no classifier, for multi-head wrappers).
+    conv_features: widths of the 5x5 convolutions, each followed by ReLU and 2x2 max pooling.
+    padding: the convolutions' padding.
+    hidden: widths of the ReLU dense layers before the classifier.
     projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
     classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
     conv_impl: "xla", "patches_grad" or "patches" (:mod:`fedjax_proj.models.conv`).
   """
 
   num_classes: int | None = 10
+  conv_features: Sequence[int] = (32, 64)
+  padding: str = "SAME"
+  hidden: Sequence[int] = (512,)
   projection_dim: int | None = None
   classifier_on_projection: bool = False
   conv_impl: str = "xla"
@@ -36,10 +45,12 @@ class CNN(nn.Module):
     del train, mask  # No dropout or batch-dependent layers.
     if x.ndim == 3:  # [B, H, W] grayscale.
       x = x[..., None]
-    for i, width in enumerate((32, 64)):
-      x = Conv(width, (5, 5), padding="SAME", impl=self.conv_impl, name=f"conv_{i}")(x)
+    for i, width in enumerate(self.conv_features):
+      x = Conv(width, (5, 5), padding=self.padding, impl=self.conv_impl, name=f"conv_{i}")(x)
       x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
-    h = nn.relu(nn.Dense(512, name="dense_0")(x.reshape(x.shape[0], -1)))
+    h = x.reshape(x.shape[0], -1)
+    for j, width in enumerate(self.hidden):
+      h = nn.relu(nn.Dense(width, name=f"dense_{j}")(h))
     return output_heads(
       h,
       self.num_classes,

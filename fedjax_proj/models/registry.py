@@ -3,7 +3,9 @@
 The registered architectures and their sources are documented in their modules: ``mlp`` and
 ``cnn`` (McMahan et al., AISTATS 2017), ``resnet8`` (FedDF, Lin et al., NeurIPS 2020), ``resnet10``
 (FedProj's network, paper 001 Table 5), ``resnet18``
-(He et al., CVPR 2016) and ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024).
+(He et al., CVPR 2016), ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024)
+and SFedKD's networks ``alexnet8`` (Krizhevsky et al., NeurIPS 2012) and ``lenet5`` (LeCun et
+al., 1998).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import flax.linen as nn
 
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.alexnet import AlexNet, alexnet
+from fedjax_proj.models.alexnet8 import AlexNet8, alexnet8
 from fedjax_proj.models.cnn import CNN, cnn
+from fedjax_proj.models.lenet import LeNet5, lenet5
 from fedjax_proj.models.mlp import MLP, mlp
 from fedjax_proj.models.resnet import (
   resnet8,
@@ -33,6 +37,8 @@ MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
   "resnet10": resnet10,
   "resnet18": resnet18,
   "alexnet": alexnet,
+  "alexnet8": alexnet8,
+  "lenet5": lenet5,
 }
 
 # Same names, but building bare linen modules; ``num_classes=None`` gives a backbone without a
@@ -44,6 +50,8 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
   "resnet10": resnet10_module,
   "resnet18": resnet18_module,
   "alexnet": AlexNet,
+  "alexnet8": AlexNet8,
+  "lenet5": LeNet5,
 }
 
 MODELS: tuple[str, ...] = tuple(MODEL_FACTORIES)
@@ -53,7 +61,8 @@ def get_model(name: str, num_classes: int, **kwargs: Any) -> Model:
   """Builds a registered model.
 
   Args:
-    name: one of :data:`MODELS` ("mlp", "cnn", "resnet8", "resnet10", "resnet18", "alexnet").
+    name: one of :data:`MODELS` ("mlp", "cnn", "resnet8", "resnet10", "resnet18", "alexnet",
+      "alexnet8", "lenet5").
     num_classes: output width.
     **kwargs: the factory's options (e.g. ``norm``, ``projection_dim``, ``conv_impl``).
 

@@ -18,6 +18,8 @@ INPUT_SHAPES = {
   "resnet10": (8, 8, 3),
   "resnet18": (8, 8, 3),
   "alexnet": (32, 32, 3),
+  "alexnet8": (32, 32, 3),
+  "lenet5": (28, 28, 1),
 }
 FEATURE_DIMS = {
   "mlp": 200,
@@ -26,6 +28,8 @@ FEATURE_DIMS = {
   "resnet10": 512,
   "resnet18": 512,
   "alexnet": 2048,
+  "alexnet8": 4096,
+  "lenet5": 84,
 }
 NUM_CLASSES = 7
 BATCH = 3

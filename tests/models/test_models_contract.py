@@ -11,7 +11,16 @@ from fedjax_proj.models import MODELS, count_params, get_model
 
 
 def test_models_tuple():
-  assert MODELS == ("mlp", "cnn", "resnet8", "resnet10", "resnet18", "alexnet")
+  assert MODELS == (
+    "mlp",
+    "cnn",
+    "resnet8",
+    "resnet10",
+    "resnet18",
+    "alexnet",
+    "alexnet8",
+    "lenet5",
+  )
 
 
 def test_unknown_name_lists_valid_names():
