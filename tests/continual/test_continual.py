@@ -158,3 +158,62 @@ def test_unknown_method_fails_with_choices():
     )
     assert proc.returncode != 0
     assert "fl, ewc, er, gpm, fot" in proc.stderr
+
+
+def _ewc_after_one_task(fisher, normalize=False):
+  train, test = _fake_mnist(240, 0), _fake_mnist(60, 1)
+  bench = permuted_mnist(train, test, num_tasks=2, seed=0)
+  model = task_model(multi_head(_Backbone(), 2, 10), input_transform(bench))
+  normalize_fn = normalizer(0.0, 255.0)
+  batch_fn = make_batch_fn(normalize_fn)
+  sample = normalize_fn(jnp.asarray(bench.images[:2]))
+  variables = model.init(jax.random.key(0), sample)
+  cm = build_continual_method(
+    "ewc",
+    model,
+    optax.sgd(0.05),
+    batch_fn,
+    variables=variables,
+    sample_x=sample,
+    num_clients=4,
+    num_tasks=2,
+    strategy="vmap_scan",
+    fisher=fisher,
+    normalize=normalize,
+  )
+  state, _ = train_continual(
+    cm,
+    make_round(cm.algorithm, "vmap_scan"),
+    bench,
+    make_task_evaluator(model, normalize_fn, 64),
+    variables,
+    num_clients=4,
+    clients_per_round=2,
+    rounds_per_task=1,
+    batch_size=16,
+    local_epochs=1,
+    iid=False,
+    seed=0,
+    num_tasks=1,
+    log=None,
+  )
+  return state.method["fisher"]
+
+
+def test_ewc_keeps_each_clients_fisher_and_server_mode_averages_them():
+  per_client = _ewc_after_one_task("client")
+  shared = _ewc_after_one_task("server")
+  leaf_c, leaf_s = jax.tree.leaves(per_client)[0], jax.tree.leaves(shared)[0]
+  assert leaf_c.shape == (4, *leaf_s.shape)
+  # Non-IID clients hold different classes, so their Fishers differ.
+  assert not np.allclose(leaf_c[0], leaf_c[1])
+  # The server mode is the n_k-weighted mean of the same clients' Fishers (60 examples each).
+  for c, s in zip(jax.tree.leaves(per_client), jax.tree.leaves(shared)):
+    np.testing.assert_allclose(np.mean(np.asarray(c), axis=0), s, rtol=1e-4, atol=1e-8)
+  normalized = _ewc_after_one_task("client", normalize=True)
+  peaks = np.max(
+    np.stack([np.asarray(f).reshape(4, -1).max(1) for f in jax.tree.leaves(normalized)]), 0
+  )
+  np.testing.assert_allclose(peaks, 1.0, rtol=1e-6)
+  with pytest.raises(ValueError, match="fisher must be one of"):
+    _ewc_after_one_task("global")
