@@ -7,10 +7,10 @@ uses TFDS. Presets: ``paper`` (FOT paper F.3/F.4: 125 clients, 64 per round, 1 l
 SGD 0.01, batch 64, 200 rounds per task (FL: 200 then 100 per task), MLP 784-400-400-400-10 with
 dropout 0.2/0.5/0.5, ε = 0.96 non-IID / 0.94 IID (Table 9), EWC λ = 40 with per-client Fishers,
 ER one stored example per client per task; docs/reproduction.md lists every field); ``cpu``
-(the reduced budget of benchmarks/continual_pmnist.py and
-docs/fot.md, a few minutes per method on 2 cores: 16 clients per round, 20 rounds per task of
-3 local epochs, SGD 0.05, 30k examples per task, and FOT's ε = 0.90, because at this budget
-ε = 0.96 fills 95% of the input space by task 10 and FOT's ACC drops below FL's, measured);
+(the reduced budget of benchmarks/continual_pmnist.py and docs/fot.md with the paper's MLP:
+16 clients per round, 20 rounds per task of 3 local epochs, SGD 0.05, 30k examples per task,
+and FOT's ε = 0.90, because at this budget ε = 0.96 fills 95% of the input space by task 10
+and FOT's ACC drops below FL's, measured; EWC's Fisher scaled to max 1, as lr x λ = 2 here);
 ``smoke`` (seconds). ``--heads=single`` (default) shares ONE 10-way classifier between the
 tasks, as the authors' PMNIST code (FOT projects it like any layer); ``--heads=multi`` gives
 one head per task. Writes ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt``,
