@@ -5,14 +5,19 @@ each centralised continual-learning method runs on every client inside FedAvg.
 
 * FL: FedAvg (McMahan et al., 2017) with a multi-head model; clients train the current task's head.
 * EWC+FL (Kirkpatrick et al., PNAS 2017): after each task every client computes the diagonal
-  empirical Fisher of the global model on its task data (mean squared per-example gradient); the
-  server averages them (weights n_k), scales F_t to max 1, accumulates F ← F + F_t, rescales F
-  to max 1 and stores the anchor θ* = θ_g. Local loss: CE + (λ/2) Σ F (θ − θ*)², λ = 10 by
-  default (lr·λ < 2 keeps local SGD stable; an unscaled Fisher with λ = 100 diverged on PMNIST at
-  lr 0.05, and so did an unnormalised sum over tasks at task 7).
+  empirical Fisher F_{k,t} of the global model on its task data (mean squared per-example
+  gradient). With ``fisher="client"`` (the default; FOT paper F.2: "each client calculates and
+  stores its own fisher information matrix and uses it in the local training process") client k
+  keeps F_k ← F_k + F_{k,t} (per-client state [num_clients, ...]); with ``fisher="server"`` the
+  server averages them (weights n_k) into one F shared by all. ``normalize=True`` scales each
+  task's Fisher and the running sum to max 1 (so lr·λ, not the data, sets the stiffness; an
+  earlier default of this project, kept as an option). The anchor θ* is the global model at the
+  task's end. Local loss: CE + (λ/2) Σ F (θ − θ*)²; F.4 gives λ = 40 (PMNIST), 20 (CIFAR100).
 * ER+FL (Chaudhry et al., 2019): each client keeps ``buffer_per_task`` examples of every past task
   it held (indices into the data store, per-client state [num_clients, T, P]); each local step adds
-  the CE of the replay examples of one past task drawn uniformly (with that task's head).
+  the CE of the replay examples of one past task drawn uniformly (with that task's head). F.4
+  stores 125 examples among all 125 PMNIST clients (50 among 50 for CIFAR100): one per client per
+  task (docs/fot.md, "Paper settings").
 * GPM+FL (Saha et al., ICLR 2021): each client keeps its OWN bases (per-client state
   [num_clients, d, d] per layer), projects its local gradients of every Dense/Conv kernel out of
   them (g ← g − U Uᵀ g), and after each task extends them from the SVD of its own residual layer
@@ -43,6 +48,7 @@ from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
 CONTINUAL_METHODS = ("fl", "ewc", "er", "gpm", "fot")
+EWC_FISHERS = ("client", "server")
 
 # end_task(state, round_data_of_all_clients, key, task) -> (state, metrics)
 EndTaskFn = Callable[[PyTree, RoundData, Array, int], tuple[PyTree, dict]]
@@ -131,24 +137,60 @@ def ewc(
   optimizer: optax.GradientTransformation,
   batch_fn: BatchFn,
   *,
+  num_clients: int,
   strategy: str = "vmap_scan",
-  lam: float = 10.0,
+  lam: float = 40.0,
+  fisher: str = "client",
+  normalize: bool = False,
 ) -> ContinualMethod:
-  """EWC+FL with a server-aggregated diagonal Fisher (see the module docstring)."""
+  """EWC+FL (see the module docstring).
+
+  Args:
+    model: a multi-head model.
+    optimizer: client optimiser.
+    batch_fn: the engine's batch builder.
+    num_clients: clients holding data (the per-client Fishers' leading axis).
+    strategy: execution strategy of the end-of-task Fisher pass.
+    lam: regularisation coefficient λ (F.4: 40 PMNIST, 20 CIFAR100).
+    fisher: "client" (each client's own accumulated Fisher, F.2) or "server" (one n_k-weighted
+      average shared by all clients).
+    normalize: scale each task's Fisher and the accumulated one to max 1.
+
+  Returns:
+    The :class:`ContinualMethod`.
+  """
+  if fisher not in EWC_FISHERS:
+    raise ValueError(f"EWC fisher must be one of {EWC_FISHERS}, got {fisher!r}")
+  if lam < 0:
+    raise ValueError(f"EWC lam must be >= 0, got {lam}")
+  per_client = fisher == "client"
 
   def penalty(params, ctx):
-    fisher, anchor = ctx.shared["fisher"], ctx.shared["anchor"]
-    terms = jax.tree.map(lambda f, p, a: jnp.sum(f * jnp.square(p - a)), fisher, params, anchor)
+    f_tree = ctx.extra["fisher"] if per_client else ctx.shared["fisher"]
+    anchor = ctx.shared["anchor"]
+    terms = jax.tree.map(lambda f, p, a: jnp.sum(f * jnp.square(p - a)), f_tree, params, anchor)
     return 0.5 * lam * sum(jax.tree.leaves(terms))
 
-  program = client_lib.local_training_client(model, optimizer, task_loss(model, penalty))
+  program = client_lib.local_training_client(
+    model,
+    optimizer,
+    task_loss(model, penalty),
+    init_extra=(lambda sh, ci, k: ci) if per_client else None,
+  )
 
   def init_method(variables):
-    zeros = tree_lib.tree_zeros_like(variables["params"])
+    params = variables["params"]
+    if per_client:
+      zeros = jax.tree.map(lambda p: jnp.zeros((num_clients, *p.shape), p.dtype), params)
+    else:
+      zeros = tree_lib.tree_zeros_like(params)
     # A copy: the round donates its state, and one buffer may not be donated twice.
-    return {"fisher": zeros, "anchor": tree_lib.tree_copy(variables["params"])}
+    return {"fisher": zeros, "anchor": tree_lib.tree_copy(params)}
 
   def broadcast_extra(state, rd, key):
+    if per_client:
+      own = tree_lib.index_clients(state.method["fisher"], rd.client_ids)
+      return {"anchor": state.method["anchor"]}, {"fisher": own}
     return {"fisher": state.method["fisher"], "anchor": state.method["anchor"]}, {}
 
   def fisher_init(shared, client_input, key):
@@ -174,25 +216,42 @@ def ewc(
     return acc, state[1] + jnp.sum(m)
 
   fisher_program = ClientProgram(
-    fisher_init, fisher_step, lambda s: {"fisher": jax.tree.map(lambda f: f / s[1], s[0])}
+    fisher_init,
+    fisher_step,
+    lambda s: {"fisher": jax.tree.map(lambda f: f / jnp.maximum(s[1], 1.0), s[0])},
   )
   engine = ClientEngine(fisher_program, batch_fn, strategy)
+
+  def to_max_one(tree, client_axis: bool):
+    # Divide by the max over every parameter (one max per client with ``client_axis``).
+    leaves = jax.tree.leaves(tree)
+    if client_axis:
+      peak = jnp.max(jnp.stack([f.reshape(f.shape[0], -1).max(axis=1) for f in leaves]), axis=0)
+      return jax.tree.map(
+        lambda f: f / jnp.maximum(peak, 1e-12).reshape(-1, *(1,) * (f.ndim - 1)), tree
+      )
+    peak = jnp.max(jnp.stack([jnp.max(f) for f in leaves]))
+    return jax.tree.map(lambda f: f / jnp.maximum(peak, 1e-12), tree)
+
+  def norm(tree, client_axis: bool):
+    return to_max_one(tree, client_axis) if normalize else tree
 
   def end_task(state, rd, key, task):
     shared = {"variables": state.variables, "task": jnp.int32(task)}
     out = _run_all_clients(engine, shared, rd, key)
-    f_t = tree_lib.weighted_mean(out["fisher"], rd.num_examples)
-    # Scale each task's Fisher to max 1, so lr·λ (not the data) sets the penalty's stiffness
-    # and local SGD stays stable (lr·λ < 2).
-    f_max = jnp.max(jnp.stack([jnp.max(f) for f in jax.tree.leaves(f_t)]))
-    f_t = jax.tree.map(lambda f: f / jnp.maximum(f_max, 1e-12), f_t)
-    fisher = tree_lib.tree_add(state.method["fisher"], f_t)
-    # Keep the accumulated Fisher at max 1 as well: a sum over tasks growing with t would make
-    # lr·λ·F exceed 2 after a few tasks and local SGD diverge (it did on PMNIST at task 7).
-    total_max = jnp.max(jnp.stack([jnp.max(f) for f in jax.tree.leaves(fisher)]))
-    fisher = jax.tree.map(lambda f: f / jnp.maximum(total_max, 1e-12), fisher)
+    if per_client:
+      f_t = norm(out["fisher"], True)  # [clients of rd, ...]
+      ids = jnp.asarray(rd.client_ids)
+      fisher = jax.tree.map(lambda f, g: f.at[ids].add(g), state.method["fisher"], f_t)
+      fisher = norm(fisher, True)
+      summary = tree_lib.weighted_mean(f_t, rd.num_examples)
+    else:
+      f_t = tree_lib.weighted_mean(out["fisher"], rd.num_examples)
+      f_t = norm(f_t, False)
+      fisher = norm(tree_lib.tree_add(state.method["fisher"], f_t), False)
+      summary = f_t
     method = {"fisher": fisher, "anchor": tree_lib.tree_copy(state.variables["params"])}
-    return state._replace(method=method), {"fisher_mean": float(tree_lib.tree_norm(f_t))}
+    return state._replace(method=method), {"fisher_mean": float(tree_lib.tree_norm(summary))}
 
   algorithm = _algorithm("ewc", init_method, broadcast_extra, program, batch_fn)
   return ContinualMethod(algorithm, end_task)
@@ -205,7 +264,7 @@ def er(
   *,
   num_clients: int,
   num_tasks: int,
-  buffer_per_task: int = 16,
+  buffer_per_task: int = 1,
   replay_weight: float = 1.0,
 ) -> ContinualMethod:
   """ER+FL with per-client replay buffers (see the module docstring)."""

@@ -245,7 +245,7 @@ def build_continual_method(
   if name == "fl":
     return cb.fl(model, optimizer, batch_fn, **hparams)
   if name == "ewc":
-    return cb.ewc(model, optimizer, batch_fn, strategy=strategy, **hparams)
+    return cb.ewc(model, optimizer, batch_fn, num_clients=num_clients, strategy=strategy, **hparams)
   if name == "er":
     return cb.er(
       model, optimizer, batch_fn, num_clients=num_clients, num_tasks=num_tasks, **hparams
@@ -275,6 +275,26 @@ def build_continual_method(
   )
 
 
+def rounds_schedule(method: str, rounds_per_task: int, num_tasks: int, fl_later_rounds: int = 0):
+  """Rounds of each task: ``rounds_per_task`` each, except FL with ``fl_later_rounds`` > 0.
+
+  FOT paper F.4: "we run vanilla FL for 1100 rounds in total, where first task is run for 200 and
+  the others for 100 rounds. All of the other methods' total communication round is set to 2000,
+  divided equally to the tasks" (PMNIST).
+  """
+  if method == "fl" and fl_later_rounds > 0:
+    return [rounds_per_task] + [fl_later_rounds] * (num_tasks - 1)
+  return [rounds_per_task] * num_tasks
+
+
+def client_optimizer(lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+  """SGD with optional momentum and L2 weight decay added to the gradient (as torch's SGD)."""
+  import optax
+
+  sgd = optax.sgd(lr, momentum=momentum or None)
+  return optax.chain(optax.add_decayed_weights(weight_decay), sgd) if weight_decay else sgd
+
+
 def run_continual_experiment(
   c, bench: ContinualBenchmark, model: Model, log=print, *, shared_head: bool = False
 ) -> dict:
@@ -283,8 +303,6 @@ def run_continual_experiment(
   Prints the header line ``backend=... devices=... strategy=...``, per-round progress, and writes
   ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt``, ``acc_matrix``) to ``c.output_dir``.
   """
-  import optax
-
   from fedjax_proj.core import engine as engine_lib
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model
@@ -299,8 +317,9 @@ def run_continual_experiment(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
   strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
-  optimizer = optax.sgd(c.lr, momentum=c.momentum or None)
+  optimizer = client_optimizer(c.lr, c.momentum, c.get("weight_decay", 0.0))
   num_tasks = c.num_tasks or bench.num_tasks
+  rounds = rounds_schedule(c.method, c.rounds_per_task, num_tasks, c.get("fl_later_rounds", 0))
   method = build_continual_method(
     c.method,
     model,
@@ -319,7 +338,7 @@ def run_continual_experiment(
   log(
     f"backend={jax.default_backend()} devices={jax.device_count()} strategy={strategy} "
     f"method={c.method} benchmark={bench.name} tasks={num_tasks} params={count_params(variables)} "
-    f"clients={c.num_clients} per_round={c.clients_per_round} rounds_per_task={c.rounds_per_task} "
+    f"clients={c.num_clients} per_round={c.clients_per_round} rounds_per_task={rounds} "
     f"local_epochs={c.local_epochs} {'iid' if c.iid else 'noniid'} output_dir={c.output_dir}"
   )
   sys.stdout.flush()
@@ -331,7 +350,7 @@ def run_continual_experiment(
     variables,
     num_clients=c.num_clients,
     clients_per_round=c.clients_per_round,
-    rounds_per_task=c.rounds_per_task,
+    rounds_per_task=rounds,
     batch_size=c.batch_size,
     local_epochs=c.local_epochs,
     iid=c.iid,

@@ -99,30 +99,28 @@ class _Backbone(nn.Module):
     return None, nn.relu(nn.Dense(16)(h))
 
 
-@pytest.mark.parametrize("method", ["fl", "ewc", "er", "gpm", "fot"])
-def test_task_loop_runs_every_method(method, tmp_path):
+def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, **hparams):
+  """4 clients (2 per round), 1 round per task on fake 6x6 MNIST: (round_fn, state, summary)."""
   train, test = _fake_mnist(240, 0), _fake_mnist(60, 1)
   bench = permuted_mnist(train, test, num_tasks=2, seed=0)
   model = task_model(multi_head(_Backbone(), 2, 10), input_transform(bench))
   normalize = normalizer(0.0, 255.0)
-  batch_fn = make_batch_fn(normalize)
   sample = normalize(jnp.asarray(bench.images[:2]))
   variables = model.init(jax.random.key(0), sample)
-  kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
   cm = build_continual_method(
     method,
     model,
     optax.sgd(0.05),
-    batch_fn,
+    make_batch_fn(normalize),
     variables=variables,
     sample_x=sample,
     num_clients=4,
     num_tasks=2,
     strategy="vmap_scan",
-    **kwargs.get(method, {}),
+    **hparams,
   )
   round_fn = make_round(cm.algorithm, "vmap_scan")
-  _, summary = train_continual(
+  state, summary = train_continual(
     cm,
     round_fn,
     bench,
@@ -133,11 +131,19 @@ def test_task_loop_runs_every_method(method, tmp_path):
     rounds_per_task=1,
     batch_size=16,
     local_epochs=1,
-    iid=True,
+    iid=iid,
     seed=0,
-    output_dir=tmp_path,
+    num_tasks=num_tasks,
+    output_dir=output_dir,
     log=None,
   )
+  return round_fn, state, summary
+
+
+@pytest.mark.parametrize("method", ["fl", "ewc", "er", "gpm", "fot"])
+def test_task_loop_runs_every_method(method, tmp_path):
+  kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
+  round_fn, _, summary = _tiny_run(method, output_dir=tmp_path, **kwargs.get(method, {}))
   a = summary["acc_matrix"]
   assert a[1][0] is None and a[0][0] is not None and a[1][1] is not None
   assert summary["acc"] == pytest.approx((a[0][1] + a[1][1]) / 2)
@@ -158,3 +164,27 @@ def test_unknown_method_fails_with_choices():
     )
     assert proc.returncode != 0
     assert "fl, ewc, er, gpm, fot" in proc.stderr
+
+
+def _ewc_after_one_task(fisher, normalize=False):
+  _, state, _ = _tiny_run("ewc", iid=False, num_tasks=1, fisher=fisher, normalize=normalize)
+  return state.method["fisher"]
+
+
+def test_ewc_keeps_each_clients_fisher_and_server_mode_averages_them():
+  per_client = _ewc_after_one_task("client")
+  shared = _ewc_after_one_task("server")
+  leaf_c, leaf_s = jax.tree.leaves(per_client)[0], jax.tree.leaves(shared)[0]
+  assert leaf_c.shape == (4, *leaf_s.shape)
+  # Non-IID clients hold different classes, so their Fishers differ.
+  assert not np.allclose(leaf_c[0], leaf_c[1])
+  # The server mode is the n_k-weighted mean of the same clients' Fishers (60 examples each).
+  for c, s in zip(jax.tree.leaves(per_client), jax.tree.leaves(shared)):
+    np.testing.assert_allclose(np.mean(np.asarray(c), axis=0), s, rtol=1e-4, atol=1e-8)
+  normalized = _ewc_after_one_task("client", normalize=True)
+  peaks = np.max(
+    np.stack([np.asarray(f).reshape(4, -1).max(1) for f in jax.tree.leaves(normalized)]), 0
+  )
+  np.testing.assert_allclose(peaks, 1.0, rtol=1e-6)
+  with pytest.raises(ValueError, match="fisher must be one of"):
+    _ewc_after_one_task("global")
