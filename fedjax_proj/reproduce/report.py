@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -229,10 +230,9 @@ def update_docs(doc: Path, results: Path) -> str:
     for budget in ("paper", "cpu", "smoke"):
       report = results / name / budget / "report.md"
       if budget != "smoke" and report.is_file():
-        rel = Path("..") / report.parent.relative_to(results.parents[2])
-        text = report.read_text()
-        text = text.replace("](", f"]({rel.as_posix()}/")
-        sections.append(text.replace("### ", "### ", 1))
+        # Figure links relative to the doc, so they render from docs/.
+        rel = Path(os.path.relpath(report.parent, doc.parent)).as_posix()
+        sections.append(report.read_text().replace("](", f"]({rel}/"))
   sweep = results / "fedproj-iris-pilot" / "sweep" / "report.md"
   if sweep.is_file():
     sections.append(sweep.read_text())
