@@ -127,3 +127,22 @@ def test_missing_data_folder_is_an_error_before_any_run(tmp_path, capsys):
   assert cli.main([*argv, f"--results={tmp_path}"]) == 1
   assert "pass --data=/path/to/shared/data" in capsys.readouterr().err
   assert not (tmp_path / "fedproj-cifar10-dir0.3").exists()
+
+
+def test_update_docs_regenerates_only_the_marked_block(tmp_path):
+  results = tmp_path / "results"
+  directory = results / "fedproj-iris-pilot" / "cpu"
+  for seed in range(3):
+    _write(directory, "fedavg", seed, 80.0 + seed)
+    _write(directory, "fedproj", seed, 82.0 + seed)
+  report.write_report(PILOT, "cpu", directory, None)
+  doc = tmp_path / "docs" / "reproduction.md"
+  doc.parent.mkdir()
+  doc.write_text(f"# Title\n\n## Results\n\nhand text\n\n{report.BEGIN}\nold\n{report.END}\ntail\n")
+  text = report.update_docs(doc, results)
+  assert text.startswith("# Title\n\n## Results\n\nhand text\n\n") and text.endswith("tail\n")
+  assert "old" not in text
+  block = text.split(report.BEGIN)[1].split(report.END)[0]
+  assert "| fedproj > fedavg | global_accuracy | 3 | 2.00 | 0.00 | 3/3 |" in block
+  assert "](../results/fedproj-iris-pilot/cpu/accuracy.png)" in block
+  assert report.update_docs(doc, results) == text  # idempotent
