@@ -21,7 +21,7 @@ def test_pilot_smoke_end_to_end_then_skipped(tmp_path, capsys):
   assert result["method"] == "fedavg" and result["seed"] == 0
   assert 0.0 <= result["metrics"]["global_accuracy"] <= 100.0
   assert [c["round"] for c in result["curve"]] == [1, 2]  # smoke = 2 rounds
-  assert result["config"]["rounds"] == 2 and result["config"]["public"] == "iris"
+  assert result["config"]["rounds"] == 2 and result["config"]["public"] == "iris_labelled"
   assert result["fingerprint"] == run.fingerprint(result["config"])
   assert (path.parent / "report.md").is_file()
   before = path.read_bytes()
