@@ -87,8 +87,8 @@ def render_sweep(claim: Claim, rows) -> str:
     "both (paired 95% t-interval above 0, fedjax_proj/reproduce/sweep.py).",
     "",
     "| regime | seeds | FedAvg global | FedDF global | FedProj global | FedAvg clients | "
-    "FedProj clients | forgetting shown |",
-    "|---|---|---|---|---|---|---|---|",
+    "FedProj clients | FedProj > FedAvg, clients | FedProj > FedAvg, global | forgetting shown |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
 
   def cell(found, method, metric):
@@ -101,11 +101,16 @@ def render_sweep(claim: Claim, rows) -> str:
   for name, found in rows:
     n = min((len(found.get(m, {})) for m in claim.methods), default=0)
     shown = "yes" if shows_forgetting(claim, found) else ("no" if n >= stats.MIN_SEEDS else "—")
+    verdicts = {
+      m: f"{v} ({p.mean:+.1f})" if p.n else "—"
+      for b, w, m, p, v in report.paired_rows(claim, found)
+      if w == "fedavg"
+    }
     lines.append(
       f"| {name} | {n} | {cell(found, 'fedavg', 'global_accuracy')} | "
       f"{cell(found, 'feddf', 'global_accuracy')} | {cell(found, 'fedproj', 'global_accuracy')} | "
       f"{cell(found, 'fedavg', 'client_accuracy')} | {cell(found, 'fedproj', 'client_accuracy')} "
-      f"| {shown} |"
+      f"| {verdicts['client_accuracy']} | {verdicts['global_accuracy']} | {shown} |"
     )
   shown = [name for name, found in rows if shows_forgetting(claim, found)]
   lines += ["", f"Regimes showing the paper's forgetting: {', '.join(shown) or 'none'}.", ""]
