@@ -8,10 +8,14 @@ Iris reduced to 2-D by PCA, three non-IID clients (client 0: 50 Setosa; client 1
 ``pilot_iris.png`` (per method: each client's decision regions after its last local training, and
 the global model's, with global accuracy in the titles) and ``pilot_iris.json``.
 
-Public data (our choice; the paper does not say): 1,000 unlabelled points drawn from a Gaussian
-with the mean and 1.5x the covariance of the 2-D PCA data, a cover of the region the classes live
-in that carries no labels. Global accuracy is measured on all 150 Iris points, as the paper's
-figure does.
+Regime (the papers leave it unstated; default = closest to their text, see PRETRAIN_STEPS and
+docs/reproduction.md): ``--public`` ``iris_labelled`` (default: the 150 points with labels,
+FedProj's memory loss is the cross-entropy on them, 000 Algorithm 1 line 9), ``iris`` (the 150
+points unlabelled: KL to the clients' ensemble) or ``gaussian`` (1,000 unlabelled points from a
+Gaussian with the mean and 1.5x the covariance of the 2-D PCA data); ``--pretrain_steps`` (default
+200 full-batch Adam steps: a strong pretrained start; 0 = random); ``--batch_size`` (default 10).
+``python -m fedjax_proj.reproduce fedproj-iris-pilot --sweep`` crosses them. Global accuracy is
+measured on all 150 Iris points, as the paper's figure does.
 """
 
 from __future__ import annotations
@@ -40,22 +44,55 @@ from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.data.sources import load_sklearn
 from fedjax_proj.models import get_model
 
-PRETRAIN_STEPS = 0
+# The default regime is the one closest to the papers' text (docs/reproduction.md, "Results"):
+# clients start from a strong pretrained global model (001 §3, 000 §1: forgetting "even when
+# clients begin training from a pre-trained global model"), and FedProj's g_mem is the
+# cross-entropy on labelled public data in every round (000 Algorithm 1 line 9). The local batch
+# size is not stated; 10 is the middle of the swept {1, 10, 50}.
+PRETRAIN_STEPS = 200
+PUBLIC_KINDS = ("gaussian", "iris", "iris_labelled")
+PUBLIC_DEFAULT = "iris_labelled"
 PILOT_COUNTS = np.array([[50, 0, 0], [0, 40, 10], [0, 10, 40]])
 CLASS_NAMES = ("Setosa", "Versicolor", "Virginica")
 
 
-def pilot_data(seed: int = 0):
+def pilot_data(seed: int = 0, public_kind: str = "gaussian"):
+  """Iris in 2-D, the clients' index sets and the public set (images, labels or None).
+
+  ``public_kind``: ``gaussian`` (1,000 unlabelled points ~ N(mean, 1.5 cov) of the data),
+  ``iris`` (the 150 points, unlabelled) or ``iris_labelled`` (the 150 points with labels).
+  """
+  if public_kind not in PUBLIC_KINDS:
+    raise ValueError(f"Unknown public data {public_kind!r}; choose one of {PUBLIC_KINDS}.")
   ds = load_sklearn("iris", "all")
   x2 = PCA(n_components=2, random_state=0).fit_transform(ds.images).astype(np.float32)
+  y = ds.labels.astype(np.int32)
   parts = manual(ds.labels, PILOT_COUNTS, seed)
-  rng = np.random.default_rng(seed)
-  cov = np.cov(x2.T) * 1.5
-  public = rng.multivariate_normal(x2.mean(0), cov, size=1000).astype(np.float32)
-  return x2, ds.labels.astype(np.int32), parts, public
+  if public_kind == "gaussian":
+    rng = np.random.default_rng(seed)
+    cov = np.cov(x2.T) * 1.5
+    public = rng.multivariate_normal(x2.mean(0), cov, size=1000).astype(np.float32)
+    return x2, y, parts, (public, None)
+  return x2, y, parts, (x2, y if public_kind == "iris_labelled" else None)
 
 
-def build(method: str, model, public_size: int, args):
+def labelled_memory(alg):
+  """FedProj whose memory loss is the cross-entropy on the public labels in EVERY round.
+
+  000 Algorithm 1 line 9 / 001 Algorithm 1 line 16 with a labelled public set: g_mem is the
+  gradient of the CE on the memory batch, not of the KL to the ensemble. The algorithm's round-0
+  CE path does exactly that; this keeps it on after round 0.
+  """
+
+  def broadcast(state, rd, key):
+    shared, inputs = alg.broadcast(state, rd, key)
+    shared = {**shared, "use_memory": jnp.asarray(False), "round0_ce": jnp.asarray(True)}
+    return shared, inputs
+
+  return alg._replace(broadcast=broadcast)
+
+
+def build(method: str, model, public_size: int, args, labelled: bool = False):
   opt = optax.sgd(args.lr, momentum=0.9)
   batch_fn = make_batch_fn(normalizer(0.0, 1.0))
   ident = lambda z: z
@@ -66,7 +103,7 @@ def build(method: str, model, public_size: int, args):
     return fedavg(model, opt, batch_fn)
   if method == "feddf":
     return ensemble_distillation(model, opt, batch_fn, ident, public_size=public_size, **distill_kw)
-  return fedproj(
+  alg = fedproj(
     model,
     opt,
     batch_fn,
@@ -74,8 +111,11 @@ def build(method: str, model, public_size: int, args):
     public_size=public_size,
     memory_size=public_size,
     memory_batch_size=args.memory_batch,
+    temperature=1.0,  # plain KL (001 Eq. 3)
+    round0="ce" if labelled else "skip",
     **distill_kw,
   )
+  return labelled_memory(alg) if labelled else alg
 
 
 def pretrain(model, variables, x, y, steps: int, lr: float = 1e-2):
@@ -99,8 +139,13 @@ def pretrain(model, variables, x, y, steps: int, lr: float = 1e-2):
 
 
 def run_method(method, args, x, y, parts, public, seed):
+  """Runs one method; ``public`` is (images, labels or None)."""
+  public, public_labels = public
   model = get_model("mlp", 3, hidden=(args.hidden, args.hidden))
-  alg = build(method, model, len(public), args)
+  alg = build(method, model, len(public), args, labelled=public_labels is not None)
+  extra = {"public_images": jnp.asarray(public)}
+  if public_labels is not None:
+    extra["public_labels"] = jnp.asarray(public_labels)
   fd = FederatedData(parts, args.batch_size, local_epochs=args.local_epochs)
   variables = model.init(jax.random.key(seed), jnp.asarray(x[:2]))
   variables = pretrain(model, variables, x, y, args.pretrain_steps)
@@ -132,7 +177,7 @@ def run_method(method, args, x, y, parts, public, seed):
       jnp.asarray(idx),
       jnp.asarray(mask),
       jnp.asarray(n),
-      {"public_images": jnp.asarray(public)},
+      extra,
     )
     state, metrics, client_vars = round_step(state, rd, random_lib.round_key(seed_key, r))
     g = alg.global_variables(state)
@@ -185,7 +230,7 @@ def plot(results, x, y, parts, path: Path):
   plt.close(fig)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--output_dir", default="runs/pilot_iris")
   p.add_argument("--methods", default="fedavg,feddf,fedproj")
@@ -207,6 +252,35 @@ def main(argv=None) -> int:
     "--seeds", default="0", help="comma-separated; the figure shows the first, the JSON all"
   )
   p.add_argument("--no_plot", action="store_true")
+  p.add_argument(
+    "--public",
+    default=PUBLIC_DEFAULT,
+    choices=PUBLIC_KINDS,
+    help="public set: gaussian cover, iris (unlabelled) or iris_labelled (FedProj's g_mem is CE)",
+  )
+  return p
+
+
+# Fields of the parser that are about output, not about the run.
+OUTPUT_FIELDS = ("output_dir", "methods", "seeds", "no_plot")
+
+
+def default_config() -> dict:
+  """The pilot's default run settings (the reproduce tool's ``paper`` budget)."""
+  config = vars(build_parser().parse_args([]))
+  return {k: v for k, v in config.items() if k not in OUTPUT_FIELDS}
+
+
+def run_config(config: dict) -> list[dict]:
+  """Runs ``config["method"]`` with ``config["seed"]`` (other keys: :func:`default_config`'s);
+  returns the per-round history."""
+  args = argparse.Namespace(**{**default_config(), **config})
+  x, y, parts, public = pilot_data(args.seed, args.public)
+  return run_method(args.method, args, x, y, parts, public, args.seed)[3]
+
+
+def main(argv=None) -> int:
+  p = build_parser()
   args = p.parse_args(argv)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   bad = [m for m in methods if m not in ("fedavg", "feddf", "fedproj")]
@@ -229,7 +303,7 @@ def main(argv=None) -> int:
   client_acc = {m: [] for m in methods}
   first = {}
   for seed in seeds:
-    x, y, parts, public = pilot_data(seed)
+    x, y, parts, public = pilot_data(seed, args.public)
     for method in methods:
       model, g, clients, history, initial = run_method(method, args, x, y, parts, public, seed)
       per_seed[method].append(history[-1]["global_accuracy"])
@@ -258,7 +332,7 @@ def main(argv=None) -> int:
     )
   summary = {
     "config": vars(args),
-    "public_data": "1000 points ~ N(mean, 1.5 cov) of the 2-D PCA Iris data, unlabelled",
+    "public_data": args.public,
     "final_global_accuracy": mean,
     "final_global_accuracy_std": std,
     "per_seed": {"seeds": seeds, **per_seed},

@@ -17,6 +17,9 @@ def test_pilot_runs_and_writes_json(tmp_path):
       str(ROOT / "experiments" / "pilot_iris.py"),
       "--rounds=2",
       "--local_epochs=1",
+      # Unlabelled public data from a random start: round 1 has no ensemble to protect.
+      "--public=gaussian",
+      "--pretrain_steps=0",
       f"--output_dir={tmp_path}",
     ],
     capture_output=True,
@@ -37,6 +40,32 @@ def test_pilot_runs_and_writes_json(tmp_path):
   assert summary["fedproj_minus_fedavg"]["per_seed"] == [
     summary["per_seed"]["fedproj"][0] - summary["per_seed"]["fedavg"][0]
   ]
+
+
+def test_labelled_public_projects_from_round_one(tmp_path):
+  # iris_labelled: g_mem is the CE on the labelled public points in every round (000 Algorithm 1
+  # line 9), so FedProj projects already in round 1 and leaves FedAvg's trajectory.
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(ROOT / "experiments" / "pilot_iris.py"),
+      "--rounds=1",
+      "--methods=fedavg,fedproj",
+      "--public=iris_labelled",
+      "--pretrain_steps=0",
+      "--no_plot",
+      f"--output_dir={tmp_path}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / "pilot_iris.json").read_text())
+  assert summary["public_data"] == "iris_labelled"
+  fp, avg = summary["history"]["fedproj"][0], summary["history"]["fedavg"][0]
+  assert fp["projected_fraction"] > 0.0
+  assert fp["client_accuracy_all_data"] != avg["client_accuracy_all_data"]
 
 
 def test_pilot_rejects_bad_seeds(tmp_path):

@@ -1,0 +1,1 @@
+"""Reproduce a paper claim with one command (docs/reproduction.md, "Results")."""

@@ -1,0 +1,151 @@
+"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|paper``: run a paper claim, report.
+
+    python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --seeds=0,1,2 \\
+        --methods=fedavg,feddf,fedproj --report
+    python -m fedjax_proj.reproduce fedproj-iris-pilot --sweep --report   # the pilot's regimes
+    python -m fedjax_proj.reproduce --update_docs                         # docs/reproduction.md
+    python -m fedjax_proj.reproduce --list
+
+Runs go seed by seed (seed 0 of every method, then seed 1, ...), so an interrupted claim still has
+comparable pairs. A run whose result file exists with the same resolved config is skipped; one
+from another config is reported as stale and rerun only with ``--rerun_stale``. Every input is
+checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
+See docs/reproduction.md, "Results".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from fedjax_proj.reproduce import claims as claims_lib
+from fedjax_proj.reproduce import report, run, sweep
+
+
+def _csv(text: str) -> list[str]:
+  return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+    prog="python -m fedjax_proj.reproduce", description=__doc__.split("\n")[0]
+  )
+  p.add_argument("claim", nargs="?", help=f"one of: {', '.join(claims_lib.CLAIMS)}")
+  p.add_argument("--budget", default="cpu", choices=claims_lib.BUDGETS)
+  p.add_argument("--seeds", default="0,1,2", help="comma-separated integers")
+  p.add_argument("--methods", default="", help="comma-separated subset (default: all)")
+  p.add_argument("--report", action="store_true", help="write report.md and figures")
+  p.add_argument("--no_run", action="store_true", help="only list statuses / report")
+  p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")
+  p.add_argument("--sweep", action="store_true", help="fedproj-iris-pilot: run the regime grid")
+  p.add_argument("--update_docs", action="store_true", help="regenerate docs' results section")
+  p.add_argument("--list", action="store_true", help="list the claims")
+  p.add_argument("--results", default=str(run.DEFAULT_RESULTS), help="results folder")
+  p.add_argument("--data", default="", help="shared data folder (default: ../shared/data)")
+  args = p.parse_args(argv)
+  if not (args.claim or args.update_docs or args.list):
+    p.error("give a CLAIM (or --list / --update_docs); claims: " + ", ".join(claims_lib.CLAIMS))
+  if args.claim:
+    try:
+      claim = claims_lib.get_claim(args.claim)
+    except ValueError as e:
+      p.error(str(e))
+    if args.budget not in claim.budgets:
+      p.error(f"claim {claim.name} has no budget {args.budget!r}")
+    args.method_list = _csv(args.methods) or list(claim.methods)
+    bad = [m for m in args.method_list if m not in claim.methods]
+    if bad:
+      p.error(f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.methods)}")
+    try:
+      args.seed_list = [int(s) for s in _csv(args.seeds)]
+    except ValueError:
+      p.error(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+    if not args.seed_list or min(args.seed_list) < 0:
+      p.error(f"--seeds must list non-negative integers, e.g. 0,1,2; got {args.seeds!r}")
+    if args.sweep and claim.name != claims_lib.PILOT.name:
+      p.error(f"--sweep applies to {claims_lib.PILOT.name} only")
+  return args
+
+
+def data_root(args, claim: claims_lib.Claim) -> Path:
+  """The shared data folder; a claim that needs data and finds none is an error with the fix."""
+  from fedjax_proj.data.sources import find_shared_data
+
+  root = Path(args.data) if args.data else find_shared_data()
+  if claim.kind != "pilot" and (root is None or not root.is_dir()):
+    raise FileNotFoundError(
+      "The shared data folder was not found (looked for <repo>/../shared/data and "
+      "$FEDJAX_PROJ_SHARED_DATA); pass --data=/path/to/shared/data."
+    )
+  return root or Path(".")
+
+
+def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: Path) -> dict:
+  """Runs the missing (method, seed) pairs seed by seed; returns {stem: fingerprint}."""
+  plan, expected = [], {}
+  for seed in args.seed_list:
+    for method in args.method_list:
+      config = sweep.config_for(claim, budget, method, seed)
+      fp = run.fingerprint(config)
+      expected[f"{method}-seed{seed}"] = fp
+      path = run.result_path(results, claim.name, budget, method, seed)
+      plan.append((method, seed, config, path, run.status(path, fp)))
+  if claim.kind == "image":  # every run's config is valid before the first one starts
+    import ml_collections
+
+    from fedjax_proj.training.experiment import validate_config
+
+    for _, _, config, _, _ in plan:
+      validate_config(ml_collections.ConfigDict(run.substitute_data(config, root)))
+  for method, seed, config, path, state in plan:
+    tag = f"{claim.name} {budget} {method} seed {seed}"
+    if state == "done":
+      print(f"skip {tag}: done with the same config ({path})", flush=True)
+      continue
+    if state == "stale" and not args.rerun_stale:
+      print(f"stale {tag}: {path} is from another config; rerun with --rerun_stale", flush=True)
+      continue
+    if args.no_run:
+      print(f"{state} {tag}", flush=True)
+      continue
+    print(f"run {tag} ({state})", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = run.run_one(
+      claim, budget, method, seed, results=results, data_root=root, config=config
+    )
+    summary = ", ".join(f"{k}={v:.2f}" for k, v in result["metrics"].items())
+    print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
+  return expected
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  results = Path(args.results)
+  if args.list:
+    for c in claims_lib.CLAIMS.values():
+      print(f"{c.name:24s} {c.reference}  methods: {', '.join(c.methods)}")
+  if args.claim:
+    claim = claims_lib.get_claim(args.claim)
+    try:
+      root = data_root(args, claim)
+      if args.sweep:
+        sweep.run_sweep(args, claim, root, results, run_claim)
+      else:
+        expected = run_claim(args, claim, args.budget, root, results)
+        if args.report:
+          directory = results / claim.name / args.budget
+          print(report.write_report(claim, args.budget, directory, expected))
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 1
+  if args.update_docs:
+    doc = run.REPO_ROOT / "docs" / "reproduction.md"
+    report.update_docs(doc, results)
+    print(f"updated {os.path.relpath(doc)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

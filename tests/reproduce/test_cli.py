@@ -1,0 +1,148 @@
+"""``python -m fedjax_proj.reproduce``: a claim end to end, skip-if-done, stale results, report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedjax_proj.reproduce import __main__ as cli
+from fedjax_proj.reproduce import report, run, stats
+from fedjax_proj.reproduce.claims import PILOT
+
+PILOT_SMOKE = ["fedproj-iris-pilot", "--budget=smoke", "--methods=fedavg"]
+
+
+def test_pilot_smoke_end_to_end_then_skipped(tmp_path, capsys):
+  args = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", "--report"]
+  assert cli.main(args) == 0
+  path = tmp_path / "fedproj-iris-pilot" / "smoke" / "fedavg-seed0.json"
+  result = json.loads(path.read_text())
+  assert result["method"] == "fedavg" and result["seed"] == 0
+  assert 0.0 <= result["metrics"]["global_accuracy"] <= 100.0
+  assert [c["round"] for c in result["curve"]] == [1, 2]  # smoke = 2 rounds
+  assert result["config"]["rounds"] == 2 and result["config"]["public"] == "iris_labelled"
+  assert result["fingerprint"] == run.fingerprint(result["config"])
+  assert (path.parent / "report.md").is_file()
+  before = path.read_bytes()
+  capsys.readouterr()
+  assert cli.main(args) == 0
+  assert "skip fedproj-iris-pilot smoke fedavg seed 0: done with the same config" in (
+    capsys.readouterr().out
+  )
+  assert path.read_bytes() == before
+
+
+def _fake_runner(calls):
+  def runner(claim, config, work, log):
+    calls.append(config["seed"])
+    return {"global_accuracy": 50.0 + config["seed"], "client_accuracy": 40.0}, [{"round": 1}]
+
+  return runner
+
+
+def test_stale_result_rerun_only_on_request(tmp_path, capsys, monkeypatch):
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  args = [*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}"]
+  assert cli.main(args) == 0 and calls == [0, 1]
+  path = tmp_path / "fedproj-iris-pilot" / "smoke" / "fedavg-seed1.json"
+  result = json.loads(path.read_text())
+  result["config"]["rounds"] = 999  # as if run under another config
+  result["fingerprint"] = run.fingerprint(result["config"])
+  path.write_text(json.dumps(result))
+  stale_bytes = path.read_bytes()
+  capsys.readouterr()
+  assert cli.main(args) == 0
+  out = capsys.readouterr().out
+  assert "skip fedproj-iris-pilot smoke fedavg seed 0" in out
+  assert "stale fedproj-iris-pilot smoke fedavg seed 1" in out and "--rerun_stale" in out
+  assert calls == [0, 1] and path.read_bytes() == stale_bytes
+  assert cli.main([*args, "--rerun_stale"]) == 0
+  assert calls == [0, 1, 1]
+  assert json.loads(path.read_text())["config"]["rounds"] == 2
+
+
+def _write(directory, method, seed, value):
+  directory.mkdir(parents=True, exist_ok=True)
+  result = {
+    "method": method,
+    "seed": seed,
+    "metrics": {"global_accuracy": value, "client_accuracy": value},
+    "curve": [{"round": 1, "global_accuracy": value / 100}],
+    "wall_seconds": 1.0,
+    "fingerprint": "x",
+    "git_commit": "abc",
+    "load_average": [1.0, 1.0, 1.0],
+  }
+  (directory / f"{method}-seed{seed}.json").write_text(json.dumps(result))
+
+
+def _verdicts(directory):
+  found, _ = report.load_results(directory)
+  return {(b, w, m): v for b, w, m, _, v in report.paired_rows(PILOT, found)}
+
+
+def test_report_verdicts_from_result_files(tmp_path):
+  # fedproj - fedavg = [+1, -2, +0.5]: straddles 0; fedproj - feddf = [6, 4, 6.5]: sd 1.32.
+  for seed, (avg, df, proj) in enumerate([(80, 75, 81), (82, 76, 80), (81, 75, 81.5)]):
+    for method, value in (("fedavg", avg), ("feddf", df), ("fedproj", proj)):
+      _write(tmp_path, method, seed, value)
+  v = _verdicts(tmp_path)
+  assert v[("fedproj", "fedavg", "global_accuracy")] == stats.INCONCLUSIVE
+  assert v[("fedproj", "feddf", "global_accuracy")] == stats.REPRODUCED
+  text = report.write_report(PILOT, "cpu", tmp_path, None)
+  assert "| fedproj > fedavg | global_accuracy | 3 | -0.17 |" in text
+  assert "| fedproj > feddf | global_accuracy | 3 | 5.50 | 1.32 | 3/3 |" in text
+  assert (tmp_path / "report.md").read_text() == text
+
+
+def test_report_too_few_seeds(tmp_path):
+  for seed in (0, 1):
+    _write(tmp_path, "fedavg", seed, 70.0)
+    _write(tmp_path, "fedproj", seed, 90.0)
+  v = _verdicts(tmp_path)
+  assert v[("fedproj", "fedavg", "global_accuracy")] == stats.TOO_FEW
+  assert v[("fedproj", "feddf", "client_accuracy")] == stats.TOO_FEW  # no feddf results at all
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["nope"], "Unknown claim 'nope'. Valid claims: fedproj-cifar10-dir0.3"),
+    (["fedproj-iris-pilot", "--methods=fedavg,moon"], "--methods: ['moon'] not in claim"),
+    (["fedproj-iris-pilot", "--seeds=0,x"], "--seeds must be comma-separated integers"),
+    (["fot-pmnist-iid", "--sweep"], "--sweep applies to fedproj-iris-pilot only"),
+  ],
+)
+def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+def test_missing_data_folder_is_an_error_before_any_run(tmp_path, capsys):
+  argv = ["fedproj-cifar10-dir0.3", "--budget=smoke", f"--data={tmp_path / 'absent'}"]
+  assert cli.main([*argv, f"--results={tmp_path}"]) == 1
+  assert "pass --data=/path/to/shared/data" in capsys.readouterr().err
+  assert not (tmp_path / "fedproj-cifar10-dir0.3").exists()
+
+
+def test_update_docs_regenerates_only_the_marked_block(tmp_path):
+  results = tmp_path / "results"
+  directory = results / "fedproj-iris-pilot" / "cpu"
+  for seed in range(3):
+    _write(directory, "fedavg", seed, 80.0 + seed)
+    _write(directory, "fedproj", seed, 82.0 + seed)
+  report.write_report(PILOT, "cpu", directory, None)
+  doc = tmp_path / "docs" / "reproduction.md"
+  doc.parent.mkdir()
+  doc.write_text(f"# Title\n\n## Results\n\nhand text\n\n{report.BEGIN}\nold\n{report.END}\ntail\n")
+  text = report.update_docs(doc, results)
+  assert text.startswith("# Title\n\n## Results\n\nhand text\n\n") and text.endswith("tail\n")
+  assert "old" not in text
+  block = text.split(report.BEGIN)[1].split(report.END)[0]
+  assert "| fedproj > fedavg | global_accuracy | 3 | 2.00 | 0.00 | 3/3 |" in block
+  assert "](../results/fedproj-iris-pilot/cpu/accuracy.png)" in block
+  assert report.update_docs(doc, results) == text  # idempotent
