@@ -152,7 +152,7 @@ class RunLock:
 def nearby_runs(output_dir: str | os.PathLike, limit: int = 8) -> list[str]:
   """Run directories (holding metrics or checkpoints) next to ``output_dir``, newest first."""
   path = Path(output_dir).absolute()
-  parent = path.parent if not path.is_dir() or path.parent.exists() else path
+  parent = path.parent
   if not parent.is_dir():
     return []
   runs = []
