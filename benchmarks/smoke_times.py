@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fedjax_proj.algorithms import registry  # noqa: E402
+from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS  # noqa: E402
 from fedjax_proj.data.sources import find_shared_data  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -89,7 +90,9 @@ def main(argv=None) -> int:
   if shared is None:
     print("skipped: ../shared/data not found (set FEDJAX_PROJ_SHARED_DATA)")
     return 0
-  methods = [m for m in args.methods.split(",") if m] or list(registry.methods())
+  # cifar10.py's methods: the sequential ones run through experiments/sequential.py instead.
+  cifar10_methods = [m for m in registry.methods() if m not in SEQUENTIAL_METHODS]
+  methods = [m for m in args.methods.split(",") if m] or cifar10_methods
   rows = []
   print(f"{'method':<12} {'wall s':>8} {'cpu s':>7} {'<60 s':>6} {'acc':>6}  load(1/5/15) before")
   for method in methods:

@@ -100,7 +100,9 @@ def test_second_process_into_a_running_directory_is_refused_naming_the_holder(tm
   )
   try:
     deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists():  # the first run holds the lock and is training
+    metrics = out / "metrics.jsonl"
+    # Round 1 logged: the first run holds the lock and its signal handler is installed.
+    while not (metrics.exists() and metrics.read_text().strip()):
       assert first.poll() is None, first.communicate()[1][-2000:]
       assert time.monotonic() < deadline, "the first run did not start within 120 s"
       time.sleep(0.2)
