@@ -610,9 +610,16 @@ def _format_duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h"
 
 
-def estimate_run(c, fed: FederatedData, step_seconds: float | None, start_round: int = 0) -> str:
-  """The pre-round-1 estimate line(s) for ``c`` given a measured time per local step."""
-  steps = (c.rounds - start_round) * c.clients_per_round * fed.num_steps
+def estimate_run(
+  c, fed: FederatedData, step_seconds: float | None, start_round: int = 0, padded: bool = True
+) -> str:
+  """The pre-round-1 estimate line(s) for ``c`` given a measured time per local step.
+
+  ``padded``: every client runs the longest client's step count (vmap_scan's fixed shapes);
+  otherwise each runs its own, and the mean client's count is used.
+  """
+  per_client = fed.num_steps if padded else float(np.mean([fed.steps_for(n) for n in fed.sizes]))
+  steps = int(round((c.rounds - start_round) * c.clients_per_round * per_client))
   if step_seconds is None:
     return ""
   total = steps * step_seconds
@@ -687,7 +694,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     step_seconds = time_local_step(
       model, ctx.client_optimizer, normalize, train_x, train_y, c.batch_size
     )
-    log(estimate_run(c, fed, step_seconds))
+    log(estimate_run(c, fed, step_seconds, padded=strategy == "vmap_scan"))
   mesh = _client_mesh(c, strategy, log)
   round_fn = _placed(_build_round(algorithm, strategy, c, variables, log, mesh), mesh)
   sys.stdout.flush()

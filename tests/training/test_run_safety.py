@@ -507,6 +507,8 @@ def test_estimate_over_an_hour_on_cpu_suggests_the_cpu_preset():
   assert "about 5.0 h for 100 rounds (50,000 local steps of batch 64 at 360.0 ms each" in text
   assert "more than an hour on CPU" in text and "--preset=cpu" in text
   assert "warning" not in experiment.estimate_run(c, Fed(), step_seconds=0.036)  # 30 min
+  Fed.sizes, Fed.steps_for = (10, 30), staticmethod(lambda n: n)  # unpadded: the mean client
+  assert "(20,000 local steps" in experiment.estimate_run(c, Fed(), 0.36, padded=False)
 
 
 def test_smoke_preset_caps_the_public_set_and_fedprojs_memory_batch():
