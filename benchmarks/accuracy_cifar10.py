@@ -89,6 +89,7 @@ def make_config(args, method: str, seed: int, output_dir: str, method_kwargs: di
     test_subset=args.test_subset,
     progress=False,
     output_dir=output_dir,
+    overwrite=True,  # a benchmark re-run replaces its own previous run of the same folder
   )
   if registry.needs_public(method):
     c.public_data = args.public_data

@@ -70,6 +70,7 @@ def make_config(args, method: str, seed: int, output_dir: str):
     test_subset=args.test_subset,
     progress=False,
     output_dir=output_dir,
+    overwrite=True,  # a benchmark re-run replaces its own previous run of the same folder
   )
   if method == "sfedkd":
     c.method_kwargs.num_teachers = args.num_teachers

@@ -7,10 +7,14 @@ A preset's ``method_defaults`` (method name -> hyperparameters) apply to that me
 Boolean flags may be given bare (``--resume`` means ``--resume=true``).
 
 Run management flags (fields of every config from ``base_config``): ``--output_dir=D --resume``
-continues D's newest valid checkpoint bit-exactly, ``--checkpoint_every=k`` (0: only on a signal),
-``--keep_checkpoints=n``, ``--tensorboard``. SIGINT/SIGTERM finish the running round, save and exit
-with 128 + the signal number and a message naming the resume command; a non-finite loss or
-parameters exit 1 keeping the last good checkpoint.
+continues D's newest valid checkpoint bit-exactly (``--rounds=N`` with it extends the run),
+``--overwrite`` lets a new run replace the run D holds (otherwise refused), ``--checkpoint_every=k``
+(0: only on a signal), ``--keep_checkpoints=n``, ``--tensorboard``. One run at a time holds D
+(fedjax_proj/training/rundir.py). The first SIGINT/SIGTERM prints at once which round the run
+stops after, finishes it, saves and exits with 128 + the signal number and the resume command; a
+second one aborts and says what is on disk. A non-finite loss or parameters exit 1 keeping the
+last good checkpoint. Flag errors exit 2 and runtime refusals exit 1, each naming the fix; flags
+must be spelled out in full (no prefix matching).
 
 Several processes / hosts: run the same command on every process with ``--num_processes=N
 --process_id=<rank> --coordinator_address=<process 0's host:port> --output_dir=<shared dir>``
@@ -40,8 +44,77 @@ def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.train_subset = 2000
   c.test_subset = 500
   c.eval_every = 1
-  c.memory_size = 500
+  # Distillation methods pass over the whole public set each round: 512 examples, not 20k, keep
+  # the smoke run under a minute (benchmarks/smoke_times.py).
+  c.public_size = 512
+  c.memory_size = 256
   return c
+
+
+# Method hyperparameters the smoke preset lowers for the methods that take them (unless given in
+# --method_kwargs): FedProj's memory batch of 256 made each local step ~5x a FedAvg step.
+SMOKE_METHOD_KWARGS = {"memory_batch_size": 64}
+
+
+# What each config field does, for --help (the default is appended from the preset).
+HELP = {
+  "method": "federated method to run",
+  "dataset": "dataset name (checked against the data's shape and classes) or a path to the data",
+  "data_dir": "folder (or .npz) holding the dataset; empty: $FEDJAX_PROJ_DATA_DIR, then TFDS",
+  "model": "model architecture",
+  "num_clients": "number of clients the training set is split over",
+  "clients_per_round": "clients sampled each round",
+  "rounds": "communication rounds (with --resume: extends a shorter run to this many)",
+  "local_epochs": "local epochs per client per round",
+  "batch_size": "local batch size",
+  "partition": (
+    "how the training set is split over clients: iid; dirichlet:<beta>[:<min_size>] (label "
+    "skew, smaller beta = more skewed, e.g. dirichlet:0.3); shards:<shards_per_client> (e.g. "
+    "shards:2); exdir:<classes_per_client>:<alpha>[:<min_size>] (e.g. exdir:2:0.5)"
+  ),
+  "seed": "random seed (client sampling, batches, initialisation all derive from it)",
+  "strategy": "how a round is executed (auto picks the fastest for the model and backend)",
+  "optimizer": "client optimiser: sgd or adam",
+  "lr": "client learning rate (> 0)",
+  "momentum": "client SGD momentum (0: none)",
+  "weight_decay": "client weight decay (0: none)",
+  "server_optimizer": "server optimiser on the aggregated update: none (averaging), sgd or adam",
+  "server_lr": "server learning rate",
+  "server_momentum": "server SGD momentum",
+  "augment": "random crop and flip of training images",
+  "eval_every": "evaluate the global model every k rounds (and after the last)",
+  "eval_batch_size": "batch size of evaluation",
+  "train_subset": "use only this many training examples (0: all)",
+  "test_subset": "use only this many test examples (0: all)",
+  "output_dir": "run directory (metrics, summary, checkpoints); empty: runs/<method>-<time>",
+  "progress": "show a progress bar",
+  "shard_clients": "split each round's clients over the local devices",
+  "client_chunk": "clients per chunk with streaming aggregation: auto, none or an integer",
+  "coordinator_address": "host:port of process 0 in a multi-process job",
+  "num_processes": "processes of the job (0: detect Cloud TPU / Slurm / Open MPI)",
+  "process_id": "this process's rank in a multi-process job",
+  "cpu_collectives": "collectives for CPU-only multi-process jobs: '' (JAX default), gloo or mpi",
+  "public_data": "public (unlabelled) set for distillation methods: a name (cifar100) or a path",
+  "public_size": "use only this many public examples (0: all)",
+  "memory_size": "FedProj's memory of public examples (at most --public_size)",
+  "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
+  "overwrite": "let a new run replace the run --output_dir holds (otherwise refused)",
+  "checkpoint_every": "save a checkpoint every k rounds and after the last (0: only on a signal)",
+  "keep_checkpoints": "how many checkpoints to keep",
+  "tensorboard": "also write TensorBoard events (needs the tensorboard extra)",
+}
+
+
+def method_kwargs_help(methods) -> str:
+  """--method_kwargs' help: the syntax and every method's keys with their defaults."""
+  from fedjax_proj.training.experiment import describe_method_hparams
+
+  lines = [
+    "method hyperparameters as comma-separated key=value pairs, e.g. --method_kwargs=mu=0.01 or "
+    "--method_kwargs=temperature=2,beta=0.5 (numbers, true/false or text). Keys per method "
+    "(with defaults): "
+  ]
+  return lines[0] + "; ".join(f"{m}: {describe_method_hparams(m)}" for m in methods)
 
 
 def _bool(text: str) -> bool:
@@ -69,8 +142,15 @@ def build_parser(
   choices: dict,
   presets: tuple[str, ...] = PRESETS,
 ) -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--preset", default="paper", choices=presets, help="starting config")
+  parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+  parser.add_argument(
+    "--preset",
+    default="paper",
+    choices=presets,
+    help=f"starting config, one of {', '.join(presets)}: paper (the paper's setting), cpu "
+    "(minutes on a CPU), smoke (under a minute); other flags override single fields (default: "
+    "paper)",
+  )
   defaults = get_config("paper")
   for key, value in defaults.items():
     if isinstance(value, ml_collections.ConfigDict):
@@ -84,14 +164,11 @@ def build_parser(
       type=kind,
       default=None,
       choices=choices.get(key),
-      help=f"(paper: {value!r})",
+      help=f"{HELP.get(key, key.replace('_', ' '))} (default: {value!r} in the paper preset)",
       **extra,
     )
-  parser.add_argument(
-    "--method_kwargs",
-    default="",
-    help="method hyperparameters as key=value pairs separated by commas, e.g. mu=0.01",
-  )
+  methods = choices.get("method") or ()
+  parser.add_argument("--method_kwargs", default="", help=method_kwargs_help(methods))
   return parser
 
 
@@ -118,6 +195,13 @@ def parse_config(
     if key in ("preset", "method_kwargs") or value is None:
       continue
     config[key] = value
+  if args.preset == "smoke":
+    from fedjax_proj.training.experiment import method_hparams
+
+    accepted = method_hparams(config.method) or {}
+    for key, value in SMOKE_METHOD_KWARGS.items():
+      if key in accepted and key not in config.method_kwargs:
+        config.method_kwargs[key] = value
   if args.method_kwargs:
     for pair in args.method_kwargs.split(","):
       if "=" not in pair:
@@ -135,9 +219,25 @@ def parse_config(
 
 def resume_command(argv, output_dir: str) -> str:
   """The command line that resumes this run: the same flags plus --output_dir and --resume."""
-  kept = [a for a in argv if not a.startswith(("--resume", "--output_dir"))]
+  kept = [a for a in argv if not a.startswith(("--resume", "--output_dir", "--overwrite"))]
   return shlex.join(
     [sys.executable, sys.argv[0], *kept, f"--output_dir={output_dir}", "--resume=true"]
+  )
+
+
+def on_disk(output_dir: str, argv) -> str:
+  """What an aborted run left in ``output_dir``, and how to go on from it."""
+  from fedjax_proj.training.rundir import checkpoint_rounds
+
+  rounds = checkpoint_rounds(output_dir)
+  if rounds:
+    return (
+      f"the checkpoint of round {rounds[-1]} in {output_dir}/checkpoints is intact; resume with: "
+      f"{resume_command(argv, output_dir)}"
+    )
+  return (
+    f"no checkpoint was saved in {output_dir}, so the run cannot be resumed; start it again "
+    "(add --overwrite to replace its partial files)."
   )
 
 
@@ -175,11 +275,7 @@ def main(
       print(f"resume with: {resume_command(argv, config.output_dir)}", file=sys.stderr)
     return 128 + e.signum
   except KeyboardInterrupt:
-    print(
-      "aborted by a second interrupt; the last completed checkpoint in "
-      f"{config.output_dir}/checkpoints is intact (resume with --resume).",
-      file=sys.stderr,
-    )
+    print(f"aborted by a second interrupt; {on_disk(config.output_dir, argv)}", file=sys.stderr)
     return 128 + signal.SIGINT
   except (FileNotFoundError, ValueError, CheckpointError, NonFiniteError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -231,7 +231,7 @@ def plot(results, x, y, parts, path: Path):
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
   p.add_argument("--output_dir", default="runs/pilot_iris")
   p.add_argument("--methods", default="fedavg,feddf,fedproj")
   p.add_argument("--rounds", type=int, default=20)

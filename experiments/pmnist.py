@@ -130,19 +130,37 @@ def parse(
 
   ``method_defaults_fn(config) -> dict`` gives the method's hyperparameters (default: PMNIST's).
   """
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--preset", default="paper", choices=PRESETS)
-  parser.add_argument("--iid", dest="iid", action="store_true", default=None)
-  parser.add_argument("--noniid", dest="iid", action="store_false")
-  parser.add_argument("--method_kwargs", default="", help="key=value pairs, comma separated")
+  parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+  parser.add_argument(
+    "--preset", default="paper", choices=PRESETS, help="starting config (default: paper)"
+  )
+  parser.add_argument(
+    "--iid", dest="iid", action="store_true", default=None, help="IID clients (default: non-IID)"
+  )
+  parser.add_argument("--noniid", dest="iid", action="store_false", help="non-IID clients")
+  parser.add_argument(
+    "--method_kwargs",
+    default="",
+    help="method hyperparameters as comma-separated key=value pairs, e.g. eps=0.9; fot: eps, "
+    "eps_inc, sketch_multiplier; gpm: threshold (default: the paper's)",
+  )
   defaults = get_config_fn("paper")
   for key, value in defaults.items():
     if key in ("iid", "method_kwargs"):
       continue
-    parser.add_argument(f"--{key}", type=type(value), default=None)
+    what = key.replace("_", " ")
+    parser.add_argument(
+      f"--{key}", type=type(value), default=None, help=f"{what} (default: {value!r})"
+    )
   args = parser.parse_args(argv)
+  if {"--iid", "--noniid"} <= set(argv):  # argparse would let the last one win silently
+    parser.error("--iid and --noniid contradict each other; pass one of them (default: non-IID)")
   if args.method is not None and args.method not in METHODS:
     parser.error(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+  for field in ("num_tasks", "num_clients", "clients_per_round", "rounds_per_task"):
+    value = getattr(args, field, None)
+    if value is not None and value < 1:
+      parser.error(f"--{field} must be >= 1, got {value}; e.g. --{field}={defaults[field]}")
   c = get_config_fn(args.preset)
   for key, value in vars(args).items():
     if key not in ("preset", "method_kwargs") and value is not None:
@@ -169,10 +187,12 @@ def main(argv) -> int:
   from fedjax_proj.data.sources import DataNotFoundError, load_dataset
   from fedjax_proj.models import mlp, multi_head
   from fedjax_proj.training.continual import run_continual_experiment
+  from fedjax_proj.training.experiment import check_dataset
 
   try:
     train = load_dataset("mnist", "train", c.data_dir or None)
     test = load_dataset("mnist", "test", c.data_dir or None)
+    check_dataset(train, "mnist", f"--data_dir={c.data_dir}" if c.data_dir else "TFDS")
   except (DataNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

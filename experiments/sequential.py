@@ -106,7 +106,7 @@ def prepare(c, log=print):
 
 
 def main(argv) -> int:
-  pre = argparse.ArgumentParser(add_help=False)
+  pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
   pre.add_argument("--dataset", default="cifar10", choices=DATASETS)
   known, _ = pre.parse_known_args(argv)
   choices = {"method": METHODS, "strategy": STRATEGIES, "model": MODELS, "dataset": DATASETS}

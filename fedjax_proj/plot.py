@@ -20,20 +20,61 @@ PREFERRED = ("test_accuracy", "train_loss", "lmem_global", "projected_fraction",
 SKIP = {"round", "round_seconds", "test_loss"}
 
 
-def _label(run: Path) -> str:
+# Axis labels of the metrics the library writes; others are labelled with their own name.
+YLABELS = {
+  "test_accuracy": "test accuracy",
+  "train_loss": "training loss",
+  "test_loss": "test loss",
+  "lmem_global": "L_mem of the global model",
+  "projected_fraction": "fraction of steps projected",
+  "mean_cos": "mean cosine",
+}
+
+
+def _describe(run: Path) -> tuple[str, str]:
+  """(method, seed text) of a run from its summary.json (the directory name without one)."""
   summary = run / "summary.json"
   if summary.exists():
     s = json.loads(summary.read_text())
-    return f"{s.get('method', run.name)} (seed {s.get('seed', '?')})"
-  return run.name
+    return str(s.get("method", run.name)), f"seed {s.get('seed', '?')}"
+  return run.name, ""
 
 
-def plot_runs(runs: list[Path], out: Path, metrics: list[str] | None = None) -> Path:
-  """Draws the curves of ``runs`` into ``out`` (PNG); returns the path."""
+def run_labels(runs: list[Path]) -> dict[Path, str]:
+  """Legend labels: ``method (seed s)``, plus the directory name where that is ambiguous."""
+  described = {run: _describe(run) for run in runs}
+  texts = {run: f"{m} ({seed})" if seed else m for run, (m, seed) in described.items()}
+  counts: dict[str, int] = {}
+  for text in texts.values():
+    counts[text] = counts.get(text, 0) + 1
+  return {run: f"{t} [{run.name}]" if counts[t] > 1 else t for run, t in texts.items()}
+
+
+def plot_runs(
+  runs: list[Path], out: Path, metrics: list[str] | None = None, title: str | None = None
+) -> Path:
+  """Draws the curves of ``runs`` into ``out`` (PNG); returns the path (see :func:`figure`)."""
+  import matplotlib.pyplot as plt
+
+  fig = figure(runs, metrics, title)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out, dpi=90)
+  plt.close(fig)
+  return out
+
+
+def figure(runs: list[Path], metrics: list[str] | None = None, title: str | None = None):
+  """The matplotlib figure of ``runs``' curves.
+
+  One panel per metric with a labelled y axis and integer round ticks, one legend for the whole
+  figure (runs labelled method and seed, plus the directory where that is ambiguous), and a title
+  (default: the methods compared).
+  """
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import MaxNLocator
 
   records = {}
   for run in runs:
@@ -46,38 +87,54 @@ def plot_runs(runs: list[Path], out: Path, metrics: list[str] | None = None) -> 
     metrics = [m for m in PREFERRED if m in present] + extra
   if not metrics:
     raise ValueError("No metrics to plot.")
+  labels = run_labels(runs)
   cols = min(3, len(metrics))
   rows = -(-len(metrics) // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows + 0.8), squeeze=False)
+  handles = {}
   for ax, metric in zip(axes.ravel(), metrics):
     for i, (run, recs) in enumerate(records.items()):
       pts = [(r["round"], r[metric]) for r in recs if r.get(metric) is not None]
       if pts:  # one colour per run in every panel, even where another run lacks the metric
-        ax.plot(
-          *zip(*pts), marker="o" if len(pts) < 30 else None, ms=3, color=f"C{i}", label=_label(run)
+        (line,) = ax.plot(
+          *zip(*pts), marker="o" if len(pts) < 30 else None, ms=3, color=f"C{i}", label=labels[run]
         )
+        handles.setdefault(labels[run], line)
     ax.set_title(metric)
     ax.set_xlabel("round")
+    ax.set_ylabel(YLABELS.get(metric, metric.replace("_", " ")))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
   for ax in axes.ravel()[len(metrics) :]:
     ax.axis("off")
-  axes[0, 0].legend(fontsize=8)
-  fig.tight_layout()
-  out.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out, dpi=90)
-  plt.close(fig)
-  return out
+  methods = sorted({_describe(run)[0] for run in runs})
+  fig.suptitle(title or f"{' vs '.join(methods)}: {len(runs)} run{'s' * (len(runs) > 1)}")
+  fig.legend(
+    list(handles.values()),
+    list(handles),
+    loc="lower center",
+    ncol=min(4, len(handles)),
+    fontsize=8,
+    frameon=False,
+  )
+  fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(handles) - 1) // 4), 1, 0.95))
+  return fig
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description="Plot accuracy and diagnostic curves of runs.")
+  p = argparse.ArgumentParser(
+    description="Plot accuracy and diagnostic curves of runs.", allow_abbrev=False
+  )
   p.add_argument("runs", nargs="+", type=Path, help="run directories holding metrics.jsonl")
-  p.add_argument("--out", type=Path, default=Path("curves.png"))
+  p.add_argument(
+    "--out", type=Path, default=Path("curves.png"), help="PNG to write (default: %(default)s)"
+  )
   p.add_argument("--metrics", default="", help="comma-separated metrics (default: all present)")
+  p.add_argument("--title", default="", help="figure title (default: the methods compared)")
   args = p.parse_args(argv)
   metrics = [m for m in args.metrics.split(",") if m] or None
   try:
-    path = plot_runs(args.runs, args.out, metrics)
+    path = plot_runs(args.runs, args.out, metrics, args.title or None)
   except (FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -51,6 +51,19 @@ KNOWN_NUM_CLASSES: dict[str, int] = {
   "digits": 10,
 }
 
+# Example shape of the datasets known by name: data loaded for a name must have it
+# (experiments check it before building a model, so a wrong --data_dir fails clearly).
+KNOWN_SHAPES: dict[str, tuple[int, ...]] = {
+  "cifar10": (32, 32, 3),
+  "cifar100": (32, 32, 3),
+  "mnist": (28, 28, 1),
+  "fashion_mnist": (28, 28, 1),
+  "svhn_cropped": (32, 32, 3),
+  "cinic10": (32, 32, 3),
+  "iris": (4,),
+  "digits": (8, 8, 1),
+}
+
 # TFDS name -> (image feature key, label feature key). cifar100's "label" is the fine label.
 TFDS_DATASETS: dict[str, tuple[str, str]] = {
   "cifar10": ("image", "label"),
@@ -102,6 +115,19 @@ class ArrayDataset(NamedTuple):
 def _canonical_name(name: str) -> str:
   """Lower-cases and maps '-' to '_' so 'Fashion-MNIST' finds 'fashion_mnist' in the tables."""
   return name.strip().lower().replace("-", "_")
+
+
+def canonical_name(name: str) -> str:
+  """The table key of a dataset name ('Fashion-MNIST' -> 'fashion_mnist')."""
+  return _canonical_name(name)
+
+
+def expected_format(name: str) -> tuple[tuple[int, ...], int] | None:
+  """(example shape, class count) of a dataset known by name; None for paths and other names."""
+  key = _canonical_name(name)
+  if looks_like_path(name) or key not in KNOWN_SHAPES:
+    return None
+  return KNOWN_SHAPES[key], KNOWN_NUM_CLASSES[key]
 
 
 def _supported_names() -> str:
@@ -562,6 +588,24 @@ def _tfds_num_classes(info, label_key: str) -> int | None:
     return None
 
 
+# Where TFDS downloads from; a TCP connection to it says whether a download can start.
+NETWORK_PROBE = ("storage.googleapis.com", 443)
+NETWORK_TIMEOUT = 3.0
+
+
+def network_available(
+  address: tuple[str, int] = NETWORK_PROBE, timeout: float = NETWORK_TIMEOUT
+) -> bool:
+  """Whether a TCP connection to ``address`` opens within ``timeout`` seconds (DNS included)."""
+  import socket  # noqa: PLC0415
+
+  try:
+    with socket.create_connection(address, timeout=timeout):
+      return True
+  except OSError:
+    return False
+
+
 def load_tfds(
   name: str, split: str, data_dir: PathLike | None = None, *, download: bool = True
 ) -> ArrayDataset:
@@ -601,14 +645,28 @@ def load_tfds(
 
   data_dir = os.fspath(data_dir) if data_dir is not None else None
   failures = []
+
   # TFDS signals "not available" with many exception types (network, missing prepare step,
   # unsupported file format, missing optional modules), so any exception here means "try the
   # next way"; the conversion below stays outside the try so our own bugs are not hidden.
-  try:
-    source = tfds.data_source(key, split=split, data_dir=data_dir, download=download)
-  except Exception as e:  # noqa: BLE001
-    failures.append(f"tfds.data_source: {type(e).__name__}: {str(e).strip()[:300]}")
-  else:
+  def source_or_none(allow_download: bool):
+    try:
+      return tfds.data_source(key, split=split, data_dir=data_dir, download=allow_download)
+    except Exception as e:  # noqa: BLE001
+      failures.append(f"tfds.data_source: {type(e).__name__}: {str(e).strip()[:300]}")
+      return None
+
+  source = source_or_none(False)  # prepared data needs no network
+  if source is None and download:
+    if not network_available():
+      # TFDS would retry the download for minutes and leave partial files behind: fail at once.
+      raise DataNotFoundError(
+        f"TFDS dataset {key!r} split {split!r} is not prepared ({where}) and there is no network "
+        f"to download it (no connection to {NETWORK_PROBE[0]}:{NETWORK_PROBE[1]} within "
+        f"{NETWORK_TIMEOUT:g} s).\n  " + "\n  ".join(failures)
+      )
+    source = source_or_none(True)
+  if source is not None:
     # Item-by-item access: batched __getitems__ is not implemented by tfds.testing.mock_data.
     examples = [source[i] for i in range(len(source))]
     images, labels = _examples_to_arrays(examples, image_key, label_key, f"TFDS {key}:{split}")
@@ -643,7 +701,8 @@ def load_tfds(
 # Resolution.
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
+  """Whether a dataset argument names a file or folder rather than a dataset."""
   return os.sep in name or (os.altsep is not None and os.altsep in name) or name.endswith(".npz")
 
 
@@ -725,7 +784,7 @@ def load_dataset(
       supply the data offline.
     ValueError: a name that is neither local nor supported, or a malformed local copy.
   """
-  if _looks_like_path(name):
+  if looks_like_path(name):
     path = pathlib.Path(name).expanduser()
     searched: list[str] = []
     dataset = _search_local(path, path.stem if path.is_file() else path.name, split, searched)
@@ -758,6 +817,12 @@ def load_dataset(
     dataset = _search_local(root, name, split, searched)
     if dataset is not None:
       return dataset
+    if data_dir is not None:
+      # An explicit folder is the user's statement of where the data is: never download instead.
+      raise DataNotFoundError(
+        f"--data_dir={data_dir} holds no data for {name!r} split {split!r} (TFDS is not tried "
+        "when a data_dir is given).\n" + _not_found_message(name, split, searched, None)
+      )
 
   if key not in TFDS_DATASETS:
     hint = (

@@ -49,6 +49,10 @@ MANIFEST = "fedjax_manifest.json"
 # float summation order.
 NON_SEMANTIC_FIELDS = (
   "output_dir",
+  # The run's length: every round is a pure function of (seed, round), so a checkpoint continues
+  # bit-exactly into a longer run (``--resume --rounds=N`` extends it).
+  "rounds",
+  "overwrite",
   "progress",
   "resume",
   "checkpoint_every",
@@ -301,16 +305,30 @@ class Checkpointer:
     self._reopen()
 
 
-def truncate_metrics(path: str | os.PathLike, last_round: int) -> None:
-  """Keeps the lines of ``metrics.jsonl`` up to round ``last_round`` byte for byte (atomically)."""
+EVAL_FIELDS = ("test_accuracy", "test_loss")
+
+
+def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> None:
+  """Keeps the lines of ``metrics.jsonl`` up to round ``last_round`` byte for byte (atomically).
+
+  With ``drop_eval_of`` the line of ``last_round`` loses its evaluation fields (a run extended
+  past its former last round would not have evaluated there); the other lines stay byte for byte.
+  """
   path = Path(path)
   if not path.exists():
     return
-  kept = [
-    line
-    for line in path.read_text().splitlines(keepends=True)
-    if line.strip() and json.loads(line).get("round", 0) <= last_round
-  ]
+  kept = []
+  for line in path.read_text().splitlines(keepends=True):
+    if not line.strip():
+      continue
+    record = json.loads(line)
+    if record.get("round", 0) > last_round:
+      continue
+    if drop_eval_of and record.get("round") == last_round and any(k in record for k in EVAL_FIELDS):
+      line = (
+        json.dumps({k: v for k, v in record.items() if k not in EVAL_FIELDS}, sort_keys=True) + "\n"
+      )
+    kept.append(line)
   _atomic_write(path, "".join(kept))
 
 

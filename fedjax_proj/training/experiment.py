@@ -17,6 +17,7 @@ process 0 writes outputs (docs/performance.md, "Several hosts").
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -34,9 +35,16 @@ from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import parse_partition, partition
-from fedjax_proj.data.sources import load_dataset
+from fedjax_proj.data.sources import (
+  KNOWN_NUM_CLASSES,
+  canonical_name,
+  expected_format,
+  load_dataset,
+  looks_like_path,
+)
 from fedjax_proj.models import get_model
 from fedjax_proj.models.base import count_params
+from fedjax_proj.training import rundir
 from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import train
@@ -94,6 +102,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.method_kwargs = ml_collections.ConfigDict()
   # Run management: not part of the config fingerprint a resumed run must match.
   c.resume = False  # continue from output_dir's newest valid checkpoint
+  c.overwrite = False  # a new run may replace the run output_dir holds
   c.checkpoint_every = 10  # rounds between checkpoints (0: only on SIGINT/SIGTERM)
   c.keep_checkpoints = 3
   c.tensorboard = False  # also write TensorBoard events (needs the tensorboard extra)
@@ -108,6 +117,7 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     )
   engine_lib.validate_strategy(c.strategy)
   parse_partition(c.partition)
+  _validate_dataset_name(c.dataset)
   for field in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size"):
     if int(c[field]) < 1:
       raise ValueError(f"--{field} must be >= 1, got {c[field]}.")
@@ -127,6 +137,20 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
   if c.eval_every < 1:
     raise ValueError("--eval_every must be >= 1.")
+  if not c.lr > 0:
+    raise ValueError(f"--lr must be > 0, got {c.lr}; e.g. --lr=0.001 (Adam) or --lr=0.01 (SGD).")
+  for field in ("train_subset", "test_subset", "public_size"):
+    if int(c.get(field, 0)) < 0:
+      raise ValueError(
+        f"--{field} must be >= 0 (0 uses the whole set), got {c[field]}; pass a number of "
+        "examples or 0."
+      )
+  if c.public_data and looks_like_path(c.public_data) and not Path(c.public_data).exists():
+    raise ValueError(
+      f"--public_data={c.public_data} does not exist; pass an existing npz file or image folder, "
+      "or a dataset name such as cifar100."
+    )
+  validate_method_kwargs(c.method, dict(c.method_kwargs))
   if c.get("checkpoint_every", 0) < 0:
     raise ValueError("--checkpoint_every must be >= 0 (0 saves only on SIGINT/SIGTERM).")
   if c.get("keep_checkpoints", 1) < 1:
@@ -152,6 +176,127 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       require_tensorboardx()
     except ImportError as e:
       raise ValueError(str(e)) from e
+
+
+def _validate_dataset_name(name: str) -> None:
+  """A dataset is a known name (checked against its data later) or a path to the data itself."""
+  if looks_like_path(name) or canonical_name(name) in KNOWN_NUM_CLASSES:
+    return
+  raise ValueError(
+    f"Unknown --dataset {name!r}; known names: {', '.join(sorted(KNOWN_NUM_CLASSES))}. For other "
+    "data pass its location as --dataset=<folder or .npz path>."
+  )
+
+
+def method_hparams(method: str) -> dict[str, object] | None:
+  """The hyperparameters ``--method_kwargs`` may set for ``method``, with their defaults.
+
+  Read from the factory the method's registry ``build`` forwards its ``**hparams`` to (its
+  signature is the single source of truth), plus the config fields the method consumes
+  (``CONFIG_KWARGS``). None when that cannot be determined (e.g. a user-registered method).
+  """
+  import ast  # noqa: PLC0415
+  import importlib  # noqa: PLC0415
+  import textwrap  # noqa: PLC0415
+
+  module_name = registry.METHOD_MODULES.get(method)
+  if module_name is None:
+    return None
+  module = importlib.import_module(module_name)
+  build = module.build
+  try:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(build)))
+  except (OSError, TypeError, SyntaxError):
+    return None
+  rest = next((p.name for p in inspect.signature(build).parameters.values() if p.kind == 4), None)
+  for node in ast.walk(tree):
+    if not isinstance(node, ast.Call):
+      continue
+    forwards = any(
+      k.arg is None and isinstance(k.value, ast.Name) and k.value.id == rest for k in node.keywords
+    )
+    if not forwards or not isinstance(node.func, ast.Name):
+      continue
+    factory = getattr(module, node.func.id, None)
+    if factory is None:
+      return None
+    explicit = {k.arg for k in node.keywords if k.arg is not None} | {"method"}
+    params = list(inspect.signature(factory).parameters.values())[len(node.args) :]
+    out = {
+      p.name: p.default
+      for p in params
+      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in explicit
+    }
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+      return None  # the factory forwards further: accept anything
+    return out
+  # ``**hparams`` is never forwarded to a factory (e.g. fedseq, which refuses any): none accepted.
+  return {} if rest is not None else None
+
+
+def _type_ok(value, default) -> bool:
+  if default is None or isinstance(default, tuple | list | dict):
+    return True
+  if isinstance(default, bool):
+    return isinstance(value, bool)
+  if isinstance(default, float):
+    return isinstance(value, int | float) and not isinstance(value, bool)
+  if isinstance(default, int):
+    return isinstance(value, int) and not isinstance(value, bool)
+  return isinstance(value, type(default))
+
+
+def describe_method_hparams(method: str) -> str:
+  """``key=default, ...`` of :func:`method_hparams`, for help texts and errors."""
+  hparams = method_hparams(method)
+  if hparams is None:
+    return "(not introspectable)"
+  if not hparams:
+    return "(none)"
+  return ", ".join(
+    f"{k}={'<required>' if v is inspect.Parameter.empty else v!r}" for k, v in hparams.items()
+  )
+
+
+def validate_method_kwargs(method: str, kwargs: dict) -> None:
+  """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones."""
+  if not kwargs or method not in registry.METHOD_MODULES:
+    return
+  hparams = method_hparams(method)
+  if hparams is None:
+    return
+  accepted = f"{method} accepts: {describe_method_hparams(method)}"
+  unknown = sorted(set(kwargs) - set(hparams))
+  if unknown:
+    raise ValueError(
+      f"--method_kwargs: unknown key(s) {', '.join(unknown)} for --method={method}; {accepted}."
+    )
+  for key, value in kwargs.items():
+    default = hparams[key]
+    if default is not inspect.Parameter.empty and not _type_ok(value, default):
+      raise ValueError(
+        f"--method_kwargs: {key}={value!r} is a {type(value).__name__} but {method}'s {key} "
+        f"takes a {type(default).__name__} (default {default!r}); {accepted}."
+      )
+
+
+def check_dataset(ds, name: str, where: str) -> None:
+  """Checks data loaded for a known ``--dataset`` name has that dataset's image shape and classes.
+
+  Raises:
+    ValueError: naming what the data is, what the name expects, and the two ways to fix it.
+  """
+  expected = expected_format(name)
+  if expected is None:
+    return
+  shape, classes = expected
+  got = (tuple(ds.images.shape[1:]), int(ds.num_classes))
+  if got != (shape, classes):
+    fmt = lambda s, k: f"examples of shape {'x'.join(map(str, s))} and {k} classes"
+    raise ValueError(
+      f"--dataset={name} expects {fmt(shape, classes)}, but the data from {where} has "
+      f"{fmt(*got)}. Point --data_dir at {name}'s data, or pass the --dataset this data is."
+    )
 
 
 def _validate_processes(c: ml_collections.ConfigDict) -> None:
@@ -386,9 +531,120 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   validate_config(c)
   if init_processes(c) and jax.process_index() != 0:
     log = lambda *args, **kwargs: None  # process 0 reports for the whole job
+  output_dir = c.output_dir or default_output_dir(c.method)
+  lock = None
+  created = not Path(output_dir).exists()
+  if jax.process_index() == 0:
+    # Before any data is loaded: the directory is writable, ours alone, and holds nothing a new
+    # run would silently replace (training/rundir.py). A --resume target must already exist (a
+    # typo must not create it).
+    if c.get("resume", False) and not Path(output_dir).is_dir():
+      rundir.check_run_dir(output_dir, resume=True, overwrite=c.get("overwrite", False))
+    rundir.check_writable(output_dir)
+    lock = rundir.RunLock(output_dir, log=lambda msg: print(msg, file=sys.stderr)).acquire()
+  try:
+    if lock is not None:
+      state = rundir.check_run_dir(
+        output_dir, resume=c.get("resume", False), overwrite=c.get("overwrite", False)
+      )
+      if state != "empty" and c.get("overwrite", False):
+        print(f"--overwrite: replacing the {state} run in {output_dir}", file=sys.stderr)
+        rundir.clear_run(output_dir)
+    return _run(c, output_dir, log)
+  except BaseException:
+    if lock is not None and created and rundir.run_state(output_dir) == "empty":
+      # A run refused before writing anything leaves no directory behind.
+      lock.release()
+      lock = None
+      rundir.remove_empty(output_dir)
+    raise
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+# Runs with fewer local steps than this start without a timing probe (seconds to run anyway).
+ETA_PROBE_MIN_STEPS = 2000
+
+
+def time_local_step(model, optimizer, normalize, images, labels, batch_size: int, repeats=3):
+  """Seconds per local training step (forward, backward, update) of one batch, measured now.
+
+  Compiles one plain cross-entropy step and times ``repeats`` calls (the median); the
+  per-method local loss terms and the server side are not included.
+  """
+  from fedjax_proj.algorithms.client import forward, split_variables  # noqa: PLC0415
+
+  n = min(batch_size, len(labels))
+  x = normalize(jax.numpy.asarray(images[:n]))
+  y = jax.numpy.asarray(np.asarray(labels[:n], np.int32))
+  variables = model.init(jax.random.key(0), x[:2])
+  params, model_state = split_variables(variables)
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def step(params, opt_state, key):
+    def loss(p):
+      logits = forward(model, p, model_state, x, train=True, key=key).logits
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    grads = jax.grad(loss)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  key = jax.random.key(1)
+  jax.block_until_ready(step(params, opt_state, key))  # compile
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(step(params, opt_state, key))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def _format_duration(seconds: float) -> str:
+  if seconds < 120:
+    return f"{seconds:.0f} s"
+  if seconds < 7200:
+    return f"{seconds / 60:.0f} min"
+  return f"{seconds / 3600:.1f} h"
+
+
+def estimate_run(
+  c, fed: FederatedData, step_seconds: float | None, start_round: int = 0, padded: bool = True
+) -> str:
+  """The pre-round-1 estimate line(s) for ``c`` given a measured time per local step.
+
+  ``padded``: every client runs the longest client's step count (vmap_scan's fixed shapes);
+  otherwise each runs its own, and the mean client's count is used.
+  """
+  per_client = fed.num_steps if padded else float(np.mean([fed.steps_for(n) for n in fed.sizes]))
+  steps = int(round((c.rounds - start_round) * c.clients_per_round * per_client))
+  if step_seconds is None:
+    return ""
+  total = steps * step_seconds
+  text = (
+    f"estimated time: about {_format_duration(total)} for {c.rounds - start_round} rounds "
+    f"({steps:,} local steps of batch {c.batch_size} at {step_seconds * 1e3:.1f} ms each, "
+    f"timed now on {jax.default_backend()}; {c.method}'s extra local and server work comes on top)"
+  )
+  if total > 3600 and jax.default_backend() == "cpu":
+    text += (
+      f"\nwarning: this run needs more than an hour on CPU (about {_format_duration(total)}); "
+      "--preset=cpu runs a reduced budget of this experiment in minutes, --preset=smoke in "
+      "under one."
+    )
+  return text
+
+
+def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
+  """The body of :func:`run_experiment` once the output directory is held."""
   data_dir = c.data_dir or None
   train_ds = load_dataset(c.dataset, "train", data_dir)
   test_ds = load_dataset(c.dataset, "test", data_dir)
+  where = f"--data_dir={c.data_dir}" if c.data_dir else "the default source"
+  check_dataset(train_ds, c.dataset, where)
+  check_dataset(test_ds, c.dataset, where)
   train_x, train_y = _subset(train_ds, c.train_subset, c.seed)
   test_x, test_y = _subset(test_ds, c.test_subset, c.seed + 1)
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
@@ -424,7 +680,6 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
   strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
-  output_dir = c.output_dir or default_output_dir(c.method)
   log(
     f"backend={jax.default_backend()} devices={jax.device_count()} "
     + (f"processes={jax.process_count()} " if jax.process_count() > 1 else "")
@@ -433,6 +688,13 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
     f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
   )
+  if c.clients_per_round * c.rounds * fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
+    "resume", False
+  ):
+    step_seconds = time_local_step(
+      model, ctx.client_optimizer, normalize, train_x, train_y, c.batch_size
+    )
+    log(estimate_run(c, fed, step_seconds, padded=strategy == "vmap_scan"))
   mesh = _client_mesh(c, strategy, log)
   round_fn = _placed(_build_round(algorithm, strategy, c, variables, log, mesh), mesh)
   sys.stdout.flush()
@@ -458,6 +720,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     checkpointer=checkpointer,
     checkpoint_every=c.get("checkpoint_every", 0),
     resume=c.get("resume", False),
+    overwrite=c.get("overwrite", False),
     tensorboard_dir=Path(output_dir) / "tensorboard" if c.get("tensorboard", False) else None,
   )
   log(

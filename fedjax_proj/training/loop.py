@@ -22,7 +22,9 @@ the same round (the processes agree on it each round).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -71,17 +73,34 @@ class _StopOnSignal:
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-  def __init__(self, enabled: bool):
+  def __init__(self, enabled: bool, announce: bool = True):
     # Handlers can only be installed from the main thread (e.g. not inside a notebook worker).
     self.enabled = enabled and threading.current_thread() is threading.main_thread()
+    self.announce = announce
     self.signum: int | None = None
     self._old: dict = {}
+    # Set by the loop at the start of each round, for the message printed on the first signal.
+    self.round = 0
+    self.round_started = time.perf_counter()
+    self.round_seconds: float | None = None  # the last completed round's duration
+
+  def message(self) -> str:
+    """What the first signal prints at once: which round the run stops after, and when."""
+    if self.round_seconds is None:
+      when = "time unknown: the first round includes compilation"
+    else:
+      left = max(0.0, self.round_seconds - (time.perf_counter() - self.round_started))
+      when = f"about {left:.0f} s"
+    return f"stopping after round {self.round} ({when}); Ctrl-C again to abort\n"
 
   def _handle(self, signum, frame):
     del frame
     if self.signum is not None:
       raise KeyboardInterrupt(f"second signal {signum}: aborting without saving")
     self.signum = signum
+    if self.announce:
+      # os.write: print() is not safe inside a signal handler that interrupted another print.
+      os.write(sys.stderr.fileno(), self.message().encode())
 
   def __enter__(self):
     if self.enabled:
@@ -139,6 +158,7 @@ def train(
   checkpointer: Checkpointer | None = None,
   checkpoint_every: int = 0,
   resume: bool = False,
+  overwrite: bool = False,
   tensorboard_dir: str | Path | None = None,
   handle_signals: bool = True,
 ) -> tuple[object, dict]:
@@ -164,7 +184,11 @@ def train(
     progress: show a progress bar with ETA.
     checkpointer: saves/restores the server state (None: no checkpoints, signals still stop).
     checkpoint_every: save every k rounds and after the last one (0: only on a signal).
-    resume: continue from the checkpointer's newest valid checkpoint (fresh start if none).
+    resume: continue from the checkpointer's newest valid checkpoint (fresh start if none). A
+      larger ``rounds`` than the checkpointed run's extends it: rounds are pure functions of
+      (seed, round), so the extension equals a run started with the larger ``rounds``.
+    overwrite: replace the checkpoints of an unfinished run instead of refusing to start (a
+      finished run is always replaced; experiments refuse that earlier without ``overwrite``).
     tensorboard_dir: also write the per-round scalars as TensorBoard events there.
     handle_signals: catch SIGINT/SIGTERM to stop cleanly between rounds.
 
@@ -190,31 +214,48 @@ def train(
   multi_process = jax.process_count() > 1
   seed_key = jax.random.key(seed)
   state = algorithm.init(init_variables, random_lib.stream_key(seed_key, "init"))
-  start_round, last_eval = 0, {}
+  start_round, last_eval, wall_before, saved_rounds = 0, {}, 0.0, rounds
   if checkpointer is not None:
     if resume:
       restored = checkpointer.restore_latest(state)
       if restored is not None:
         state, meta = restored
         start_round, last_eval = int(meta["round"]), dict(meta.get("last_eval") or {})
+        # Wall time already spent by the sessions before this one: the summary reports the total.
+        wall_before = float(meta.get("wall_seconds") or 0.0)
+        previous = Path(output_dir) / "summary.json" if output_dir is not None else None
+        if previous is not None and previous.is_file():
+          # The run finished at this checkpoint: its summary also timed the work after the save.
+          done_before = json.loads(previous.read_text())
+          if done_before.get("rounds") == start_round:
+            wall_before = max(wall_before, float(done_before.get("wall_seconds") or 0.0))
+        saved_rounds = int(meta.get("rounds") or meta.get("config", {}).get("rounds") or rounds)
+        if start_round > rounds:
+          raise CheckpointError(
+            f"The checkpoint in {checkpointer.directory} is at round {start_round}, beyond "
+            f"--rounds={rounds}: a run cannot be shortened. Pass --rounds >= {start_round}, or "
+            "start a new run in another --output_dir."
+          )
         if writes:
-          print(f"resuming from the checkpoint of round {start_round}", file=sys.stderr)
+          extend = f", extending the run from {saved_rounds} to {rounds} rounds" * (
+            rounds > saved_rounds
+          )
+          print(f"resuming from the checkpoint of round {start_round}{extend}", file=sys.stderr)
     elif checkpointer.steps():
       # A finished run is replaced (as its metrics file is); an unfinished one may be a preempted
-      # job whose relaunch forgot --resume, so its checkpoints are never deleted implicitly.
+      # job whose relaunch forgot --resume, so its checkpoints are deleted only when asked.
       meta = checkpointer.newest_meta() or {}
-      finished = meta.get("round", -1) >= meta.get("config", {}).get("rounds", math.inf)
-      if not finished:
+      total = meta.get("rounds") or meta.get("config", {}).get("rounds", math.inf)
+      finished = meta.get("round", -1) >= total
+      if not finished and not overwrite:
         raise CheckpointError(
           f"{checkpointer.directory} holds the checkpoints of an unfinished run (rounds "
-          f"{checkpointer.steps()}); pass --resume to continue it, or delete the directory or "
+          f"{checkpointer.steps()}); pass --resume to continue it, --overwrite to replace it, or "
           "choose another --output_dir for a new run."
         )
       if writes:
-        print(f"replacing the finished run in {checkpointer.directory.parent}", file=sys.stderr)
+        print(f"replacing the run in {checkpointer.directory.parent}", file=sys.stderr)
       checkpointer.clear()
-  if start_round > rounds:
-    raise CheckpointError(f"The checkpoint is at round {start_round}, beyond rounds={rounds}.")
   images, labels = jax.device_put(train_set[0]), jax.device_put(np.asarray(train_set[1], np.int32))
   if test_set is not None:
     test_images = jax.device_put(test_set[0])
@@ -223,7 +264,10 @@ def train(
   writer = None
   if output_dir is not None and writes:
     if start_round:  # lines after the checkpoint are re-written by the rounds below
-      truncate_metrics(Path(output_dir) / "metrics.jsonl", start_round)
+      # An extended run's former last round was evaluated only because it was last: drop that
+      # evaluation when off the eval_every grid, as a run started at ``rounds`` has none there.
+      stale_eval = start_round < rounds and start_round % eval_every != 0
+      truncate_metrics(Path(output_dir) / "metrics.jsonl", start_round, drop_eval_of=stale_eval)
     writer = MetricsWriter(output_dir, truncate=not start_round)
   tb = None
   if tensorboard_dir is not None and writes:
@@ -249,9 +293,10 @@ def train(
     total=rounds,
   )
   try:
-    with _StopOnSignal(handle_signals) as stop:
+    with _StopOnSignal(handle_signals, announce=writes) as stop:
       for r in bar:
         t0 = time.perf_counter()
+        stop.round, stop.round_started = r + 1, t0
         sampled = fed_data.sample_clients(r, clients_per_round, seed)
         idx, mask, n = fed_data.round_layout(sampled, r, seed)
         rd = RoundData(
@@ -277,6 +322,8 @@ def train(
           )
         record = {"round": r + 1, **to_python(metrics)}
         record["round_seconds"] = time.perf_counter() - t0
+        if r > start_round:  # the first round of a session includes compilation
+          stop.round_seconds = record["round_seconds"]
         if (
           test_set is not None
           and evaluate is not None
@@ -305,7 +352,10 @@ def train(
           signum = distributed.max_over_processes(signum or 0) or None
         periodic = checkpoint_every and (done % checkpoint_every == 0 or done == rounds)
         if checkpointer is not None and (periodic or signum is not None):
-          checkpointer.save(done, state, {"last_eval": last_eval})
+          wall = wall_before + time.perf_counter() - start
+          checkpointer.save(
+            done, state, {"last_eval": last_eval, "rounds": rounds, "wall_seconds": wall}
+          )
         if signum is not None and done < rounds:
           name = signal.Signals(signum).name
           # Only another process of the job may have been signalled.
@@ -337,7 +387,8 @@ def train(
     "seed": seed,
     "final_test_accuracy": last_eval.get("accuracy"),
     "final_test_loss": last_eval.get("loss"),
-    "wall_seconds": time.perf_counter() - start,
+    # Total over every session of the run (a resumed run adds its checkpoint's time).
+    "wall_seconds": wall_before + time.perf_counter() - start,
     "resumed_from_round": start_round,
     **(summary_extra or {}),
   }

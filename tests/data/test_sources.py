@@ -204,8 +204,10 @@ def test_missing_data_raises_with_offline_instructions(tmp_path, monkeypatch):
     raise DataNotFoundError("simulated: no network")
 
   monkeypatch.setattr(sources, "load_tfds", offline_tfds)
+  # $FEDJAX_PROJ_DATA_DIR falls back to TFDS; an explicit data_dir never does (issue 13).
+  monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path))
   with pytest.raises(DataNotFoundError) as info:
-    sources.load_dataset("cifar10", "train", data_dir=tmp_path)
+    sources.load_dataset("cifar10", "train")
   message = str(info.value)
   for needle in (
     "'cifar10'",
@@ -218,6 +220,10 @@ def test_missing_data_raises_with_offline_instructions(tmp_path, monkeypatch):
   ):
     assert needle in message
   assert isinstance(info.value, FileNotFoundError)
+  with pytest.raises(DataNotFoundError, match="TFDS is not tried") as info:
+    sources.load_dataset("cifar10", "train", data_dir=tmp_path)
+  assert "simulated: no network" not in str(info.value)
+  monkeypatch.delenv(sources.DATA_DIR_ENV)
   with pytest.raises(DataNotFoundError, match="FEDJAX_PROJ_DATA_DIR"):
     sources.load_dataset("mnist", "test")
 

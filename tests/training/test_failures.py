@@ -175,10 +175,11 @@ def test_resume_refuses_other_flags_and_a_new_run_replaces_a_finished_one(tmp_pa
   # The same flags resume (nothing left to run) and rewrite the same outputs.
   assert common.main([*flags, out, "--resume", "--progress"], "", entry.get_config, {}) == 0
   assert "resuming from the checkpoint of round 2" in capsys.readouterr().err
-  # Without --resume a finished run is replaced (re-running a benchmark keeps working).
-  assert (
-    common.main([*flags, out, "--lr=0.1", "--checkpoint_every=0"], "", entry.get_config, {}) == 0
-  )
+  # Without --resume a finished run is replaced only with --overwrite (issue 13).
+  new_run = [*flags, out, "--lr=0.1", "--checkpoint_every=0"]
+  assert common.main(new_run, "", entry.get_config, {}) == 1
+  assert "already holds a finished run" in capsys.readouterr().err
+  assert common.main([*new_run, "--overwrite"], "", entry.get_config, {}) == 0
   assert "replacing the finished run" in capsys.readouterr().err
   assert not (tmp_path / "checkpoints").exists()
 
@@ -208,7 +209,7 @@ def test_paper_presets_are_valid_and_match_the_paper(name, expected):
   assert paper.local_epochs == 20 and paper.partition == "dirichlet:0.3"
 
 
-def test_cifar100_preset_names_the_public_set_it_expects(capsys):
+def test_cifar100_preset_names_the_public_set_it_expects(capsys, tmp_path):
   module = _entry_point("cifar100")
   common = sys.modules["common"]
   run = lambda *flags: common.main(
@@ -216,7 +217,10 @@ def test_cifar100_preset_names_the_public_set_it_expects(capsys):
   )
   assert run("--method=fedproj") == 2
   assert "ImageNet-100 at 32x32" in capsys.readouterr().err
-  assert run("--method=fedproj", "--public_data=../shared/data/cifar100/public_20k.npz") == 2
+  public = tmp_path / "cifar100" / "public_20k.npz"  # exists (checked first), but is CIFAR-100
+  public.parent.mkdir()
+  public.write_bytes(b"")
+  assert run("--method=fedproj", f"--public_data={public}") == 2
   assert "must be disjoint" in capsys.readouterr().err
   config = module.prepare(module.get_config("paper"))  # fedavg: no public set, no distillation
   assert "distill_epochs" not in config.method_kwargs
