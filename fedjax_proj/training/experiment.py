@@ -423,7 +423,13 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
-  strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
+  strategy = engine_lib.choose_strategy(
+    c.strategy,
+    has_conv=has_conv,
+    num_clients=c.clients_per_round,
+    # Sharding over local devices needs the one-program round (docs/performance.md).
+    sharded=c.get("shard_clients", True) and jax.local_device_count() > 1,
+  )
   output_dir = c.output_dir or default_output_dir(c.method)
   log(
     f"backend={jax.default_backend()} devices={jax.device_count()} "
