@@ -536,7 +536,8 @@ def suite_config(args) -> argparse.Namespace:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--out_dir", required=True, help="suite.json, suite.md, accuracy_state.tar.gz")
+  p.add_argument("--out_dir", required=True, help="<name>.json, <name>.md, accuracy_state.tar.gz")
+  p.add_argument("--name", default="suite", help="file name stem of the JSON and the table")
   p.add_argument("--data", default=str(REPO / ".device_data" / "device_data.npz"))
   p.add_argument("--work_dir", default="/tmp/gpu_suite", help="unpacked data, step d's runs")
   p.add_argument("--tiny", action="store_true", help="CPU smoke sizes (about a minute)")
@@ -605,10 +606,10 @@ def main(argv=None) -> int:
       traceback.print_exc()
     entry["seconds"] = time.perf_counter() - t0
     print(f"== step {name}: {entry['status']} in {entry['seconds']:.1f} s", flush=True)
-    (cfg.out_dir / "suite.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (cfg.out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
   report["total_seconds"] = time.perf_counter() - t_start
-  (cfg.out_dir / "suite.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-  (cfg.out_dir / "suite.md").write_text(markdown(report))
+  (cfg.out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+  (cfg.out_dir / f"{args.name}.md").write_text(markdown(report))
   print(markdown(report))
   bad = [n for n in chosen if report["steps"][n]["status"] not in ("ok", "timed_out")]
   return 1 if bad else 0

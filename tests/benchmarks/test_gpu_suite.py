@@ -177,3 +177,21 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
   assert report["steps"]["gpse_cost"]["result"]["ratio_populated"] > 0
   table = (out / "suite.md").read_text()
   assert "TINY CPU SMOKE RUN" in table and "| correctness | ok |" in table
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet8"])
+def test_torch_models_match_ours_in_parameter_count(name):
+  """The suite's PyTorch loop trains the same architectures (runs only where torch is installed)."""
+  torch = pytest.importorskip("torch")
+  import jax
+  import jax.numpy as jnp
+  import torch_reference
+
+  from fedjax_proj.models import get_model
+
+  variables = get_model(name, 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  ours = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(variables["params"]))
+  theirs = sum(p.numel() for p in torch_reference.torch_cifar_model(name).parameters())
+  assert ours == theirs
+  out = torch_reference.torch_cifar_model(name)(torch.zeros(2, 3, 32, 32))
+  assert tuple(out.shape) == (2, 10)
