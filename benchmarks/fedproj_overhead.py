@@ -26,7 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import best_time, block, cifar10, cifar100_public, header, write_results
+from common import (
+  best_time,
+  block,
+  cifar10,
+  cifar100_public,
+  header,
+  round_data,
+  write_results,
+)
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import distill, losses
@@ -36,8 +44,6 @@ from fedjax_proj.algorithms.feddf import ensemble_distillation
 from fedjax_proj.algorithms.fedproj import fedproj, project_gradient
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.types import RoundData
-from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
 from fedjax_proj.models import get_model
 
@@ -73,17 +79,7 @@ def measure(
   )
   strategy = engine_lib.choose_strategy(strategy, has_conv=has_conv, num_clients=clients)
   parts = np.array_split(np.arange(n), clients)
-  fd = FederatedData(parts, batch, local_epochs=1)
-  idx, mask, nk = fd.round_layout(np.arange(clients), 0, 0)
-  rd = RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y, jnp.int32),
-    jnp.arange(clients, dtype=jnp.int32),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(nk),
-    {"public_images": public},
-  )
+  rd, _ = round_data(x, y, parts, batch, {"public_images": public})
   opt = optax.adam(1e-3)
   algs = {
     "fedavg": fedavg(model, opt, batch_fn),

@@ -154,10 +154,9 @@ def _fedavg_setup(name: str, x, y, clients: int, steps: int, batch: int):
   import jax.numpy as jnp
   import numpy as np
   import optax
+  from common import round_data
 
   from fedjax_proj.algorithms.fedavg import fedavg
-  from fedjax_proj.core.types import RoundData
-  from fedjax_proj.data.federated import FederatedData
   from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
   from fedjax_proj.models import get_model
 
@@ -168,17 +167,8 @@ def _fedavg_setup(name: str, x, y, clients: int, steps: int, batch: int):
   per = steps * batch
   # Client c holds examples [c*per, (c+1)*per) modulo the data: any cohort size fits the data.
   parts = [(c * per + np.arange(per)) % len(y) for c in range(clients)]
-  idx, mask, n = FederatedData(parts, batch).round_layout(np.arange(clients), 0, 0)
-  rd = RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y, jnp.int32),
-    jnp.arange(clients, dtype=jnp.int32),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(n),
-    {},
-  )
-  return model, alg, variables, rd, (idx, mask, n)
+  rd, layout = round_data(x, y, parts, batch)
+  return model, alg, variables, rd, layout
 
 
 def step_correctness(cfg, x, y, public, results: dict) -> bool:

@@ -25,14 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import cifar10, header, write_results
+from common import cifar10, header, round_data, write_results
 
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import RoundData
-from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
 from fedjax_proj.models import get_model
 
@@ -49,17 +48,7 @@ def model_kind(model, variables, sample) -> str:
 
 def fedavg_round_data(x, y, clients: int, batch: int) -> tuple[RoundData, int]:
   """One round over ``clients`` equal shards of (x, y); returns it and its number of samples."""
-  fd = FederatedData(np.array_split(np.arange(len(y)), clients), batch)
-  idx, mask, n = fd.round_layout(np.arange(clients), 0, 0)
-  rd = RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y, jnp.int32),
-    jnp.arange(clients, dtype=jnp.int32),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(n),
-    {},
-  )
+  rd, (_, mask, _) = round_data(x, y, np.array_split(np.arange(len(y)), clients), batch)
   return rd, int(mask.sum())
 
 

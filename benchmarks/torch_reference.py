@@ -37,6 +37,24 @@ JAX_STRATEGIES = {"mlp": ("vmap_scan", "sequential"), "cnn": ("sequential", "vma
 SLOW = {("cnn", "vmap_scan")}
 
 
+def _torch_cnn(channels: int, side: int):
+  """The FedAvg CNN: two 5x5 convs (32, 64) each with ReLU and 2x2 max-pool, dense 512, 10."""
+  import torch.nn as nn
+
+  return nn.Sequential(
+    nn.Conv2d(channels, 32, 5, padding=2),
+    nn.ReLU(),
+    nn.MaxPool2d(2),
+    nn.Conv2d(32, 64, 5, padding=2),
+    nn.ReLU(),
+    nn.MaxPool2d(2),
+    nn.Flatten(),
+    nn.Linear((side // 4) ** 2 * 64, 512),
+    nn.ReLU(),
+    nn.Linear(512, 10),
+  )
+
+
 def torch_model(name: str):
   import torch.nn as nn
 
@@ -50,18 +68,7 @@ def torch_model(name: str):
       nn.Linear(200, 10),
     )
   if name == "cnn":
-    return nn.Sequential(
-      nn.Conv2d(1, 32, 5, padding=2),
-      nn.ReLU(),
-      nn.MaxPool2d(2),
-      nn.Conv2d(32, 64, 5, padding=2),
-      nn.ReLU(),
-      nn.MaxPool2d(2),
-      nn.Flatten(),
-      nn.Linear(7 * 7 * 64, 512),
-      nn.ReLU(),
-      nn.Linear(512, 10),
-    )
+    return _torch_cnn(1, 28)
   raise ValueError(f"Unknown model {name!r}; choose mlp or cnn.")
 
 
@@ -79,18 +86,7 @@ def torch_cifar_model(name: str):
       nn.Linear(200, 10),
     )  # fmt: skip
   if name == "cnn":
-    return nn.Sequential(
-      nn.Conv2d(3, 32, 5, padding=2),
-      nn.ReLU(),
-      nn.MaxPool2d(2),
-      nn.Conv2d(32, 64, 5, padding=2),
-      nn.ReLU(),
-      nn.MaxPool2d(2),
-      nn.Flatten(),
-      nn.Linear(8 * 8 * 64, 512),
-      nn.ReLU(),
-      nn.Linear(512, 10),
-    )
+    return _torch_cnn(3, 32)
   if name != "resnet8":
     raise ValueError(f"Unknown model {name!r}; choose mlp, cnn or resnet8.")
 
