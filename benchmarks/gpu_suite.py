@@ -199,26 +199,36 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
     normalize = normalizer_for("cifar10")
     from fedjax_proj.data.pipeline import make_batch_fn
 
+    # Adam's normalised step turns float-level gradient differences into +-lr parameter
+    # differences, so the server's Adam distils at lr 1e-6 (bound 2 lr x steps, far below the
+    # tolerance) and the distillation's equality is checked through its loss and L_mem metrics.
     alg = fedproj(
       model,
-      optax.adam(1e-3),
+      optax.sgd(0.01, momentum=0.9),
       make_batch_fn(normalize),
       normalize,
       public_size=len(public),
       memory_size=len(public) // 2,
       memory_batch_size=cfg.batch,
       distill_batch_size=cfg.batch * 2,
+      distill_lr=1e-6,
     )
-    flats = {}
+    flats, mets = {}, {}
     for s in STRATEGIES:
       round_fn = make_round(alg, s)
       state = alg.init(variables, jax.random.key(0))
       for r in range(2):  # round 0: no memory; round 1: projection against the memory
-        state, _ = round_fn(state, rd, jax.random.key(10 + r))
+        state, metrics = round_fn(state, rd, jax.random.key(10 + r))
       flats[s] = np.asarray(tree_lib.tree_ravel(state.variables))
+      keys = ("distill_loss", "lmem_global", "projected_fraction", "mean_cos")
+      mets[s] = np.asarray([float(metrics[k]) for k in keys])
     for s in STRATEGIES:
       diff = float(np.abs(flats[s] - flats["vmap_scan"]).max())
       rows.append({"program": f"fedproj/{name} (2 rounds)", "strategy": s, "max_abs_diff": diff})
+      diff = float(np.abs(mets[s] - mets["vmap_scan"]).max())
+      rows.append(
+        {"program": f"fedproj/{name} round-2 metrics", "strategy": s, "max_abs_diff": diff}
+      )
   worst = max(r["max_abs_diff"] for r in rows)
   results["max_abs_diff"] = worst
   results["tolerance"] = cfg.tolerance
@@ -235,8 +245,9 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
   from fedjax_proj.algorithms.chunked import make_chunked_round
 
   rows = results.setdefault("rows", [])
-  for name in cfg.throughput_models:
-    for clients in cfg.cohorts:
+  # Cohorts outer, models inner: a budget that runs out loses the largest cohorts, not a model.
+  for clients in cfg.cohorts:
+    for name in cfg.throughput_models:
       model, alg, variables, rd, layout = _fedavg_setup(name, x, y, clients, cfg.steps, cfg.batch)
       samples = int(layout[1].sum())
       for s in STRATEGIES:
