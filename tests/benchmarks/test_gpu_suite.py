@@ -18,11 +18,31 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gpu_suite  # noqa: E402
-import make_device_data  # noqa: E402
-import strategies  # noqa: E402
+
+def _import_benchmarks():
+  """Imports the benchmark scripts without leaving benchmarks/common.py as ``common``.
+
+  experiments/ has its own ``common`` module, imported by other tests in the same process.
+  """
+  bench = str(ROOT / "benchmarks")
+  saved = sys.modules.pop("common", None)
+  sys.path.insert(0, bench)
+  try:
+    import gpu_suite
+    import make_device_data
+    import strategies
+    import torch_reference
+
+    return gpu_suite, make_device_data, strategies, torch_reference
+  finally:
+    sys.path.remove(bench)
+    sys.modules.pop("common", None)
+    if saved is not None:
+      sys.modules["common"] = saved
+
+
+gpu_suite, make_device_data, strategies, torch_reference = _import_benchmarks()
 
 
 def _fake_shared(root: Path, per_class: int = 12) -> Path:
