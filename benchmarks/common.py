@@ -35,6 +35,31 @@ def cifar100_public(n: int, seed: int = 0) -> np.ndarray:
   return ds.images[rng.choice(len(ds.labels), n, replace=False)]
 
 
+def round_data(x, y, parts, batch: int, extra: dict | None = None):
+  """One round over clients ``parts`` (index arrays into x, y), one local epoch each.
+
+  Returns:
+    (RoundData on the default device, (idx, mask, num_examples) as host arrays).
+  """
+  import jax.numpy as jnp
+
+  from fedjax_proj.core.types import RoundData
+  from fedjax_proj.data.federated import FederatedData
+
+  clients = len(parts)
+  idx, mask, n = FederatedData(parts, batch, local_epochs=1).round_layout(np.arange(clients), 0, 0)
+  rd = RoundData(
+    jnp.asarray(x),
+    jnp.asarray(y, jnp.int32),
+    jnp.arange(clients, dtype=jnp.int32),
+    jnp.asarray(idx),
+    jnp.asarray(mask),
+    jnp.asarray(n),
+    extra or {},
+  )
+  return rd, (idx, mask, n)
+
+
 def block(tree):
   jax.block_until_ready(tree)
   return tree

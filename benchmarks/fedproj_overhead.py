@@ -19,79 +19,85 @@ drop-in FedProj steps. This is the measurement behind FedProj's separate passes 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import best_time, cifar10, cifar100_public, header, write_results
+from common import (
+  best_time,
+  block,
+  cifar10,
+  cifar100_public,
+  header,
+  round_data,
+  write_results,
+)
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import losses
+from fedjax_proj.algorithms import distill, losses
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.feddf import ensemble_distillation
 from fedjax_proj.algorithms.fedproj import fedproj, project_gradient
 from fedjax_proj.core import engine as engine_lib
-from fedjax_proj.core.types import RoundData
-from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
 from fedjax_proj.models import get_model
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--clients", type=int, default=2)
-  p.add_argument("--steps", type=int, default=10)
-  p.add_argument("--batch", type=int, default=64)
-  p.add_argument("--public", type=int, default=2000)
-  p.add_argument("--strategy", default="auto", choices=engine_lib.STRATEGIES)
-  p.add_argument("--model", default="resnet8")
-  p.add_argument("--fusion_probe", action="store_true", help="also time fused client steps")
-  args = p.parse_args()
+def measure(
+  model_name: str,
+  clients: int,
+  steps: int,
+  batch: int,
+  x,
+  y,
+  public,
+  strategy: str = "auto",
+  repeats: int = 2,
+  breakdown: bool = True,
+) -> dict:
+  """Client phase and whole-round seconds of FedAvg, FedDF and FedProj, side by side.
 
-  n = args.clients * args.steps * args.batch
-  x, y = cifar10(n)
-  public = jnp.asarray(cifar100_public(args.public))
-  model = get_model(args.model, 10)
+  ``x, y`` hold at least ``clients * steps * batch`` training examples; ``public`` the public
+  images. Returns a JSON-ready dict (also used by benchmarks/gpu_suite.py).
+  """
+  n = clients * steps * batch
+  x, y = x[:n], y[:n]
+  num_public = int(public.shape[0])
+  public = jnp.asarray(public)
+  model = get_model(model_name, 10)
   normalize = normalizer_for("cifar10")
   batch_fn = make_batch_fn(normalize)
-  variables = model.init(jax.random.key(0), normalize(jnp.asarray(x[:2])))
+  sample = normalize(jnp.asarray(x[:2]))
+  variables = model.init(jax.random.key(0), sample)
   has_conv = engine_lib.has_convolution(
-    lambda v, z: model.apply(v, z, train=False).logits, variables, normalize(jnp.asarray(x[:2]))
+    lambda v, z: model.apply(v, z, train=False).logits, variables, sample
   )
-  strategy = engine_lib.choose_strategy(args.strategy, has_conv=has_conv)
-  parts = np.array_split(np.arange(n), args.clients)
-  fd = FederatedData(parts, args.batch, local_epochs=1)
-  idx, mask, nk = fd.round_layout(np.arange(args.clients), 0, 0)
-  rd = RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y, jnp.int32),
-    jnp.arange(args.clients, dtype=jnp.int32),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(nk),
-    {"public_images": public},
-  )
+  strategy = engine_lib.choose_strategy(strategy, has_conv=has_conv, num_clients=clients)
+  parts = np.array_split(np.arange(n), clients)
+  rd, _ = round_data(x, y, parts, batch, {"public_images": public})
   opt = optax.adam(1e-3)
   algs = {
     "fedavg": fedavg(model, opt, batch_fn),
-    "feddf": ensemble_distillation(model, opt, batch_fn, normalize, public_size=args.public),
+    "feddf": ensemble_distillation(model, opt, batch_fn, normalize, public_size=num_public),
     "fedproj": fedproj(
       model,
       opt,
       batch_fn,
       normalize,
-      public_size=args.public,
-      memory_size=args.public,
-      memory_batch_size=args.batch,
+      public_size=num_public,
+      memory_size=num_public,
+      memory_batch_size=batch,
     ),
   }
   print(
     header(),
-    f"strategy={strategy} model={args.model} clients={args.clients} "
-    f"steps={args.steps} batch={args.batch} public={args.public}",
+    f"strategy={strategy} model={model_name} clients={clients} "
+    f"steps={steps} batch={batch} public={num_public}",
   )
 
   # Client phase only (the engine), FedProj with an ensemble present (round > 0).
@@ -106,53 +112,144 @@ def main():
         memory_logits=jax.random.normal(jax.random.key(1), state.memory_logits.shape),
       )
     shared, inputs = alg.broadcast(state, rd, jax.random.key(0))
-    keys = jax.random.split(jax.random.key(2), args.clients)
+    keys = jax.random.split(jax.random.key(2), clients)
     run = lambda e=engine, s=shared, i=inputs, k=keys: e.run(
       s, i, rd.images, rd.labels, rd.idx, rd.mask, k
     )
     if engine.traceable:
       run = jax.jit(run)
     jax.block_until_ready(run())  # compile
-    client_times[name] = best_time(run)
-  steps = args.clients * args.steps
+    client_times[name] = best_time(run, repeats)
   ratio = client_times["fedproj"] / client_times["fedavg"]
   print(
     f"client phase: fedavg {client_times['fedavg']:.3f}s  fedproj {client_times['fedproj']:.3f}s "
-    f"({steps} steps each) -> fedproj/fedavg step time = {ratio:.2f}x (paper: 2.03x)"
+    f"({clients * steps} steps each) -> fedproj/fedavg step time = {ratio:.2f}x (paper: 2.03x)"
   )
 
-  # Whole rounds including server work.
-  round_times = {}
+  # Whole rounds including server work, timed side by side (rotating order).
+  round_fns, states = {}, {}
   for name, alg in algs.items():
-    round_fn = make_round(alg, strategy)
+    round_fns[name] = make_round(alg, strategy)
     state = alg.init(variables, jax.random.key(0))
-    state, _ = round_fn(state, rd, jax.random.key(0))  # compile (round 0)
-    state, _ = round_fn(state, rd, jax.random.key(1))  # FedProj: first round with memory
-    times = []
-    for r in range(2):
+    state, _ = round_fns[name](state, rd, jax.random.key(0))  # compile (round 0)
+    states[name], _ = round_fns[name](state, rd, jax.random.key(1))  # FedProj: memory from now
+    block(states[name])
+  round_all = {name: [] for name in algs}
+  names = list(algs)
+  for r in range(repeats):
+    for name in names[r % len(names) :] + names[: r % len(names)]:
       t0 = time.perf_counter()
-      state, m = round_fn(state, rd, jax.random.key(2 + r))
-      jax.block_until_ready(state)
-      times.append(time.perf_counter() - t0)
-    round_times[name] = min(times)
+      states[name], _ = round_fns[name](states[name], rd, jax.random.key(2 + r))
+      jax.block_until_ready(states[name])
+      round_all[name].append(time.perf_counter() - t0)
+  round_times = {k: min(v) for k, v in round_all.items()}
   print("whole round (seconds): " + "  ".join(f"{k} {v:.2f}" for k, v in round_times.items()))
   print(
     "round time / fedavg: "
     + "  ".join(f"{k} {v / round_times['fedavg']:.2f}x" for k, v in round_times.items())
   )
-  payload = {
-    "args": vars(args),
+  out = {
+    "model": model_name,
+    "clients": clients,
+    "steps": steps,
+    "batch": batch,
+    "public": num_public,
     "strategy": strategy,
     "client_seconds": client_times,
     "client_step_ratio": ratio,
     "round_seconds": round_times,
+    "round_seconds_all": round_all,
+    "round_ratio_fedproj_over_fedavg": round_times["fedproj"] / round_times["fedavg"],
+    "load_average": os.getloadavg(),
   }
+  if breakdown:
+    out["server_breakdown_seconds"] = server_breakdown(
+      algs, model, variables, normalize, rd, public, strategy, clients, repeats
+    )
+  out["_setup"] = (model, variables, normalize)
+  return out
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--clients", type=int, default=2)
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--batch", type=int, default=64)
+  p.add_argument("--public", type=int, default=2000)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--strategy", default="auto", choices=engine_lib.STRATEGIES)
+  p.add_argument("--model", default="resnet8")
+  p.add_argument("--fusion_probe", action="store_true", help="also time fused client steps")
+  args = p.parse_args()
+  x, y = cifar10(args.clients * args.steps * args.batch)
+  public = cifar100_public(args.public)
+  payload = measure(
+    args.model, args.clients, args.steps, args.batch, x, y, public, args.strategy, args.repeats
+  )
+  model, variables, normalize = payload.pop("_setup")
+  payload["args"] = vars(args)
   if args.fusion_probe:
     payload["fusion_probe_seconds_per_step"] = fusion_probe(
-      model, variables, normalize, x, y, public, args
+      model, variables, normalize, x, y, jnp.asarray(public), args
     )
   path = write_results("fedproj_overhead", payload)
   print(f"wrote {path}")
+
+
+def server_breakdown(
+  algs, model, variables, normalize, rd, public, strategy, clients, repeats
+) -> dict:
+  """Seconds of each part of FedProj's server round, timed alone (host path on CPU).
+
+  Parts (distill_server.py): ``clients`` (the client phase), ``teacher_logits`` (every sampled
+  client's inference logits on the whole public set, C x P forwards), ``student`` (E_d epochs of
+  distillation steps), ``memory_logits`` (Z_ens on the next memory buffer) and ``lmem_global``
+  (the new global model's logits on that buffer, for the L_mem drift metric).
+  """
+  alg = algs["fedproj"]
+  cfg = distill.DistillConfig()  # fedproj()'s defaults, as built above
+  host = strategy != "vmap_scan"
+  engine = engine_lib.ClientEngine(alg.client, alg.batch_fn, strategy)
+  state = alg.init(variables, jax.random.key(0))
+  shared, inputs = alg.broadcast(state, rd, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(2), clients)
+  run = lambda: engine.run(shared, inputs, rd.images, rd.labels, rd.idx, rd.mask, keys)
+  if engine.traceable:
+    run = jax.jit(run)
+  outputs = block(run())
+  stacked = outputs["variables"]
+  averaged = tree_lib.weighted_mean(stacked, rd.num_examples)
+  if host:
+    logits_fn = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
+    distiller = distill.HostDistiller(model, normalize, cfg)
+  else:
+    logits_fn = jax.jit(
+      lambda v, x: distill.client_logits_scan(model, v, normalize, x, cfg.teacher_batch_size)
+    )
+    distiller = jax.jit(lambda s, t, x, k: distill.distill_scan(model, s, t, x, normalize, k, cfg))
+  next_idx = jnp.arange(public.shape[0])  # memory_size = the public set, as built above
+  teacher = block(logits_fn(stacked, public))
+  mean_teacher = jax.jit(distill.mean_teacher)
+  gather_mean = jax.jit(lambda t, i: distill.mean_teacher(t[:, i]))
+  new_vars, _ = block(distiller(averaged, mean_teacher(teacher), public, jax.random.key(3)))
+  one = tree_lib.broadcast_clients(new_vars, 1)
+  block(gather_mean(teacher, next_idx))
+  block(logits_fn(one, public[next_idx]))
+  times = {
+    "clients": best_time(run, repeats),
+    "teacher_logits": best_time(lambda: logits_fn(stacked, public), repeats),
+    "student": best_time(
+      lambda: distiller(averaged, mean_teacher(teacher), public, jax.random.key(3)), 2
+    ),
+    "memory_logits": best_time(lambda: gather_mean(teacher, next_idx), repeats),
+    "lmem_global": best_time(lambda: logits_fn(one, public[next_idx]), repeats),
+  }
+  total = sum(times.values())
+  print(
+    "fedproj round parts (s, share): "
+    + "  ".join(f"{k} {v:.3f} ({v / total:.0%})" for k, v in times.items())
+  )
+  return times
 
 
 def fusion_probe(model, variables, normalize, x, y, public, args) -> dict[str, float]:

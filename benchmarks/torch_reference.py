@@ -37,6 +37,24 @@ JAX_STRATEGIES = {"mlp": ("vmap_scan", "sequential"), "cnn": ("sequential", "vma
 SLOW = {("cnn", "vmap_scan")}
 
 
+def _torch_cnn(channels: int, side: int):
+  """The FedAvg CNN: two 5x5 convs (32, 64) each with ReLU and 2x2 max-pool, dense 512, 10."""
+  import torch.nn as nn
+
+  return nn.Sequential(
+    nn.Conv2d(channels, 32, 5, padding=2),
+    nn.ReLU(),
+    nn.MaxPool2d(2),
+    nn.Conv2d(32, 64, 5, padding=2),
+    nn.ReLU(),
+    nn.MaxPool2d(2),
+    nn.Flatten(),
+    nn.Linear((side // 4) ** 2 * 64, 512),
+    nn.ReLU(),
+    nn.Linear(512, 10),
+  )
+
+
 def torch_model(name: str):
   import torch.nn as nn
 
@@ -50,28 +68,71 @@ def torch_model(name: str):
       nn.Linear(200, 10),
     )
   if name == "cnn":
-    return nn.Sequential(
-      nn.Conv2d(1, 32, 5, padding=2),
-      nn.ReLU(),
-      nn.MaxPool2d(2),
-      nn.Conv2d(32, 64, 5, padding=2),
-      nn.ReLU(),
-      nn.MaxPool2d(2),
-      nn.Flatten(),
-      nn.Linear(7 * 7 * 64, 512),
-      nn.ReLU(),
-      nn.Linear(512, 10),
-    )
+    return _torch_cnn(1, 28)
   raise ValueError(f"Unknown model {name!r}; choose mlp or cnn.")
 
 
-def torch_round(model, global_state, images, labels, layout, lr):
-  """One FedAvg round: a sequential loop over clients and their steps; returns the new state."""
+def torch_cifar_model(name: str):
+  """Our CIFAR-10 models in PyTorch (same layers and parameter counts as fedjax_proj.models).
+
+  ``cnn``: the FedAvg CNN (two 5x5 convs 32/64 + max-pool, dense 512); ``resnet8``: FedDF's
+  ResNet-8 (3x3 stem 16, one BasicBlock per stage of 16/32/64 channels, BatchNorm, global pool).
+  """
+  import torch.nn as nn
+
+  if name == "mlp":
+    return nn.Sequential(
+      nn.Flatten(), nn.Linear(3072, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
+      nn.Linear(200, 10),
+    )  # fmt: skip
+  if name == "cnn":
+    return _torch_cnn(3, 32)
+  if name != "resnet8":
+    raise ValueError(f"Unknown model {name!r}; choose mlp, cnn or resnet8.")
+
+  class Block(nn.Module):
+    def __init__(self, cin, cout, stride):
+      super().__init__()
+      self.conv0 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+      self.norm0 = nn.BatchNorm2d(cout)
+      self.conv1 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+      self.norm1 = nn.BatchNorm2d(cout)
+      self.short = None
+      if stride != 1 or cin != cout:
+        self.short = nn.Sequential(
+          nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+        )
+
+    def forward(self, x):
+      out = self.norm1(self.conv1(nn.functional.relu(self.norm0(self.conv0(x)))))
+      return nn.functional.relu(out + (x if self.short is None else self.short(x)))
+
+  return nn.Sequential(
+    nn.Conv2d(3, 16, 3, 1, 1, bias=False),
+    nn.BatchNorm2d(16),
+    nn.ReLU(),
+    Block(16, 16, 1),
+    Block(16, 32, 2),
+    Block(32, 64, 2),
+    nn.AdaptiveAvgPool2d(1),
+    nn.Flatten(),
+    nn.Linear(64, 10),
+  )
+
+
+def torch_round(
+  model, global_state, images, labels, layout, lr, mean=MNIST_MEAN, std=MNIST_STD, device="cpu"
+):
+  """One FedAvg round: a sequential loop over clients and their steps; returns the new state.
+
+  ``images`` (NCHW uint8) and ``labels`` may already live on ``device``; only the step's index
+  vector moves there.
+  """
   import torch
   import torch.nn.functional as F
 
   _, idx, mask, n = layout
-  acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+  acc = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in global_state.items()}
   for c in range(idx.shape[0]):
     model.load_state_dict(global_state)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -79,17 +140,17 @@ def torch_round(model, global_state, images, labels, layout, lr):
       m = mask[c, s]
       if not m.any():
         continue
-      ii = torch.from_numpy(idx[c, s][m].astype(np.int64))
-      xb = (images[ii].float() / 255.0 - MNIST_MEAN) / MNIST_STD
+      ii = torch.from_numpy(idx[c, s][m].astype(np.int64)).to(device)
+      xb = (images[ii].float() / 255.0 - mean) / std
       loss = F.cross_entropy(model(xb), labels[ii])
       opt.zero_grad(set_to_none=True)
       loss.backward()
       opt.step()
     with torch.no_grad():
       for k, v in model.state_dict().items():
-        acc[k] += float(n[c]) * v
+        acc[k] += float(n[c]) * v.float()
   total = float(n.sum())
-  return {k: v / total for k, v in acc.items()}
+  return {k: (v / total).to(global_state[k].dtype) for k, v in acc.items()}
 
 
 def run_torch(cfg: dict) -> dict:

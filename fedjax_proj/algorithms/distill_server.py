@@ -116,10 +116,19 @@ def distillation_server(
     if cfg.epochs > 0:
       logits = logits_fn(stacked, public)  # [C, P, K]
       anchor, weight = _divergence_anchor(state, stacked)
+      teacher_logits = combine(logits)
       new_vars, metrics["distill_loss"] = distill_fn(
-        averaged, combine(logits), public, k_distill, anchor, weight
+        averaged, teacher_logits, public, k_distill, anchor, weight
       )
-      memory_logits = distill.mean_teacher(logits[:, next_idx]) if memory_size else None
+      memory_logits = None
+      if memory_size:
+        # The plain-mean teacher already holds Z_ens for every public example: take its rows
+        # rather than averaging the clients' logits on the memory subset a second time.
+        memory_logits = (
+          teacher_logits[next_idx]
+          if teacher == "mean"
+          else distill.mean_teacher(logits[:, next_idx])
+        )
     else:
       new_vars = averaged
       memory_logits = (

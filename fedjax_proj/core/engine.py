@@ -13,8 +13,12 @@ Execution strategies (identical semantics; tests prove equality up to float tole
 * ``sequential``: a host loop over clients and their active steps, one jitted step per call. On
   XLA:CPU this is the fastest for convolutional models (DESIGN.md: convolutions inside ``scan`` run
   ~10x slower and vmapped convolutions ~2.3x slower than a loop of jitted steps).
-* ``auto``: ``vmap_scan`` on GPU/TPU and on CPU for models without convolutions; ``sequential`` for
-  convolutional models on CPU. See :func:`choose_strategy` and ``benchmarks/strategies.py``.
+* ``auto``: a measured rule, :func:`choose_strategy`. Per backend, model kind (``conv`` or
+  ``dense``) and cohort size it takes the fastest strategy from ``strategy_table.json`` beside this
+  module, written by ``benchmarks/strategies.py --write_table`` (the command and the measurements
+  are in the file; docs/performance.md). A backend the table does not list (GPU, TPU) gets
+  ``vmap_scan``, the design. Runs sharded over several devices or processes always get
+  ``vmap_scan``: only the one-program round can be sharded.
 
 PRNG: each client key is split into an init key and a step key; step ``s`` uses
 ``fold_in(step_key, s)``, so every strategy draws the same numbers.
@@ -22,6 +26,8 @@ PRNG: each client key is split into an init key and a step key; step ``s`` uses
 
 from __future__ import annotations
 
+import json
+import pathlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -79,15 +85,57 @@ def has_convolution(fn: Callable[..., Any], *args: Any) -> bool:
   return walk(jaxpr.jaxpr)
 
 
-def choose_strategy(strategy: str, *, backend: str | None = None, has_conv: bool = False) -> str:
-  """Resolves ``auto`` from measured facts (DESIGN.md, benchmarks/strategies.py)."""
+STRATEGY_TABLE = pathlib.Path(__file__).with_name("strategy_table.json")
+
+
+def load_strategy_table(path: pathlib.Path = STRATEGY_TABLE) -> dict:
+  """The measured ``auto`` rule: ``{"rules": {backend: {kind: [[max_clients, strategy], ...]}}}``.
+
+  Each kind's buckets are ordered by ``max_clients``; the last one is open (``None``). The file
+  also records, per backend, the command, machine, load and samples/s behind the rule.
+  """
+  return json.loads(path.read_text())
+
+
+def choose_strategy(
+  strategy: str,
+  *,
+  backend: str | None = None,
+  has_conv: bool = False,
+  num_clients: int | None = None,
+  sharded: bool = False,
+  table: dict | None = None,
+) -> str:
+  """Resolves ``auto`` from the measured table (``strategy_table.json``, docs/performance.md).
+
+  Args:
+    strategy: a name from :data:`STRATEGIES`; anything but ``auto`` is returned unchanged.
+    backend: ``jax.default_backend()`` if None.
+    has_conv: the model has a convolution (see :func:`has_convolution`): kind ``conv``, else
+      ``dense``.
+    num_clients: clients per round; None takes the table's largest-cohort bucket.
+    sharded: the round's clients are sharded over several devices. Forced to ``vmap_scan``, as is
+      any multi-process run (``jax.process_count() > 1``): the host-looped strategies cannot be
+      sharded, so there the table does not apply.
+    table: the rule table (default: :func:`load_strategy_table`).
+
+  Returns:
+    A concrete strategy name.
+  """
   validate_strategy(strategy)
   if strategy != "auto":
     return strategy
+  if sharded or jax.process_count() > 1:
+    return "vmap_scan"  # forced: only the one-program round shards over devices and processes
   backend = backend or jax.default_backend()
-  if backend == "cpu" and has_conv:
-    return "sequential"
-  return "vmap_scan"
+  rules = (table or load_strategy_table())["rules"].get(backend, {})
+  buckets = rules.get("conv" if has_conv else "dense")
+  if not buckets:
+    return "vmap_scan"  # not measured on this backend: the design for accelerators
+  for max_clients, name in buckets:
+    if max_clients is None or (num_clients is not None and num_clients <= max_clients):
+      return name
+  return buckets[-1][1]
 
 
 def _split_client_key(key: Array) -> tuple[Array, Array]:

@@ -679,7 +679,13 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
-  strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
+  strategy = engine_lib.choose_strategy(
+    c.strategy,
+    has_conv=has_conv,
+    num_clients=c.clients_per_round,
+    # Sharding over local devices needs the one-program round (docs/performance.md).
+    sharded=c.get("shard_clients", True) and jax.local_device_count() > 1,
+  )
   log(
     f"backend={jax.default_backend()} devices={jax.device_count()} "
     + (f"processes={jax.process_count()} " if jax.process_count() > 1 else "")

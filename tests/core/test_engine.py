@@ -119,8 +119,49 @@ def test_choose_strategy_and_conv_detection():
   )
   assert engine_lib.has_convolution(conv, jnp.ones((1, 5, 5, 1)))
   assert not engine_lib.has_convolution(lambda x: x @ x.T, jnp.ones((2, 2)))
-  assert engine_lib.choose_strategy("auto", backend="cpu", has_conv=True) == "sequential"
-  assert engine_lib.choose_strategy("auto", backend="cpu", has_conv=False) == "vmap_scan"
+  # Not in the table (no GPU measurement yet): the design, vmap_scan, for every model kind.
   assert engine_lib.choose_strategy("auto", backend="gpu", has_conv=True) == "vmap_scan"
+  assert engine_lib.choose_strategy("sequential", backend="gpu") == "sequential"
   with pytest.raises(ValueError, match="vmap_scan"):
     engine_lib.choose_strategy("bogus")
+
+
+def test_auto_follows_the_committed_strategy_table():
+  """Every bucket of fedjax_proj/core/strategy_table.json, at and just past its upper bound."""
+  table = engine_lib.load_strategy_table()
+  assert table["rules"]["cpu"]["conv"], "the CPU rule for conv models is missing"
+  for backend, kinds in table["rules"].items():
+    assert backend in table["measurements"], f"{backend}: rule without its measurement record"
+    assert "benchmarks/strategies.py --write_table" in table["measurements"][backend]["command"]
+    for kind, buckets in kinds.items():
+      assert buckets[-1][0] is None, "the last bucket must be open"
+      lo = 1
+      for max_clients, strategy in buckets:
+        for c in (lo, max_clients) if max_clients is not None else (lo, 10_000):
+          got = engine_lib.choose_strategy(
+            "auto", backend=backend, has_conv=kind == "conv", num_clients=c
+          )
+          assert got == strategy, (backend, kind, c, got, strategy)
+        lo = (max_clients or 0) + 1
+
+
+def test_auto_rule_buckets_and_forced_vmap_scan():
+  table = {
+    "rules": {"cpu": {"dense": [[8, "sequential"], [32, "vmap_stepwise"], [None, "vmap_scan"]]}}
+  }
+  pick = lambda c, **kw: engine_lib.choose_strategy(
+    "auto", backend="cpu", num_clients=c, table=table, **kw
+  )
+  assert [pick(c) for c in (1, 8, 9, 32, 33, 1000)] == [
+    "sequential",
+    "sequential",
+    "vmap_stepwise",
+    "vmap_stepwise",
+    "vmap_scan",
+    "vmap_scan",
+  ]
+  assert pick(None) == "vmap_scan"  # unknown cohort: the largest-cohort bucket
+  # A kind the backend's rule does not list: vmap_scan.
+  assert pick(4, has_conv=True) == "vmap_scan"
+  # Sharded rounds need the one-program round whatever the table says.
+  assert pick(4, sharded=True) == "vmap_scan"

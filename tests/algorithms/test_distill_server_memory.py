@@ -1,0 +1,50 @@
+"""FedProj's memory Z_ens taken from the mean teacher equals the clients' mean on the memory rows.
+
+distill_server.py reads the next round's memory logits off the combined (plain-mean) teacher
+instead of averaging the clients' logits on the memory subset again (docs/performance.md, FedProj's
+server cost); this must not change a single bit, on the traced and on the host path.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_proj.algorithms import distill
+from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.data.federated import FederatedData
+from tests import helpers
+
+
+@pytest.mark.parametrize(("path", "memory_size"), [("traced", 48), ("host", 20)])
+def test_memory_logits_equal_the_clients_mean_on_the_memory_rows(path, memory_size):
+  model = helpers.tiny_model()
+  x, y = helpers.synthetic_data(n=68)
+  public = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[0])
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  cfg = distill.DistillConfig(epochs=1, batch_size=16, lr=1e-2, teacher_batch_size=7)
+  init, aggregate, aggregate_host = distillation_server(
+    model, lambda z: z, cfg, public_size=48, memory_size=memory_size
+  )
+  clients = 3
+  # Distinct client models: the global one plus client-specific noise.
+  stacked = jax.tree.map(
+    lambda v: v[None] + 0.3 * jax.random.normal(jax.random.key(7), (clients, *v.shape)),
+    variables,
+  )
+  outputs = {
+    "variables": stacked,
+    "metrics": {"train_loss": jnp.ones(clients)},
+  }
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=6)
+  rd = helpers.round_data(fd, x, y, 0, cpr=clients)._replace(extra={"public_images": public})
+  agg = jax.jit(aggregate) if path == "traced" else aggregate_host
+  state, metrics = agg(init(variables, jax.random.key(1)), rd, outputs, jax.random.key(2))
+  logits = distill.client_logits_scan(model, stacked, lambda z: z, public, 7)  # [C, P, K]
+  expected = distill.mean_teacher(logits[:, state.memory_idx])
+  assert state.memory_logits.shape == (memory_size, 3)
+  np.testing.assert_array_equal(np.asarray(state.memory_logits), np.asarray(expected))
+  assert np.isfinite(float(metrics["lmem_global"]))
+  assert len(set(np.asarray(state.memory_idx).tolist())) == memory_size

@@ -1,0 +1,217 @@
+"""benchmarks/gpu_suite.py end to end at --tiny on CPU, its data packer, and the auto-rule writer.
+
+The suite's numbers on CPU mean nothing; these tests check that the one command a GPU session will
+run works: every step runs, the JSON has the documented schema, and the correctness step passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _import_benchmarks():
+  """Imports the benchmark scripts without leaving benchmarks/common.py as ``common``.
+
+  experiments/ has its own ``common`` module, imported by other tests in the same process.
+  """
+  bench = str(ROOT / "benchmarks")
+  saved = sys.modules.pop("common", None)
+  sys.path.insert(0, bench)
+  try:
+    import gpu_suite
+    import make_device_data
+    import strategies
+    import torch_reference
+
+    return gpu_suite, make_device_data, strategies, torch_reference
+  finally:
+    sys.path.remove(bench)
+    sys.modules.pop("common", None)
+    if saved is not None:
+      sys.modules["common"] = saved
+
+
+gpu_suite, make_device_data, strategies, torch_reference = _import_benchmarks()
+
+
+def _fake_shared(root: Path, per_class: int = 12) -> Path:
+  """A small folder in the layout of ../shared/data (random pixels, real JPEG files)."""
+  rng = np.random.default_rng(0)
+  for split, n in (("train", per_class), ("test", 4)):
+    for c in make_device_data.CIFAR10_CLASSES:
+      folder = root / "cifar10" / split / c
+      folder.mkdir(parents=True)
+      for i in range(n):
+        img = rng.integers(0, 255, (32, 32, 3), np.uint8)
+        Image.fromarray(img).save(folder / f"{i:04d}.jpg", quality=75)
+  (root / "cifar100").mkdir()
+  np.savez(
+    root / "cifar100" / "public_20k.npz",
+    image=rng.integers(0, 255, (64, 32, 32, 3), np.uint8),
+    label=rng.integers(0, 100, 64),
+  )
+  (root / "mnist").mkdir()
+  for split, n in (("train", 400), ("test", 100)):
+    np.savez(
+      root / "mnist" / f"{split}.npz",
+      image=rng.integers(0, 255, (n, 28, 28, 1), np.uint8),
+      label=np.arange(n) % 10,
+    )
+  return root
+
+
+def _pack(shared: Path, out: Path, *extra: str) -> int:
+  return make_device_data.main(
+    [f"--shared={shared}", f"--out_dir={out}", "--public=48", "--mnist_train=300",
+     "--mnist_test=80", *extra]
+  )  # fmt: skip
+
+
+def test_device_data_round_trip_is_exact(tmp_path):
+  shared = _fake_shared(tmp_path / "shared")
+  assert _pack(shared, tmp_path / "dev", "--cifar10_train=1000", "--cifar10_test=1000") == 0
+  counts = make_device_data.unpack(tmp_path / "dev" / "device_data.npz", tmp_path / "data")
+  assert counts["cifar10/train.npz"] == 120 and counts["cifar10/test.npz"] == 40
+  assert counts["cifar100/public_20k.npz"] == 48 and counts["mnist/train.npz"] == 300
+  with np.load(tmp_path / "data" / "cifar10" / "train.npz") as z:
+    images, labels = z["image"], z["label"]
+  # All files taken (n >= total): class order, sorted names; pixels = PIL's decode of the file.
+  assert labels.tolist() == [c for c in range(10) for _ in range(12)]
+  first = shared / "cifar10" / "train" / "bird" / "0003.jpg"
+  np.testing.assert_array_equal(images[2 * 12 + 3], np.asarray(Image.open(first).convert("RGB")))
+  with (
+    np.load(tmp_path / "data" / "mnist" / "test.npz") as z,
+    np.load(shared / "mnist" / "test.npz") as src,
+  ):
+    assert z["image"].dtype == np.uint8 and z["image"].shape == (80, 28, 28, 1)
+    # Raw MNIST rows are kept byte for byte.
+    rows = {r.tobytes() for r in src["image"]}
+    assert all(r.tobytes() in rows for r in z["image"])
+
+
+def test_device_data_subset_is_stratified_and_size_capped(tmp_path, capsys):
+  shared = _fake_shared(tmp_path / "shared")
+  assert _pack(shared, tmp_path / "dev", "--cifar10_train=50", "--cifar10_test=20") == 0
+  with np.load(tmp_path / "dev" / "device_data.npz") as z:
+    assert np.bincount(z["cifar10_train_label"]).tolist() == [5] * 10
+  with pytest.raises(SystemExit) as e:
+    _pack(shared, tmp_path / "dev2", "--max_mib=0.001")
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "--max_mib=0.001" in err and "lower --cifar10_train" in err
+  assert not (tmp_path / "dev2" / "device_data.npz").exists()
+
+
+def test_missing_data_falls_back_to_synthetic_loudly(tmp_path, monkeypatch, capsys):
+  monkeypatch.setenv("FEDJAX_PROJ_SHARED_DATA", str(tmp_path / "nowhere"))
+  with pytest.warns(UserWarning, match="not a folder"):
+    data = gpu_suite.prepare_data(tmp_path / "absent.npz", tmp_path / "work")
+  assert data["source"] == "synthetic" and "SYNTHETIC" in data["warning"]
+  assert "SYNTHETIC" in capsys.readouterr().out
+
+
+def test_rules_from_rows_merges_equal_winners():
+  row = lambda kind, c, s, sps: {"kind": kind, "clients": c, "strategy": s, "samples_per_s": sps}
+  rows = [
+    row("dense", 4, "sequential", 30.0),
+    row("dense", 4, "vmap_scan", 20.0),
+    row("dense", 16, "sequential", 30.0),
+    row("dense", 16, "vmap_scan", 29.0),
+    row("dense", 64, "sequential", 10.0),
+    row("dense", 64, "vmap_scan", 40.0),
+    row("conv", 4, "sequential", 5.0),
+    row("conv", 4, "vmap_scan", 1.0),
+  ]
+  assert strategies.rules_from_rows(rows) == {
+    "conv": [[None, "sequential"]],
+    "dense": [[16, "sequential"], [None, "vmap_scan"]],
+  }
+
+
+def test_unknown_step_is_refused(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    gpu_suite.main(["--out_dir", str(tmp_path), "--steps=correctness,bogus"])
+  assert e.value.code == 2
+  assert "unknown --steps ['bogus']" in capsys.readouterr().err
+
+
+def test_tiny_suite_runs_end_to_end(tmp_path):
+  shared = _fake_shared(tmp_path / "shared", per_class=10)
+  assert _pack(shared, tmp_path / "dev", "--cifar10_train=100", "--cifar10_test=40") == 0
+  out = tmp_path / "out"
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(ROOT / "benchmarks" / "gpu_suite.py"),
+      "--tiny",
+      f"--out_dir={out}",
+      f"--work_dir={tmp_path / 'work'}",
+      f"--data={tmp_path / 'dev' / 'device_data.npz'}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=env,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = json.loads((out / "suite.json").read_text())
+  assert report["schema_version"] == gpu_suite.SCHEMA_VERSION and report["tiny"] is True
+  assert report["data"]["source"] == "real"
+  assert report["data"]["counts"]["cifar10/train.npz"] == 100
+  assert set(report["device"]) >= {"backend", "device_kind", "jax", "load_average"}
+  assert list(report["steps"]) == list(gpu_suite.STEPS)
+  for name, step in report["steps"].items():
+    assert step["status"] == "ok", (name, step)
+    assert set(step) >= {"status", "seconds", "budget_s", "result"}
+  corr = report["steps"]["correctness"]["result"]
+  assert corr["passed"] is True and corr["max_abs_diff"] <= corr["tolerance"]
+  programs = {r["program"] for r in corr["rows"]}
+  assert "fedavg/mlp" in programs and any(p.startswith("fedproj/") for p in programs)
+  thr = report["steps"]["throughput"]["result"]["rows"]
+  jax_rows = [r for r in thr if r["framework"] == "jax"]
+  assert {r["strategy"] for r in jax_rows} == set(strategies.STRATEGIES)
+  assert any(r["chunk"] for r in jax_rows)  # the chunked vmap_scan path ran
+  assert all(r["samples_per_s"] > 0 and r["compile_s"] >= 0 for r in jax_rows)
+  over = report["steps"]["fedproj_overhead"]["result"]
+  assert set(over["round_seconds"]) == {"fedavg", "feddf", "fedproj"}
+  acc = report["steps"]["accuracy"]["result"]
+  for method in ("fedavg", "fedproj"):
+    curve = acc["curves"][method]
+    assert curve["exit_code"] == 0 and curve["rounds_done"] == 1, curve["log_tail"]
+    assert len(curve["test_accuracy"]) == 1
+  with tarfile.open(out / acc["state_file"]) as tar:
+    names = tar.getnames()
+  assert any(n.startswith("accuracy/fedproj/checkpoints") for n in names)
+  assert report["steps"]["gpse_cost"]["result"]["ratio_populated"] > 0
+  table = (out / "suite.md").read_text()
+  assert "TINY CPU SMOKE RUN" in table and "| correctness | ok |" in table
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet8"])
+def test_torch_models_match_ours_in_parameter_count(name):
+  """The suite's PyTorch loop trains the same architectures (runs only where torch is installed)."""
+  torch = pytest.importorskip("torch")
+  import jax
+  import jax.numpy as jnp
+  import torch_reference
+
+  from fedjax_proj.models import get_model
+
+  variables = get_model(name, 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  ours = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(variables["params"]))
+  theirs = sum(p.numel() for p in torch_reference.torch_cifar_model(name).parameters())
+  assert ours == theirs
+  out = torch_reference.torch_cifar_model(name)(torch.zeros(2, 3, 32, 32))
+  assert tuple(out.shape) == (2, 10)
