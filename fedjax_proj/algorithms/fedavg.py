@@ -1,9 +1,9 @@
 """FedAvg (McMahan et al., 2017) with an optional optax server optimiser (FedAvgM, FedAdam).
 
 Server: θ ← Σ_k (n_k / Σ_j n_j) θ_k over the sampled clients; BatchNorm statistics are averaged the
-same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient:
-g = θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with
-the client optimiser (METHODS.md, FedAvg). The same average as sums over clients (``streaming``)
+same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient: g =
+θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with the
+client optimiser (docs/methods.md, "FedAvg"). The same average as sums over clients (``streaming``)
 lets a large cohort run in chunks (:mod:`fedjax_proj.algorithms.chunked`).
 """
 

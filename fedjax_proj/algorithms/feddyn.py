@@ -1,6 +1,6 @@
 """FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021).
 
-Client k minimises (METHODS.md, α = 0.01)
+Client k minimises (docs/methods.md "FedDyn", α = 0.01)
   CE(θ) − ⟨h_k, θ⟩ + (α/2)‖θ − θ_g‖²,
 where h_k = ∇L_k at the client's previous local model (zero before its first round). The linear and
 quadratic terms enter through their gradient, −h_k + α(θ − θ_g), so the reported ``train_loss`` is

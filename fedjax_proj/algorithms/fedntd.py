@@ -2,8 +2,8 @@
 Distillation in Federated Learning", NeurIPS 2022; code Lee-Gihun/FedNTD).
 
 Client loss: CE + β·τ²·KL(σ(z̃_g/τ) ‖ σ(z̃_l/τ)), z̃ the logits without the true class, z_g from the
-received global model (inference mode, a constant for the local step); τ = 1, β = 1 (METHODS.md).
-Server: FedAvg.
+received global model (inference mode, a constant for the local step); τ = 1, β = 1
+(docs/methods.md, "FedNTD"). Server: FedAvg.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
 
-Client objective (METHODS.md): CE(f(x; θ), y) + (μ/2)‖θ − θ_g‖², μ = 0.01, where θ_g is the
-global model received this round. Only parameters are penalised; BatchNorm statistics are model
-state, not parameters. The server is FedAvg (n_k-weighted mean, optional server optimiser), so the
-reported ``train_loss`` is the full proximal objective.
+Client objective (docs/methods.md, "FedProx"): CE(f(x; θ), y) + (μ/2)‖θ − θ_g‖², μ = 0.01, where θ_g
+is the global model received this round. Only parameters are penalised; BatchNorm statistics are
+model state, not parameters. The server is FedAvg (n_k-weighted mean, optional server optimiser), so
+the reported ``train_loss`` is the full proximal objective.
 
 Per-client state: none.
 """

@@ -1,6 +1,6 @@
 """MOON (Li, He and Song, "Model-Contrastive Federated Learning", CVPR 2021).
 
-Client loss (METHODS.md; official code QinbinLi/MOON):
+Client loss (docs/methods.md "MOON"; official code QinbinLi/MOON):
   CE(f(x; θ), y) + μ · CE([cos(z, z_g), cos(z, z_prev)] / τ, label 0),
 where z are the local model's projection-head features (``ModelOutput.features`` of the same
 training forward pass that gives the logits; the registry builds the model with

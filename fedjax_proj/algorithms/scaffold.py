@@ -1,7 +1,7 @@
 """SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
 Learning", ICML 2020), option II control variates.
 
-Client k corrects every local gradient by the control variates (METHODS.md):
+Client k corrects every local gradient by the control variates (docs/methods.md, "SCAFFOLD"):
   g ← ∇CE(θ) + c − c_k,
 then, after K_k local steps, updates its own variate
   c_k⁺ = c_k − c + (θ_g − θ_k) / (K_k · lr),
