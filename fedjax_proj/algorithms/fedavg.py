@@ -69,6 +69,32 @@ def server_update(
   return {**averaged, "params": optax.apply_updates(params, updates)}, opt_state
 
 
+def init_server(
+  variables: dict, server_optimizer: optax.GradientTransformation | None
+) -> tuple[dict, PyTree]:
+  """FedAvg's initial server state: (a private copy of ``variables``, the server optimiser's
+  state, or () without one). The copy matters because rounds donate the state's buffers."""
+  variables = tree_lib.tree_copy(variables)
+  opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
+  return variables, opt_state
+
+
+def average_and_update(
+  variables: dict,
+  opt_state: PyTree,
+  outputs: dict,
+  rd: RoundData,
+  server_optimizer: optax.GradientTransformation | None,
+) -> tuple[dict, PyTree]:
+  """FedAvg's server step: the n_k-weighted mean of the client models, then :func:`server_update`.
+
+  Returns:
+    (the new global variables, the new server optimiser state).
+  """
+  averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
+  return server_update(variables, averaged, server_optimizer, opt_state)
+
+
 def fedavg(
   model: Model,
   client_optimizer: optax.GradientTransformation,
@@ -90,8 +116,7 @@ def fedavg(
 
   def init(variables, key):
     del key
-    variables = tree_lib.tree_copy(variables)
-    opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
+    variables, opt_state = init_server(variables, server_optimizer)
     return FedAvgState(jnp.zeros((), jnp.int32), variables, opt_state)
 
   def broadcast(state, rd, key):
@@ -100,9 +125,8 @@ def fedavg(
 
   def aggregate(state, rd, outputs, key):
     del key
-    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    variables, opt_state = server_update(
-      state.variables, averaged, server_optimizer, state.server_opt_state
+    variables, opt_state = average_and_update(
+      state.variables, state.server_opt_state, outputs, rd, server_optimizer
     )
     new_state = FedAvgState(state.round + 1, variables, opt_state)
     return new_state, client_metrics(outputs, rd)

@@ -181,10 +181,7 @@ def sfedkd(
     return jnp.stack([forward(tree_lib.index_clients(teachers, i)) for i in range(k)])
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
 
     def kd(_):
       t_logits = teacher_logits(ctx.shared["teachers"], batch.x, batch.mask)
