@@ -28,15 +28,6 @@ FORBIDDEN = re.compile(
 )
 CITATION = re.compile(r"docs/([\w-]+\.md)(?:,?\s*\(?\"([^\"]+)\")?")
 
-# Files that engineers of other issues are editing now (issue 15: engine, benchmarks): their
-# one-line DESIGN.md citations are fixed when those branches land. An entry that no longer
-# violates fails the test below, so this list can only shrink.
-PENDING = {
-  "fedjax_proj/core/engine.py",
-  "benchmarks/conv_impl.py",
-  "benchmarks/strategies.py",
-}
-
 
 def _code_files() -> list[Path]:
   files = []
@@ -55,17 +46,12 @@ def test_no_file_cites_outside_the_repository():
   for f in _code_files():
     rel = f.relative_to(ROOT).as_posix()
     hits = [m.group(0) for m in FORBIDDEN.finditer(f.read_text())]
-    if hits and rel not in PENDING:
+    if hits:
       bad[rel] = hits
   assert not bad, (
     f"These files cite documents outside the repository: {bad}. Cite docs/design.md or "
     "docs/methods.md (with the section name) instead."
   )
-
-
-def test_pending_list_only_names_files_that_still_need_the_fix():
-  fixed = [p for p in PENDING if not FORBIDDEN.search((ROOT / p).read_text())]
-  assert not fixed, f"{fixed} no longer cite outside the repository: remove them from PENDING."
 
 
 def test_cited_docs_and_sections_exist():
