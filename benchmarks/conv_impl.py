@@ -9,9 +9,10 @@ the FedAvg CNN on CIFAR-shaped synthetic data for each ``conv_impl`` of
 - ``vmap+scan``: ``vmap`` over ``clients`` clients (stacked parameters) of that scan.
 
 Why: on XLA:CPU the kernel-gradient convolution collapses inside a loop body (jax-ml/jax issue
-12868) and vmap over per-client kernels becomes a grouped convolution; DESIGN.md records the
-measurements that motivated the patch-based implementations. The im2col formulation is Chellapilla
-et al., "High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
+12868) and vmap over per-client kernels becomes a grouped convolution; docs/design.md ("Measured
+facts about XLA:CPU") records the measurements that motivated the patch-based implementations. The
+im2col formulation is Chellapilla et al., "High Performance Convolutional Neural Networks for
+Document Processing" (IWFHR 2006).
 
 Prints a table of samples/s (median over ``--reps`` timed runs, after one compile run) and writes
 JSON (with compile times, load averages and, per impl, the largest parameter difference from the

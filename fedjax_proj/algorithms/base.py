@@ -11,10 +11,9 @@ execution strategy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, run_vmap_scan
@@ -135,11 +134,3 @@ def make_round(
     return aggregate(state, rd, outputs, a_key)
 
   return host_round
-
-
-def metric_mean(values: Array, weights: Any = None) -> Array:
-  """Mean of per-client metric values (optionally weighted); used by aggregate functions."""
-  if weights is None:
-    return jnp.mean(values)
-  w = jnp.asarray(weights, jnp.float32)
-  return jnp.sum(values * w) / jnp.sum(w)

@@ -3,7 +3,8 @@
 A method supplies ``loss_fn(params, batch, ctx) -> (loss, LossAux)``; this module turns it into a
 :class:`ClientProgram` that runs the client optimiser on the masked batch, keeps BatchNorm
 statistics as model state (updated only by private training batches) and reports loss and
-accuracy.
+accuracy. :class:`PerClientState` is the gather/scatter of one pytree per client that the server
+keeps for stateful clients (SCAFFOLD, FedDyn, MOON; docs/design.md, "The algorithm contract").
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import losses
+from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientProgram
-from fedjax_proj.core.types import Array, Batch, Model, PyTree
+from fedjax_proj.core.types import Array, Batch, Model, ModelOutput, PyTree, RoundData
 
 
 class StepContext(NamedTuple):
@@ -66,12 +68,24 @@ def forward(model: Model, params, model_state, x, *, train: bool, key=None, mask
   return model.apply(merge_variables(params, model_state), x, train=train, rng=key, mask=mask)
 
 
+def train_forward(
+  model: Model, params, batch: Batch, ctx: StepContext
+) -> tuple[ModelOutput, Array]:
+  """The opening of every local loss: the private batch's training forward and its masked CE.
+
+  Returns:
+    (the model output, the masked mean cross-entropy of the batch).
+  """
+  out = forward(model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask)
+  return out, losses.cross_entropy(out.logits, batch.y, batch.mask)
+
+
 def cross_entropy_loss(model: Model) -> Callable:
   """The plain local objective: masked cross-entropy on the private batch."""
 
   def loss_fn(params, batch: Batch, ctx: StepContext):
-    out = forward(model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask)
-    return losses.cross_entropy(out.logits, batch.y, batch.mask), LossAux(out.logits, out.state)
+    out, ce = train_forward(model, params, batch, ctx)
+    return ce, LossAux(out.logits, out.state)
 
   return loss_fn
 
@@ -145,3 +159,45 @@ def local_training_client(
     return out
 
   return ClientProgram(init, step, final)
+
+
+class PerClientState(NamedTuple):
+  """One pytree per client, stacked [num_clients, ...] in the server state.
+
+  The round gathers the sampled clients' rows by ``round_data.client_ids``: :meth:`client_input`
+  in ``broadcast`` hands each client its row as ``client_input[name]``, :meth:`init_extra` makes
+  that row the client's ``extra`` state, and ``aggregate`` writes the new rows back with
+  :meth:`scatter`. Clients that were not sampled keep their rows.
+
+  Attributes:
+    name: the key of the row in ``client_input``.
+  """
+
+  name: str
+
+  def init_extra(self, shared, client_input, key) -> PyTree:
+    """``init_extra`` for :func:`local_training_client`: the client's own row."""
+    del shared, key
+    return client_input[self.name]
+
+  def gather(self, stacked: PyTree, rd: RoundData) -> PyTree:
+    """The sampled clients' rows, [clients, ...]."""
+    return tree_lib.index_clients(stacked, rd.client_ids)
+
+  def client_input(self, stacked: PyTree, rd: RoundData) -> dict:
+    """``client_inputs`` for ``broadcast``: ``{name: the sampled clients' rows}``."""
+    return {self.name: self.gather(stacked, rd)}
+
+  def scatter(self, stacked: PyTree, rd: RoundData, rows: PyTree) -> PyTree:
+    """``stacked`` with the sampled clients' rows replaced by ``rows``."""
+    return tree_lib.scatter_clients(stacked, rd.client_ids, rows)
+
+
+def zeros_per_client(params: PyTree, num_clients: int) -> tuple[PyTree, PyTree]:
+  """(float32 zeros shaped like ``params``, the same stacked [num_clients, ...]).
+
+  The start of a server variate and of its per-client copies (SCAFFOLD's c and c_k, FedDyn's h
+  and h_k).
+  """
+  zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
+  return zeros, tree_lib.broadcast_clients(zeros, num_clients)

@@ -381,7 +381,7 @@ def gpm(
         x = np.asarray(rows[s.key], np.float64)
         u_old = bases[s.key][ids[c]]
         rank = int(np.sum(np.linalg.norm(u_old, axis=0) > 0.5))
-        r = x - (x @ u_old) @ u_old.T
+        r = gpse.residual(x, u_old)
         total, res = float(np.sum(x * x)), float(np.sum(r * r))
         if total <= 0 or rank >= s.in_dim:
           ranks[s.key].append(rank)

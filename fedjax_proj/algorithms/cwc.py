@@ -4,7 +4,7 @@ Song, Wang & Wang, "Cyclical Weight Consolidation: Towards Solving Catastrophic 
 Serial Federated Learning" (arXiv 2405.10647). CWC regularises each client's local training with a
 consolidation matrix that tracks each parameter's importance to the clients visited so far, and
 decays that memory when a new round starts. The paper's code is not available here, so this is
-our reading of it (an EWC-style rule, METHODS.md "CWC baseline"); the exact rule is:
+our reading of it (an EWC-style rule, docs/methods.md "CWC"); the exact rule is:
 
 * Server state: the global model θ and a consolidation matrix Ω ≥ 0 shaped like the parameters
   (zero at the start).

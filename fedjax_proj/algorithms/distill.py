@@ -42,7 +42,7 @@ ANCHORS = ("previous", "fedavg", "clients")
 
 
 class DistillConfig(NamedTuple):
-  """Server distillation settings (METHODS.md defaults).
+  """Server distillation settings (docs/methods.md, "FedDF and FedET"; docs/fedproj.md).
 
   Attributes:
     epochs: E_d, passes over the public set (0 disables distillation).

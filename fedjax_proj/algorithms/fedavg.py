@@ -1,9 +1,9 @@
 """FedAvg (McMahan et al., 2017) with an optional optax server optimiser (FedAvgM, FedAdam).
 
 Server: θ ← Σ_k (n_k / Σ_j n_j) θ_k over the sampled clients; BatchNorm statistics are averaged the
-same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient:
-g = θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with
-the client optimiser (METHODS.md, FedAvg). The same average as sums over clients (``streaming``)
+same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient: g =
+θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with the
+client optimiser (docs/methods.md, "FedAvg"). The same average as sums over clients (``streaming``)
 lets a large cohort run in chunks (:mod:`fedjax_proj.algorithms.chunked`).
 """
 
@@ -69,6 +69,32 @@ def server_update(
   return {**averaged, "params": optax.apply_updates(params, updates)}, opt_state
 
 
+def init_server(
+  variables: dict, server_optimizer: optax.GradientTransformation | None
+) -> tuple[dict, PyTree]:
+  """FedAvg's initial server state: (a private copy of ``variables``, the server optimiser's
+  state, or () without one). The copy matters because rounds donate the state's buffers."""
+  variables = tree_lib.tree_copy(variables)
+  opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
+  return variables, opt_state
+
+
+def average_and_update(
+  variables: dict,
+  opt_state: PyTree,
+  outputs: dict,
+  rd: RoundData,
+  server_optimizer: optax.GradientTransformation | None,
+) -> tuple[dict, PyTree]:
+  """FedAvg's server step: the n_k-weighted mean of the client models, then :func:`server_update`.
+
+  Returns:
+    (the new global variables, the new server optimiser state).
+  """
+  averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
+  return server_update(variables, averaged, server_optimizer, opt_state)
+
+
 def fedavg(
   model: Model,
   client_optimizer: optax.GradientTransformation,
@@ -90,8 +116,7 @@ def fedavg(
 
   def init(variables, key):
     del key
-    variables = tree_lib.tree_copy(variables)
-    opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
+    variables, opt_state = init_server(variables, server_optimizer)
     return FedAvgState(jnp.zeros((), jnp.int32), variables, opt_state)
 
   def broadcast(state, rd, key):
@@ -100,9 +125,8 @@ def fedavg(
 
   def aggregate(state, rd, outputs, key):
     del key
-    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    variables, opt_state = server_update(
-      state.variables, averaged, server_optimizer, state.server_opt_state
+    variables, opt_state = average_and_update(
+      state.variables, state.server_opt_state, outputs, rd, server_optimizer
     )
     new_state = FedAvgState(state.round + 1, variables, opt_state)
     return new_state, client_metrics(outputs, rd)

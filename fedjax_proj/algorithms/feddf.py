@@ -1,9 +1,9 @@
 """FedDF: FedAvg plus server ensemble distillation on public data (Lin et al., NeurIPS 2020).
 
-Shares FedProj's server component (:mod:`fedjax_proj.algorithms.distill_server`) and settings,
-so FedDF and FedProj differ only in the client projection (METHODS.md). FedDF's own defaults
-(Adam 1e-3, T = 1, batch 128) are available through the keyword arguments; its early stopping
-needs a validation split and is not implemented.
+Shares FedProj's server component (:mod:`fedjax_proj.algorithms.distill_server`) and settings, so
+FedDF and FedProj differ only in the client projection (docs/methods.md, "FedDF and FedET"). FedDF's
+own defaults (Adam 1e-3, T = 1, batch 128) are available through the keyword arguments; its early
+stopping needs a validation split and is not implemented.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021).
 
-Client k minimises (METHODS.md, α = 0.01)
+Client k minimises (docs/methods.md "FedDyn", α = 0.01)
   CE(θ) − ⟨h_k, θ⟩ + (α/2)‖θ − θ_g‖²,
 where h_k = ∇L_k at the client's previous local model (zero before its first round). The linear and
 quadratic terms enter through their gradient, −h_k + α(θ − θ_g), so the reported ``train_loss`` is
@@ -66,6 +66,7 @@ def feddyn(
     raise ValueError(
       "FedDyn has its own server update (θ = mean θ_k − h/α); use --server_optimizer=none."
     )
+  h_k_rows = client_lib.PerClientState("h_k")
 
   def transform_grads(grads, params, batch, ctx: client_lib.StepContext):
     del batch
@@ -79,23 +80,19 @@ def feddyn(
     model,
     client_optimizer,
     client_lib.cross_entropy_loss(model),
-    init_extra=lambda shared, client_input, key: client_input["h_k"],
+    init_extra=h_k_rows.init_extra,
     transform_grads=transform_grads,
   )
 
   def init(variables, key):
     del key
     variables = tree_lib.tree_copy(variables)
-    zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), variables["params"])
-    return FedDynState(
-      jnp.zeros((), jnp.int32), variables, zeros, tree_lib.broadcast_clients(zeros, num_clients)
-    )
+    h, h_clients = client_lib.zeros_per_client(variables["params"], num_clients)
+    return FedDynState(jnp.zeros((), jnp.int32), variables, h, h_clients)
 
   def broadcast(state: FedDynState, rd, key):
     del key
-    return {"variables": state.variables}, {
-      "h_k": tree_lib.index_clients(state.h_clients, rd.client_ids)
-    }
+    return {"variables": state.variables}, h_k_rows.client_input(state.h_clients, rd)
 
   def aggregate(state: FedDynState, rd, outputs, key):
     del key
@@ -104,9 +101,9 @@ def feddyn(
     drift = jax.tree.map(
       lambda t, g: t.astype(jnp.float32) - g[None].astype(jnp.float32), local_params, global_params
     )
-    h_k = tree_lib.index_clients(state.h_clients, rd.client_ids)
-    h_clients = tree_lib.scatter_clients(
-      state.h_clients, rd.client_ids, jax.tree.map(lambda hk, d: hk - alpha * d, h_k, drift)
+    h_k = h_k_rows.gather(state.h_clients, rd)
+    h_clients = h_k_rows.scatter(
+      state.h_clients, rd, jax.tree.map(lambda hk, d: hk - alpha * d, h_k, drift)
     )
     h = jax.tree.map(lambda h, d: h - alpha / num_clients * tree_lib.sum_clients(d), state.h, drift)
     uniform = jnp.ones_like(rd.num_examples)

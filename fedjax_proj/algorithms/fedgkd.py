@@ -49,10 +49,7 @@ def buffer_average(buffer: dict, count: Array) -> dict:
 
 def gkd_loss(model: Model, gamma: float, temperature: float, vote: bool, lam: float):
   def loss_fn(params, batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
     sh = ctx.shared
     if not vote:
       teacher = model.apply(sh["teacher"], batch.x, train=False).logits

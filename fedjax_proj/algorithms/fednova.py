@@ -2,7 +2,7 @@
 Optimization", NeurIPS 2020).
 
 Clients train exactly as in FedAvg; the server normalises each client's change by how many
-"gradient units" its local optimiser accumulated (METHODS.md):
+"gradient units" its local optimiser accumulated (docs/methods.md, "FedNova"):
 
   Δ_k = θ_g − θ_k,   d = Σ_k p_k Δ_k / a_k,   τ_eff = Σ_k p_k a_k,   θ ← θ_g − τ_eff · d,
 
@@ -16,7 +16,7 @@ For a linear optimiser that is exactly ‖w‖₁ (up to the common learning rat
 τ_eff · d):
   * plain SGD: a_k = τ_k;
   * SGD with heavy-ball momentum ρ (``optax.sgd(lr, momentum=ρ)``): a_k = Σ_{s≤τ_k} counter_s with
-    counter ← ρ·counter + 1, the METHODS.md rule (tests check the two agree);
+    counter ← ρ·counter + 1, the paper's momentum rule (tests check the two agree);
   * Nesterov momentum: the corresponding Nesterov weights, with no extra code.
 Adam (our choice, with the reason): the probe gives a_k = τ_k, because the bias-corrected first
 moment of a constant gradient is that gradient, so each Adam step moves by one learning rate.

@@ -2,8 +2,8 @@
 Distillation in Federated Learning", NeurIPS 2022; code Lee-Gihun/FedNTD).
 
 Client loss: CE + β·τ²·KL(σ(z̃_g/τ) ‖ σ(z̃_l/τ)), z̃ the logits without the true class, z_g from the
-received global model (inference mode, a constant for the local step); τ = 1, β = 1 (METHODS.md).
-Server: FedAvg.
+received global model (inference mode, a constant for the local step); τ = 1, β = 1
+(docs/methods.md, "FedNTD"). Server: FedAvg.
 """
 
 from __future__ import annotations
@@ -22,11 +22,8 @@ def not_true_distillation_loss(model: Model, beta: float, temperature: float):
   """``loss_fn`` for :func:`fedjax_proj.algorithms.client.local_training_client`."""
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
     teacher = model.apply(ctx.shared["variables"], batch.x, train=False).logits
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
     ntd = losses.not_true_kl(teacher, out.logits, batch.y, temperature, batch.mask)
     return ce + beta * ntd, client_lib.LossAux(out.logits, out.state)
 

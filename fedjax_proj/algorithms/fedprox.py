@@ -1,9 +1,9 @@
 """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
 
-Client objective (METHODS.md): CE(f(x; θ), y) + (μ/2)‖θ − θ_g‖², μ = 0.01, where θ_g is the
-global model received this round. Only parameters are penalised; BatchNorm statistics are model
-state, not parameters. The server is FedAvg (n_k-weighted mean, optional server optimiser), so the
-reported ``train_loss`` is the full proximal objective.
+Client objective (docs/methods.md, "FedProx"): CE(f(x; θ), y) + (μ/2)‖θ − θ_g‖², μ = 0.01, where θ_g
+is the global model received this round. Only parameters are penalised; BatchNorm statistics are
+model state, not parameters. The server is FedAvg (n_k-weighted mean, optional server optimiser), so
+the reported ``train_loss`` is the full proximal objective.
 
 Per-client state: none.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import tree as tree_lib
@@ -25,10 +24,7 @@ def proximal_loss(model: Model, mu: float):
   """``loss_fn(params, batch, ctx)``: masked CE plus (μ/2)‖θ − θ_g‖² against ``ctx.shared``."""
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
     global_params = ctx.shared["variables"]["params"]
     prox = 0.5 * mu * tree_lib.tree_sq_norm(tree_lib.tree_sub(params, global_params))
     return ce + prox, client_lib.LossAux(out.logits, out.state)

@@ -126,10 +126,7 @@ def fedrcl(
     raise ValueError(f"FedRCL needs clip_norm > 0 or None, got {clip_norm}.")
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
     scl, pen = relaxed_contrastive_terms(
       out.features,
       batch.y,

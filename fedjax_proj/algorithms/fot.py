@@ -1,9 +1,9 @@
 """FOT: Federated Orthogonal Training (Bakman et al., ICLR 2024; paper 003 in the project).
 
-Task-incremental continual FL (METHODS.md, FOT). Clients run plain local SGD on the current task's
-head (code duygunuryldz/Federated_Orthogonal_Training). The server keeps, per projected layer
-(every Dense/Conv kernel), an orthonormal basis U of the global principal input subspace of the
-past tasks, stored zero-padded as [d, d] so the round compiles once:
+Task-incremental continual FL (docs/methods.md, "FOT"). Clients run plain local SGD on the current
+task's head (code duygunuryldz/Federated_Orthogonal_Training). The server keeps, per projected layer
+(every Dense/Conv kernel), an orthonormal basis U of the global principal input subspace of the past
+tasks, stored zero-padded as [d, d] so the round compiles once:
 
 * FedProject (every round): Δ = θ_g − Σ_k (n_k/n) θ_k; for every projected kernel (conv kernels
   reshaped to (k·k·C_in) x C_out) Δ ← Δ − U Uᵀ Δ; θ_g ← θ_g − μ Δ (μ = 1). Biases, norms and heads
@@ -12,10 +12,10 @@ past tasks, stored zero-padded as [d, d] so the round compiles once:
   clients sketch their residual layer inputs (vmap over clients, scan over batches, inside one
   jit), the server sums the sketches, picks the rank with the ε' rule and extends U. The
   threshold is ε_t = ε_0 + t·ε_inc (PMNIST 0.94–0.96 with increment 0, Split-CIFAR100 0.87 +
-  0.001/task per METHODS.md; the paper's Appendix table lists 0.93 for Split-CIFAR100).
+  0.001/task: Table 9 of paper 003, docs/reproduction.md; the Appendix text says 0.93).
 
-Sketch width s = ``sketch_multiplier`` x d (METHODS.md: 5 for CIFAR, 1 for the MNIST MLP; the
-authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
+Sketch width s = ``sketch_multiplier`` x d (docs/methods.md "FOT": 5 for CIFAR, 1 for the MNIST
+MLP; the authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
 ``conv_sketch_multiplier``). ``client_chunk`` bounds how many clients' [d, s] sketches are in
 memory at once during GPSE (all clients by default).
 """

@@ -23,8 +23,8 @@ GPSE, per layer, with the stored orthonormal basis U [d, d] (columns beyond the 
   DP clip then bounds the raw sketch).
 * server: A = Σ_k A_k (= [R_1; …; R_C]ᵀ [G_1; …; G_C], the sketch of the concatenated data, which is
   why it is secure-aggregation compatible), ρ = Σ_k (n_k/n) r_k, ε' = (ρ − (1 − ε))/ρ; k = the
-  smallest rank with Σ_{j≤k} σ_j² / ‖A‖_F² > ε' (METHODS.md and the authors' code; the paper's
-  eq. 12 writes an unsquared variant); U ← orthonormal [U, U_A[:, :k]].
+  smallest rank with Σ_{j≤k} σ_j² / ‖A‖_F² > ε' (docs/methods.md "FOT" and the authors' code; the
+  paper's eq. 12 writes an unsquared variant); U ← orthonormal [U, U_A[:, :k]].
 
 The SVD of A is exact for small matrices and a randomized range finder (Halko, Martinsson and
 Tropp, 2011, Alg. 4.4 with power iterations) for large ones, growing the target rank until the

@@ -1,7 +1,8 @@
 """Shared loss terms: masked cross-entropy, tempered KL distillation, not-true and decoupled KD.
 
-Conventions (METHODS.md): KL(p‖q) = Σ p log(p/q); "batchmean" = sum over classes, mean over the
-(real, unmasked) examples of the batch. Distillation terms are multiplied by T².
+Conventions (docs/methods.md, "Conventions"): KL(p‖q) = Σ p log(p/q); "batchmean" = sum over
+classes, mean over the (real, unmasked) examples of the batch. Distillation terms are multiplied by
+T².
 """
 
 from __future__ import annotations

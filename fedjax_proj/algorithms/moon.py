@@ -1,6 +1,6 @@
 """MOON (Li, He and Song, "Model-Contrastive Federated Learning", CVPR 2021).
 
-Client loss (METHODS.md; official code QinbinLi/MOON):
+Client loss (docs/methods.md "MOON"; official code QinbinLi/MOON):
   CE(f(x; θ), y) + μ · CE([cos(z, z_g), cos(z, z_prev)] / τ, label 0),
 where z are the local model's projection-head features (``ModelOutput.features`` of the same
 training forward pass that gives the logits; the registry builds the model with
@@ -29,7 +29,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.fedavg import client_metrics, server_update
+from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
@@ -86,12 +86,10 @@ def moon(
     raise ValueError(f"MOON needs temperature > 0, got {temperature}.")
   if num_clients < 1:
     raise ValueError(f"MOON needs num_clients >= 1, got {num_clients}.")
+  prev_rows = client_lib.PerClientState("prev")
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
     z_global = model.apply(ctx.shared["variables"], batch.x, train=False).features
     z_prev = model.apply(ctx.extra, batch.x, train=False).features
     con = model_contrastive_loss(
@@ -107,28 +105,25 @@ def moon(
     model,
     client_optimizer,
     loss_fn,
-    init_extra=lambda shared, client_input, key: client_input["prev"],
+    init_extra=prev_rows.init_extra,
   )
 
   def init(variables, key):
     del key
-    variables = tree_lib.tree_copy(variables)
-    opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
+    variables, opt_state = init_server(variables, server_optimizer)
     prev = tree_lib.broadcast_clients(variables, num_clients)
     return MoonState(jnp.zeros((), jnp.int32), variables, opt_state, prev)
 
   def broadcast(state: MoonState, rd, key):
     del key
-    prev = tree_lib.index_clients(state.prev_models, rd.client_ids)
-    return {"variables": state.variables}, {"prev": prev}
+    return {"variables": state.variables}, prev_rows.client_input(state.prev_models, rd)
 
   def aggregate(state: MoonState, rd, outputs, key):
     del key
-    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    variables, opt_state = server_update(
-      state.variables, averaged, server_optimizer, state.server_opt_state
+    variables, opt_state = average_and_update(
+      state.variables, state.server_opt_state, outputs, rd, server_optimizer
     )
-    prev = tree_lib.scatter_clients(state.prev_models, rd.client_ids, outputs["variables"])
+    prev = prev_rows.scatter(state.prev_models, rd, outputs["variables"])
     return MoonState(state.round + 1, variables, opt_state, prev), client_metrics(outputs, rd)
 
   return FederatedAlgorithm(

@@ -1,7 +1,7 @@
 """SCAFFOLD (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
 Learning", ICML 2020), option II control variates.
 
-Client k corrects every local gradient by the control variates (METHODS.md):
+Client k corrects every local gradient by the control variates (docs/methods.md, "SCAFFOLD"):
   g ← ∇CE(θ) + c − c_k,
 then, after K_k local steps, updates its own variate
   c_k⁺ = c_k − c + (θ_g − θ_k) / (K_k · lr),
@@ -30,7 +30,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.fedavg import client_metrics, server_update
+from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
 from fedjax_proj.algorithms.fednova import unit_gradient_displacement
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
@@ -63,6 +63,7 @@ def scaffold(
   """
   if num_clients < 1:
     raise ValueError(f"SCAFFOLD needs num_clients >= 1, got {num_clients}.")
+  c_k_rows = client_lib.PerClientState("c_k")
 
   def transform_grads(grads, params, batch, ctx: client_lib.StepContext):
     del params, batch
@@ -74,31 +75,24 @@ def scaffold(
     model,
     client_optimizer,
     client_lib.cross_entropy_loss(model),
-    init_extra=lambda shared, client_input, key: client_input["c_k"],
+    init_extra=c_k_rows.init_extra,
     transform_grads=transform_grads,
   )
 
   def init(variables, key):
     del key
-    variables = tree_lib.tree_copy(variables)
-    zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), variables["params"])
-    opt_state = server_optimizer.init(variables["params"]) if server_optimizer else ()
-    return ScaffoldState(
-      jnp.zeros((), jnp.int32),
-      variables,
-      opt_state,
-      zeros,
-      tree_lib.broadcast_clients(zeros, num_clients),
-    )
+    variables, opt_state = init_server(variables, server_optimizer)
+    c, c_clients = client_lib.zeros_per_client(variables["params"], num_clients)
+    return ScaffoldState(jnp.zeros((), jnp.int32), variables, opt_state, c, c_clients)
 
   def broadcast(state: ScaffoldState, rd, key):
     del key
     shared = {"variables": state.variables, "c": state.c}
-    return shared, {"c_k": tree_lib.index_clients(state.c_clients, rd.client_ids)}
+    return shared, c_k_rows.client_input(state.c_clients, rd)
 
   def aggregate(state: ScaffoldState, rd, outputs, key):
     del key
-    c_k = tree_lib.index_clients(state.c_clients, rd.client_ids)
+    c_k = c_k_rows.gather(state.c_clients, rd)
     steps = outputs["num_steps"]
     table = unit_gradient_displacement(client_optimizer, max(rd.idx.shape[1], 1))
     disp = table[steps]
@@ -116,10 +110,9 @@ def scaffold(
     )
     delta_sum = tree_lib.sum_clients(jax.tree.map(jnp.subtract, c_k_new, c_k))
     c = jax.tree.map(lambda c, d: c + d / num_clients, state.c, delta_sum)
-    c_clients = tree_lib.scatter_clients(state.c_clients, rd.client_ids, c_k_new)
-    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    variables, opt_state = server_update(
-      state.variables, averaged, server_optimizer, state.server_opt_state
+    c_clients = c_k_rows.scatter(state.c_clients, rd, c_k_new)
+    variables, opt_state = average_and_update(
+      state.variables, state.server_opt_state, outputs, rd, server_optimizer
     )
     new_state = ScaffoldState(state.round + 1, variables, opt_state, c, c_clients)
     metrics = client_metrics(outputs, rd)

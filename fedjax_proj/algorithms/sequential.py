@@ -3,7 +3,7 @@
 What it computes: each round the M sampled clients form a sequence in a random order (a pure
 function of the round key, hence of (seed, round)); the model passes from one client to the next,
 each running E local epochs of the client optimiser from the model it received; the last client's
-model is the round's global model (METHODS.md "SFedKD and sequential FL"). There is no averaging.
+model is the round's global model (docs/methods.md "Sequential FL (FedSeq)"). There is no averaging.
 
 The chain is inherently sequential, so it does not fit ``FederatedAlgorithm`` (vmap over
 clients + aggregate). :class:`SequentialAlgorithm` is the small extension: ``begin`` (server ->
@@ -17,11 +17,12 @@ other caller of ``make_round`` work unchanged. CWC (cwc.py) and SFedKD (sfedkd.p
 Execution strategies (identical semantics; tests/algorithms/test_sequential.py proves it):
 
 * ``vmap_scan``: one jitted round, ``lax.scan`` over the sequence; each client runs through the
-  engine's ``run_vmap_scan`` on a client axis of size 1 (scan over its steps).
-* ``sequential`` / ``vmap_stepwise``: a host loop over the sequence; each client runs through a
-  :class:`~fedjax_proj.core.engine.ClientEngine` of that strategy (one jitted call per local step).
-  DESIGN.md measured convolutions inside ``lax.scan`` ~10x slower on XLA:CPU, so ``auto``
-  (resolved by :func:`fedjax_proj.core.engine.choose_strategy`) picks this for conv models on CPU.
+  engine's ``run_vmap_scan`` on a client axis of size 1 (scan over its steps). * ``sequential`` /
+``vmap_stepwise``: a host loop over the sequence; each client runs through a
+:class:`~fedjax_proj.core.engine.ClientEngine` of that strategy (one jitted call per local step).
+docs/design.md ("Measured facts about XLA:CPU") records convolutions inside ``lax.scan`` ~10x slower
+on XLA:CPU, so ``auto`` (resolved by :func:`fedjax_proj.core.engine.choose_strategy`) picks this for
+conv models on CPU.
 
 PRNG: the round key is split into named streams ``order``, ``begin``, ``clients`` and ``end``;
 client keys are indexed by position in the sequence, and inside a client the engine's own key

@@ -1,7 +1,7 @@
 """SFedKD: sequential FL with discrepancy-aware multi-teacher decoupled KD (papers/004).
 
 Xu et al., "SFedKD: Sequential Federated Learning with Discrepancy-Aware Multi-Teacher Knowledge
-Distillation"; METHODS.md "SFedKD and sequential FL". What it computes, per round r:
+Distillation"; docs/methods.md "SFedKD". What it computes, per round r:
 
 * The FedSeq chain (sequential.py): M sampled clients in random order, the model passed along.
 * Teachers: K of the M models trained in round r−1 (the model each client of that chain handed
@@ -48,7 +48,7 @@ TEACHER_FORWARDS = ("auto", "vmap", "unrolled")
 
 
 class SFedKDConfig(NamedTuple):
-  """SFedKD hyperparameters (METHODS.md defaults).
+  """SFedKD hyperparameters (docs/methods.md "SFedKD" defaults).
 
   Attributes:
     num_teachers: K, teachers selected from the previous round's M clients (K <= M).
@@ -65,7 +65,8 @@ class SFedKDConfig(NamedTuple):
       vmapped over the stacked teacher parameters), "unrolled" (K forwards in the same program) or
       "auto" ("unrolled" on CPU, "vmap" elsewhere). Identical results; on XLA:CPU a vmapped conv
       over weights becomes a grouped convolution, measured 2.8x slower here (FedAvg CNN, B=64,
-      K=5: 1.08 s vs 0.38 s per call on the shared 2-core CPU; DESIGN.md saw the same 2.3x).
+      K=5: 1.08 s vs 0.38 s per call on the shared 2-core CPU; docs/design.md, "Measured facts
+      about XLA:CPU", saw the same 2.3x).
   """
 
   num_teachers: int = 5
@@ -180,10 +181,7 @@ def sfedkd(
     return jnp.stack([forward(tree_lib.index_clients(teachers, i)) for i in range(k)])
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
-    out = client_lib.forward(
-      model, params, ctx.model_state, batch.x, train=True, key=ctx.key, mask=batch.mask
-    )
-    ce = losses.cross_entropy(out.logits, batch.y, batch.mask)
+    out, ce = client_lib.train_forward(model, params, batch, ctx)
 
     def kd(_):
       t_logits = teacher_logits(ctx.shared["teachers"], batch.x, batch.mask)

@@ -1,7 +1,7 @@
 """Class-distribution discrepancies, SFedKD's greedy teacher selection and its teacher weights.
 
 Paper: Xu et al., "SFedKD: Sequential Federated Learning with Discrepancy-Aware Multi-Teacher
-Knowledge Distillation" (papers/004; METHODS.md "SFedKD"). What this module computes:
+Knowledge Distillation" (papers/004; docs/methods.md "SFedKD"). What this module computes:
 
 * :func:`class_distribution`: a client's normalised label histogram D (from its round layout).
 * :func:`distance`: d(P, Q) for the metrics ``kl`` (KL(P‖Q)), ``l1``, ``l2`` (Euclidean) and ``js``

@@ -1,4 +1,6 @@
-"""Several hosts: jax.distributed.initialize and global placement of a round (DESIGN.md Scale-out).
+"""Several hosts: jax.distributed.initialize and global placement of a round.
+
+Architecture: docs/design.md, "Scale-out".
 
 JAX is multi-controller: every process (one per host, or one per GPU) runs this same program, sees
 its local devices, and the jitted round spans the *global* devices of all processes; XLA inserts

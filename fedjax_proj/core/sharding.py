@@ -1,4 +1,6 @@
-"""Sharding the client axis of a round over local devices (jax.sharding; DESIGN.md, Scale-out).
+"""Sharding the client axis of a round over local devices (jax.sharding).
+
+Architecture: docs/design.md, "Scale-out".
 
 A round's per-client inputs ([clients, ...]: indices, masks, example counts, client ids) are placed
 with ``NamedSharding(mesh, P("clients"))`` and everything else is replicated; the jitted

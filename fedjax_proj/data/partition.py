@@ -1,12 +1,12 @@
 """Client partitions: which sample indices each simulated client holds.
 
-Implements the partitions of METHODS.md ("Data partitions"): IID, Dirichlet label skew Dir(beta)
-(Hsu et al.), label-sorted shards (McMahan et al.), ExDir(C, alpha) (Li & Lyu) and an explicit
-client x class count table. Every partition is a pure function of (labels, parameters, seed)
-drawing from ``np.random.default_rng(seed)``, so it is reproducible bit for bit, and returns one
-int64 index array per client. Except for ``manual``, the arrays together hold every sample exactly
-once. Index arrays are sorted ascending (their order carries no information; batching shuffles),
-except ExDir's, which are shuffled as its step 3 prescribes.
+Implements the partitions of docs/methods.md ("Data partitions"): IID, Dirichlet label skew
+Dir(beta) (Hsu et al.), label-sorted shards (McMahan et al.), ExDir(C, alpha) (Li & Lyu) and an
+explicit client x class count table. Every partition is a pure function of (labels, parameters,
+seed) drawing from ``np.random.default_rng(seed)``, so it is reproducible bit for bit, and returns
+one int64 index array per client. Except for ``manual``, the arrays together hold every sample
+exactly once. Index arrays are sorted ascending (their order carries no information; batching
+shuffles), except ExDir's, which are shuffled as its step 3 prescribes.
 
 Draws that can fail (a client below ``min_size``) are retried a bounded number of times and then
 raise :class:`PartitionError`, never loop forever.
@@ -358,7 +358,7 @@ def exdir(
 
 
 def manual(labels: np.ndarray, counts: np.ndarray, seed: int) -> list[np.ndarray]:
-  """An explicit client x class count table (e.g. the Iris pilot of METHODS.md).
+  """An explicit client x class count table (e.g. the Iris pilot of paper 000, Figure 1).
 
   Client k receives ``counts[k, c]`` samples of class c, drawn without replacement; different
   clients never share a sample. Samples not requested by the table are left out.

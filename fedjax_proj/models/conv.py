@@ -15,7 +15,7 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
 
 Why: on XLA:CPU the kernel-gradient convolution inside a loop body (``lax.scan``) is about 10x
 slower than outside it (jax-ml/jax issue 12868, "Convolution is significantly slower inside a loop
-body (CPU)"); see ``/work/shared/docs/DESIGN.md`` and ``benchmarks/conv_impl.py`` for measurements.
+body (CPU)"); see docs/design.md ("Measured facts about XLA:CPU") and ``benchmarks/conv_impl.py``.
 im2col convolution as a matrix product is the classic formulation of Chellapilla, Puri and Simard,
 "High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
 

@@ -174,97 +174,58 @@ class ResNet(nn.Module):
     )
 
 
-def _resnet_module(
-  num_classes: int | None,
-  stem_features: int,
-  stage_sizes: Sequence[int],
-  stage_features: Sequence[int],
-  stage_strides: Sequence[int],
-  norm: str,
-  num_groups: int | None,
-  group_size: int | None,
-  projection_dim: int | None,
-  classifier_on_projection: bool,
-  conv_impl: str,
-) -> ResNet:
-  return ResNet(
-    num_classes=num_classes,
-    stem_features=stem_features,
-    stage_sizes=tuple(stage_sizes),
-    stage_features=tuple(stage_features),
-    stage_strides=tuple(stage_strides),
-    norm=norm,
-    num_groups=num_groups,
-    group_size=group_size,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
-    conv_impl=conv_impl,
-  )
-
-
-def resnet8_module(
-  num_classes: int | None = 10,
-  *,
-  norm: str = "batch",
-  num_groups: int | None = 2,
-  group_size: int | None = None,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
-  conv_impl: str = "xla",
-) -> ResNet:
-  """FedDF's ResNet-8 as a linen module (arguments as :func:`resnet8`)."""
-  return _resnet_module(
-    num_classes,
-    16,
-    (1, 1, 1),
-    (16, 32, 64),
-    (1, 2, 2),
-    norm,
-    num_groups,
-    group_size,
-    projection_dim,
-    classifier_on_projection,
-    conv_impl,
-  )
-
-
-def resnet10_module(num_classes: int | None = 10, **options) -> ResNet:
-  """FedProj's ResNet-10 as a linen module (``options`` as :func:`resnet8`)."""
-  return ResNet(
-    num_classes=num_classes,
+# The architectures: FedDF's ResNet-8, FedProj's ResNet-10 (paper 001, Table 5; an ImageNet-style
+# stem pool) and the CIFAR ResNet-18. Everything else (norm, heads, conv_impl) is an option.
+ARCHITECTURES = {
+  "resnet8": dict(
+    stem_features=16,
+    stage_sizes=(1, 1, 1),
+    stage_features=(16, 32, 64),
+    stage_strides=(1, 2, 2),
+    stem_pool=False,
+  ),
+  "resnet10": dict(
     stem_features=64,
     stage_sizes=(1, 1, 1, 1),
     stage_features=(64, 128, 256, 512),
     stage_strides=(1, 2, 2, 2),
     stem_pool=True,
-    **options,
-  )
+  ),
+  "resnet18": dict(
+    stem_features=64,
+    stage_sizes=(2, 2, 2, 2),
+    stage_features=(64, 128, 256, 512),
+    stage_strides=(1, 2, 2, 2),
+    stem_pool=False,
+  ),
+}
 
 
-def resnet18_module(
-  num_classes: int | None = 10,
-  *,
-  norm: str = "batch",
-  num_groups: int | None = 2,
-  group_size: int | None = None,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
-  conv_impl: str = "xla",
-) -> ResNet:
-  """CIFAR ResNet-18 as a linen module (arguments as :func:`resnet18`)."""
-  return _resnet_module(
-    num_classes,
-    64,
-    (2, 2, 2, 2),
-    (64, 128, 256, 512),
-    (1, 2, 2, 2),
-    norm,
-    num_groups,
-    group_size,
-    projection_dim,
-    classifier_on_projection,
-    conv_impl,
-  )
+def resnet_module(name: str, num_classes: int | None = 10, **options) -> ResNet:
+  """One of :data:`ARCHITECTURES` as a linen module.
+
+  Args:
+    name: "resnet8", "resnet10" or "resnet18".
+    num_classes: output width (None: no classifier, for multi-head wrappers).
+    **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
+      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`.
+  """
+  return ResNet(num_classes=num_classes, **ARCHITECTURES[name], **options)
+
+
+def resnet8_module(num_classes: int | None = 10, **options) -> ResNet:
+  """FedDF's ResNet-8 as a linen module (``options`` as :func:`resnet8`)."""
+  return resnet_module("resnet8", num_classes, **options)
+
+
+def resnet10_module(num_classes: int | None = 10, **options) -> ResNet:
+  """FedProj's ResNet-10 as a linen module (``options`` as :func:`resnet8`)."""
+  return resnet_module("resnet10", num_classes, **options)
+
+
+def resnet18_module(num_classes: int | None = 10, **options) -> ResNet:
+  """CIFAR ResNet-18 as a linen module (``options`` as :func:`resnet8`)."""
+  return resnet_module("resnet18", num_classes, **options)
 
 
 def resnet8(
@@ -317,37 +278,15 @@ def resnet10(num_classes: int = 10, **options) -> Model:
   return from_flax("resnet10", resnet10_module(num_classes, **options), num_classes)
 
 
-def resnet18(
-  num_classes: int = 10,
-  *,
-  norm: str = "batch",
-  num_groups: int | None = 2,
-  group_size: int | None = None,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
-  conv_impl: str = "xla",
-) -> Model:
+def resnet18(num_classes: int = 10, **options) -> Model:
   """CIFAR ResNet-18 as a :class:`Model`; features are the 512-d pooled representation.
 
   Args:
     num_classes: output width.
-    norm: "batch", "group" or "none".
-    num_groups: GroupNorm groups.
-    group_size: GroupNorm channels per group (overrides ``num_groups``).
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection (MOON's code) instead of the pool.
-    conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
+    **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
+      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`.
 
   Returns:
     The Model.
   """
-  module = resnet18_module(
-    num_classes,
-    norm=norm,
-    num_groups=num_groups,
-    group_size=group_size,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
-    conv_impl=conv_impl,
-  )
-  return from_flax("resnet18", module, num_classes)
+  return from_flax("resnet18", resnet18_module(num_classes, **options), num_classes)

@@ -1,0 +1,92 @@
+"""Code cites only documents inside the repository (issue 14, item 6).
+
+Every Python file under fedjax_proj/, experiments/ and benchmarks/ must not cite the old
+out-of-repository references (METHODS.md, DESIGN.md, ../shared/docs, ../shared/papers) or a
+document by an absolute path, and every ``docs/<name>.md`` it cites must exist, with the quoted
+section heading when it names one (``docs/methods.md, "FOT"``; a heading's start is enough, as in
+``docs/fot.md, "Paper settings"`` for "Paper settings (issue 16)").
+
+Paths to the offline DATA folder (``../shared/data``) are not citations: they are where the runners
+look for data, and stay allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE_DIRS = ("fedjax_proj", "experiments", "benchmarks")
+
+FORBIDDEN = re.compile(
+  r"METHODS\.md|DESIGN\.md|shared/docs|shared/papers"
+  # an absolute path to a document, or into a machine's home/work folders
+  r"|(?<![\w.~:/])/(?:work|home|Users|root)/\S*"
+  r"|(?<![\w.~:/>])/[\w.-]+(?:/[\w.-]+)*\.(?:md|txt|pdf)\b"
+)
+CITATION = re.compile(r"docs/([\w-]+\.md)(?:,?\s*\(?\"([^\"]+)\")?")
+
+
+def _code_files() -> list[Path]:
+  files = []
+  for d in CODE_DIRS:
+    files += sorted((ROOT / d).rglob("*.py"))
+  assert len(files) > 50, "the scan found too few files: is ROOT right?"
+  return files
+
+
+def _headings(doc: Path) -> set[str]:
+  return {line.lstrip("#").strip() for line in doc.read_text().splitlines() if line.startswith("#")}
+
+
+def test_no_file_cites_outside_the_repository():
+  bad = {}
+  for f in _code_files():
+    rel = f.relative_to(ROOT).as_posix()
+    hits = [m.group(0) for m in FORBIDDEN.finditer(f.read_text())]
+    if hits:
+      bad[rel] = hits
+  assert not bad, (
+    f"These files cite documents outside the repository: {bad}. Cite docs/design.md or "
+    "docs/methods.md (with the section name) instead."
+  )
+
+
+def test_cited_docs_and_sections_exist():
+  missing = []
+  citations = 0
+  for f in _code_files():
+    text = re.sub(r"\s+", " ", f.read_text())  # a section name may wrap across lines
+    for m in CITATION.finditer(text):
+      citations += 1
+      doc = ROOT / "docs" / m.group(1)
+      if not doc.exists():
+        missing.append(f"{f.relative_to(ROOT)}: docs/{m.group(1)} does not exist")
+      elif m.group(2) and not any(h.startswith(m.group(2)) for h in _headings(doc)):
+        missing.append(f"{f.relative_to(ROOT)}: no section {m.group(2)!r} in docs/{m.group(1)}")
+  assert citations > 20, "expected the modules to cite docs/*.md"
+  assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize(
+  "text",
+  [
+    "see METHODS.md",
+    "(DESIGN.md, Scale-out)",
+    "``/work/shared/docs/notes``",
+    "../shared/papers/001.txt",
+    "see /opt/notes/design.md",
+  ],
+)
+def test_forbidden_pattern_catches(text):
+  assert FORBIDDEN.search(text)
+
+
+@pytest.mark.parametrize(
+  "text",
+  ["--data_dir=../shared/data/mnist", "docs/design.md", "a/b.md", "papers/004", "<dir>/report.md"],
+)
+def test_forbidden_pattern_allows(text):
+  assert not FORBIDDEN.search(text)
