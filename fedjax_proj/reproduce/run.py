@@ -30,7 +30,14 @@ from fedjax_proj.reproduce.claims import Claim, budget_overrides
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "reproduce"
 # Fields that change how a run is managed, not what it computes.
-RUN_FIELDS = ("output_dir", "progress", "resume", "checkpoint_every", "keep_checkpoints")
+RUN_FIELDS = (
+  "output_dir",
+  "progress",
+  "resume",
+  "overwrite",
+  "checkpoint_every",
+  "keep_checkpoints",
+)
 # Per-round keys kept in the curve (when the method logs them).
 CURVE_KEYS = (
   "round",
