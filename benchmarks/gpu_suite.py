@@ -371,7 +371,6 @@ def step_accuracy(cfg, x, y, public, results: dict, budget: float, data: dict) -
       f"--method={method}",
       f"--data_dir={Path(root) / 'cifar10'}",
       f"--output_dir={out}",
-      "--resume=true",
       "--checkpoint_every=1",
       "--keep_checkpoints=1",
       "--eval_every=1",
@@ -380,6 +379,9 @@ def step_accuracy(cfg, x, y, public, results: dict, budget: float, data: dict) -
     ]
     if method == "fedproj":
       cmd.append(f"--public_data={Path(root) / 'cifar100' / 'public_20k.npz'}")
+    # Continue a checkpointed run; a fresh directory is a new run (--resume refuses an empty one).
+    if (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
+      cmd.append("--resume=true")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(
