@@ -95,7 +95,9 @@ def find_layers(model: Model, variables: dict, sample_x: Array, **apply_kwargs) 
         if getattr(module, "feature_group_count", 1) != 1:
           raise ValueError(f"layer {path}: grouped convolutions are not supported by GPSE")
         kh, kw = module.kernel_size
-        strides = tuple(module.strides) if module.strides is not None else (1, 1)
+        # flax takes an int for equal strides (nn.Conv's default is the int 1).
+        strides = module.strides if module.strides is not None else 1
+        strides = (strides, strides) if isinstance(strides, int) else tuple(strides)
         pad = module.padding
         pad = _padding(pad)
         specs.append(LayerSpec(path, "conv", int(inp.shape[-1]) * kh * kw, (kh, kw), strides, pad))

@@ -113,8 +113,20 @@ def resolve_config(claim: Claim, budget: str, method: str, seed: int) -> dict[st
   return out
 
 
+# Config fields added after results were first recorded, with the value that reproduces the runs
+# made before them. A field at this value is left out of the fingerprint, so adding an option does
+# not turn every committed result stale; set to anything else it counts like any other field.
+ADDED_FIELDS = {
+  "lr_schedule": "constant",
+  "lr_step_epochs": 0,
+  "lr_step_gamma": 0.1,
+}
+
+
 def fingerprint(config: dict[str, Any]) -> str:
-  return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  """SHA-256 (16 hex digits) of the resolved config, without :data:`ADDED_FIELDS` at default."""
+  kept = {k: v for k, v in config.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+  return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def substitute_data(config: dict[str, Any], data_root: Path) -> dict[str, Any]:
@@ -189,6 +201,8 @@ def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, l
     raise RuntimeError(f"{claim.entry} {' '.join(argv)} failed (see its error above).")
   summary = json.loads((work / "summary.json").read_text())
   metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
+  # The accuracy matrix separates plasticity (its diagonal) from forgetting (the drop below it).
+  metrics["acc_matrix"] = summary["acc_matrix"]
   return metrics, _read_curve(work / "metrics.jsonl")
 
 
@@ -225,6 +239,8 @@ def run_one(
   work.mkdir(parents=True, exist_ok=True)
   start = time.time()
   metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
+  # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
+  detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
   result = {
     "claim": claim.name,
     "budget": budget,
@@ -232,6 +248,7 @@ def run_one(
     "seed": seed,
     "metrics": metrics,
     "curve": curve,
+    "detail": detail,
     "wall_seconds": time.time() - start,
     "fingerprint": fingerprint(config),
     "config": config,

@@ -99,11 +99,21 @@ class _Backbone(nn.Module):
     return None, nn.relu(nn.Dense(16)(h))
 
 
-def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, **hparams):
+class _ConvBackbone(nn.Module):
+  """A conv layer first, so EWC's per-example Fisher and GPM's bases meet a convolution."""
+
+  @nn.compact
+  def __call__(self, x, train, mask=None):
+    h = nn.relu(nn.Conv(4, (3, 3), padding="VALID")(x))
+    return None, nn.relu(nn.Dense(16)(h.reshape(h.shape[0], -1)))
+
+
+def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, **hparams):
   """4 clients (2 per round), 1 round per task on fake 6x6 MNIST: (round_fn, state, summary)."""
   train, test = _fake_mnist(240, 0), _fake_mnist(60, 1)
   bench = permuted_mnist(train, test, num_tasks=2, seed=0)
-  model = task_model(multi_head(_Backbone(), 2, 10), input_transform(bench))
+  backbone = _ConvBackbone() if conv else _Backbone()
+  model = task_model(multi_head(backbone, 2, 10), input_transform(bench))
   normalize = normalizer(0.0, 255.0)
   sample = normalize(jnp.asarray(bench.images[:2]))
   variables = model.init(jax.random.key(0), sample)
@@ -140,10 +150,14 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, **hparams):
   return round_fn, state, summary
 
 
-@pytest.mark.parametrize("method", ["fl", "ewc", "er", "gpm", "fot"])
-def test_task_loop_runs_every_method(method, tmp_path):
+@pytest.mark.parametrize(
+  "method,conv",
+  [("fl", False), ("ewc", False), ("er", False), ("gpm", False), ("fot", False)]
+  + [("ewc", True), ("gpm", True), ("fot", True)],
+)
+def test_task_loop_runs_every_method(method, conv, tmp_path):
   kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
-  round_fn, _, summary = _tiny_run(method, output_dir=tmp_path, **kwargs.get(method, {}))
+  round_fn, _, summary = _tiny_run(method, output_dir=tmp_path, conv=conv, **kwargs.get(method, {}))
   a = summary["acc_matrix"]
   assert a[1][0] is None and a[0][0] is not None and a[1][1] is not None
   assert summary["acc"] == pytest.approx((a[0][1] + a[1][1]) / 2)

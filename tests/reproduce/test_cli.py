@@ -146,3 +146,22 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
   assert "| fedproj > fedavg | global_accuracy | 3 | 2.00 | 0.00 | 3/3 |" in block
   assert "](../results/fedproj-iris-pilot/cpu/accuracy.png)" in block
   assert report.update_docs(doc, results) == text  # idempotent
+
+
+def test_added_field_at_its_default_keeps_old_fingerprints():
+  old = {"lr": 0.001, "rounds": 8}  # a config recorded before lr_schedule existed
+  assert run.fingerprint({**old, "lr_schedule": "constant", "lr_step_gamma": 0.1}) == (
+    run.fingerprint(old)
+  )
+  assert run.fingerprint({**old, "lr_schedule": "step"}) != run.fingerprint(old)
+  assert run.fingerprint({**old, "rounds": 9}) != run.fingerprint(old)
+
+
+def test_runner_extras_go_to_detail_not_metrics(tmp_path, monkeypatch):
+  def runner(claim, config, work, log):
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, []
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  result = run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
+  assert set(result["metrics"]) == {"global_accuracy", "client_accuracy"}
+  assert result["detail"] == {"acc_matrix": [[0.5]]}
