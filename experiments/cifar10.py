@@ -11,7 +11,8 @@ Presets (each field and its source: docs/reproduction.md):
   loss is the plain KL, |M| = 50k; server distillation 1 epoch, batch 256, T = 3. MOON uses μ = 5
   (MOON's CIFAR-10 value). Needs ``--public_data`` (CIFAR-100; the offline 20k subset also needs
   ``--memory_size=20000``).
-- ``paper_code``: the same setting as the authors' code runs it (Adam with weight decay 5e-5,
+- ``paper_code``: the same setting as the authors' code runs it (Adam with weight decay 5e-5 and
+  the lr divided by 10 after half the local epochs of each round,
   memory loss at T = 3 without T², coefficient clamp 10, |M| = 12,500, distillation batch 128).
 - ``fedgkd_paper``: FedGKD's CIFAR-10 setting (paper 002): 20 clients, 20% per round, 100 rounds,
   20 local epochs, batch 64, SGD 0.05 with momentum 0.9 and weight decay 1e-5, ResNet-8 with

@@ -50,6 +50,7 @@ from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import train
 
 OPTIMIZERS = ("sgd", "adam")
+LR_SCHEDULES = ("constant", "step")
 CPU_COLLECTIVES = ("", "gloo", "mpi")
 SERVER_OPTIMIZERS = ("none", "sgd", "adam")
 
@@ -73,6 +74,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.lr = 1e-3
   c.momentum = 0.9
   c.weight_decay = 0.0
+  # Local learning-rate schedule, restarted every round: "constant", or "step" (torch StepLR per
+  # local epoch: lr · lr_step_gamma^floor(epoch / lr_step_epochs); client.epoch_step_lr).
+  c.lr_schedule = "constant"
+  c.lr_step_epochs = 0  # 0 = local_epochs // 2 (the FedProj code's step_size)
+  c.lr_step_gamma = 0.1
   c.server_optimizer = "none"
   c.server_lr = 1.0
   c.server_momentum = 0.0
@@ -128,6 +134,13 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     )
   if c.optimizer not in OPTIMIZERS:
     raise ValueError(f"Unknown --optimizer {c.optimizer!r}; choose one of {OPTIMIZERS}.")
+  if c.get("lr_schedule", "constant") not in LR_SCHEDULES:
+    raise ValueError(f"Unknown --lr_schedule {c.lr_schedule!r}; choose one of {LR_SCHEDULES}.")
+  if c.get("lr_schedule", "constant") == "step" and lr_step_epochs(c) < 1:
+    raise ValueError(
+      f"--lr_schedule=step needs --lr_step_epochs >= 1 (0 means local_epochs // 2 = "
+      f"{c.local_epochs // 2}); set --lr_step_epochs or use --local_epochs >= 2."
+    )
   if c.server_optimizer not in SERVER_OPTIMIZERS:
     raise ValueError(
       f"Unknown --server_optimizer {c.server_optimizer!r}; choose one of {SERVER_OPTIMIZERS}."
@@ -364,14 +377,47 @@ def init_processes(c: ml_collections.ConfigDict) -> bool:
   return jax.process_count() > 1
 
 
-def make_optimizer(name: str, lr: float, momentum: float, weight_decay: float):
+def lr_step_epochs(c: ml_collections.ConfigDict) -> int:
+  """Epochs between local lr decays: ``lr_step_epochs``, or local_epochs // 2 when it is 0."""
+  return int(c.get("lr_step_epochs", 0)) or int(c.local_epochs) // 2
+
+
+def make_optimizer(
+  name: str,
+  lr: float,
+  momentum: float,
+  weight_decay: float,
+  schedule: str = "constant",
+  local_epochs: int = 1,
+  step_epochs: int = 1,
+  gamma: float = 0.1,
+):
+  """The client optimiser; ``schedule="step"`` wraps it in :func:`client.epoch_step_lr`."""
   if name == "sgd":
     opt = optax.sgd(lr, momentum=momentum or None)
   else:
     opt = optax.adam(lr)
   if weight_decay:
     opt = optax.chain(optax.add_decayed_weights(weight_decay), opt)
+  if schedule == "step":
+    from fedjax_proj.algorithms.client import epoch_step_lr  # noqa: PLC0415
+
+    opt = epoch_step_lr(opt, local_epochs, step_epochs, gamma)
   return opt
+
+
+def client_optimizer(c: ml_collections.ConfigDict):
+  """:func:`make_optimizer` from the config's optimiser and local-schedule fields."""
+  return make_optimizer(
+    c.optimizer,
+    c.lr,
+    c.momentum,
+    c.weight_decay,
+    schedule=c.get("lr_schedule", "constant"),
+    local_epochs=c.local_epochs,
+    step_epochs=lr_step_epochs(c),
+    gamma=c.get("lr_step_gamma", 0.1),
+  )
 
 
 def make_server_optimizer(c: ml_collections.ConfigDict):
@@ -573,7 +619,11 @@ def time_local_step(model, optimizer, normalize, images, labels, batch_size: int
   Compiles one plain cross-entropy step and times ``repeats`` calls (the median); the
   per-method local loss terms and the server side are not included.
   """
-  from fedjax_proj.algorithms.client import forward, split_variables  # noqa: PLC0415
+  from fedjax_proj.algorithms.client import (  # noqa: PLC0415
+    ROUND_STEPS_ARG,
+    forward,
+    split_variables,
+  )
 
   n = min(batch_size, len(labels))
   x = normalize(jax.numpy.asarray(images[:n]))
@@ -589,7 +639,8 @@ def time_local_step(model, optimizer, normalize, images, labels, batch_size: int
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     grads = jax.grad(loss)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    # A per-epoch schedule (client.epoch_step_lr) needs the round's step count; any will do here.
+    updates, opt_state = optimizer.update(grads, opt_state, params, **{ROUND_STEPS_ARG: 1})
     return optax.apply_updates(params, updates), opt_state
 
   key = jax.random.key(1)
@@ -660,7 +711,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
 
   ctx = registry.BuildContext(
     model=model,
-    client_optimizer=make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay),
+    client_optimizer=client_optimizer(c),
     batch_fn=batch_fn,
     normalize=normalize,
     num_clients=c.num_clients,
