@@ -89,7 +89,13 @@ def fedgkd_paper(c):
   c.method_defaults = ml_collections.ConfigDict(
     {
       "fedgkd": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
-      "fedgkd_vote": {"buffer_size": 5, "lam": 0.1, "temperature": 1.0},
+      # L_m: each buffered model's validation loss on the 5,000 examples train_subset leaves out.
+      "fedgkd_vote": {
+        "buffer_size": 5,
+        "lam": 0.1,
+        "temperature": 1.0,
+        "vote_validation": "server",
+      },
       "moon": {"mu": MOON_CIFAR10_MU},
     }
   )

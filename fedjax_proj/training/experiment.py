@@ -164,6 +164,11 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       "or a dataset name such as cifar100."
     )
   validate_method_kwargs(c.method, dict(c.method_kwargs))
+  if registry.needs_validation(c.method, resolved_hparams(c)) and not int(c.train_subset):
+    raise ValueError(
+      f"{c.method} with vote_validation=server needs held-out validation data, but "
+      "--train_subset=0 trains on the whole training set; " + _no_validation_fix(c.method) + "."
+    )
   if c.get("checkpoint_every", 0) < 0:
     raise ValueError("--checkpoint_every must be >= 0 (0 saves only on SIGINT/SIGTERM).")
   if c.get("keep_checkpoints", 1) < 1:
@@ -189,6 +194,19 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       require_tensorboardx()
     except ImportError as e:
       raise ValueError(str(e)) from e
+
+
+def resolved_hparams(c: ml_collections.ConfigDict) -> dict:
+  """The method's hyperparameters from the config: a preset's ``method_defaults`` for it, under
+  explicit ``method_kwargs``."""
+  return {**dict(c.get("method_defaults", {}).get(c.method, {})), **dict(c.method_kwargs)}
+
+
+def _no_validation_fix(method: str) -> str:
+  import importlib  # noqa: PLC0415
+
+  module = importlib.import_module(registry.METHOD_MODULES[method])
+  return getattr(module, "NO_VALIDATION_FIX", "pass --train_subset below the training set's size")
 
 
 def _validate_dataset_name(name: str) -> None:
@@ -428,11 +446,28 @@ def make_server_optimizer(c: ml_collections.ConfigDict):
   return optax.adam(c.server_lr)
 
 
+def _subset_indices(size: int, n: int, seed: int) -> np.ndarray:
+  """The sorted indices a ``train_subset``/``test_subset`` of ``n`` keeps (all when n is 0)."""
+  if not n or n >= size:
+    return np.arange(size)
+  return np.sort(np.random.default_rng(seed).choice(size, n, replace=False))
+
+
 def _subset(ds, n: int, seed: int):
   if not n or n >= len(ds.labels):
     return ds.images, ds.labels
-  keep = np.sort(np.random.default_rng(seed).choice(len(ds.labels), n, replace=False))
+  keep = _subset_indices(len(ds.labels), n, seed)
   return ds.images[keep], ds.labels[keep]
+
+
+def held_out(ds, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """The examples :func:`_subset` ``(ds, n, seed)`` leaves out, in their original order.
+
+  FedGKD-VOTE's server validation split: paper 002 trains on 90% of the data, so
+  ``train_subset=45000`` of CIFAR-10 leaves these 5,000 for validation (docs/reproduction.md).
+  """
+  out = np.setdiff1d(np.arange(len(ds.labels)), _subset_indices(len(ds.labels), n, seed))
+  return ds.images[out], np.asarray(ds.labels[out], np.int32)
 
 
 def same_label_space(public_name: str, private_name: str) -> bool:
@@ -701,6 +736,22 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
   round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes, train_ds.name)
+  # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.
+  hparams = resolved_hparams(c)
+  validation_size = 0
+  if registry.needs_validation(c.method, hparams):
+    val_x, val_y = held_out(train_ds, c.train_subset, c.seed)
+    if not len(val_y):
+      raise ValueError(
+        f"{c.method} with vote_validation=server needs held-out validation data, but "
+        f"--train_subset={c.train_subset} keeps all {len(train_ds.labels)} training examples; "
+        + _no_validation_fix(c.method)
+        + "."
+      )
+    round_inputs["validation_images"] = jax.device_put(val_x)
+    round_inputs["validation_labels"] = jax.device_put(val_y)
+    validation_size = len(val_y)
+    log(f"validation split: the {validation_size} training examples --train_subset leaves out")
 
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
@@ -718,9 +769,8 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     server_optimizer=make_server_optimizer(c),
     public_size=public_size,
     num_classes=train_ds.num_classes,
+    validation_size=validation_size,
   )
-  # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.
-  hparams = {**dict(c.get("method_defaults", {}).get(c.method, {})), **dict(c.method_kwargs)}
   for field in registry.config_kwargs(c.method):
     hparams.setdefault(field, c[field])
   algorithm = registry.build_algorithm(c.method, ctx, **hparams)
