@@ -35,8 +35,6 @@ import common  # noqa: E402
 import fedproj_presets  # noqa: E402
 import ml_collections  # noqa: E402
 
-from fedjax_proj.algorithms import methods  # noqa: E402
-from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
 from fedjax_proj.training.experiment import base_config  # noqa: E402
@@ -102,7 +100,7 @@ def fedgkd_paper(c):
   return c
 
 
-METHODS = tuple(m for m in methods() if m not in SEQUENTIAL_METHODS)
+METHODS = common.parallel_methods()
 
 
 def prepare(c):
@@ -111,17 +109,12 @@ def prepare(c):
   Refuses the sequential methods with a pointer to their entry point, then sets FedProj's α from
   the final ``--partition`` (fedproj_presets.prepare).
   """
-  if c.method in SEQUENTIAL_METHODS:
-    raise ValueError(
-      f"{c.method} is sequential FL and does not learn under this entry point's parallel-FL "
-      'presets (docs/sfedkd.md, "Entry points"); run it with experiments/sequential.py, e.g. '
-      f"python experiments/sequential.py --dataset={c.dataset} --method={c.method} --preset=cpu"
-    )
+  common.refuse_sequential(c)
   return fedproj_presets.prepare(c)
 
 
 if __name__ == "__main__":
-  choices = {"method": (*METHODS, *SEQUENTIAL_METHODS), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(
     common.main(
       sys.argv[1:],
