@@ -141,6 +141,13 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       f"--lr_schedule=step needs --lr_step_epochs >= 1 (0 means local_epochs // 2 = "
       f"{c.local_epochs // 2}); set --lr_step_epochs or use --local_epochs >= 2."
     )
+  if c.get("lr_schedule", "constant") == "step" and c.method == "fednova":
+    # FedNova's a_k probes the optimiser with one step table for every client (fednova.py); a
+    # per-client epoch schedule would need a table per client size.
+    raise ValueError(
+      "--method=fednova derives its normalisation from a constant-lr client optimiser; drop "
+      "--lr_schedule=step (use --lr_schedule=constant)."
+    )
   if c.server_optimizer not in SERVER_OPTIMIZERS:
     raise ValueError(
       f"Unknown --server_optimizer {c.server_optimizer!r}; choose one of {SERVER_OPTIMIZERS}."

@@ -87,3 +87,10 @@ def test_step_schedule_needs_a_positive_step():
   c.lr_schedule = "cosine"
   with pytest.raises(ValueError, match="Unknown --lr_schedule 'cosine'"):
     experiment.validate_config(c)
+
+
+def test_fednova_refuses_the_step_schedule():
+  c = experiment.base_config()
+  c.method, c.lr_schedule = "fednova", "step"
+  with pytest.raises(ValueError, match="fednova.*--lr_schedule=constant"):
+    experiment.validate_config(c)
