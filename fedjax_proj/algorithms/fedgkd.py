@@ -13,7 +13,8 @@ and uses one KD term per teacher with weight γ_m/2 = λ·softmax_m(−L_m/β), 
   mean CE L_m on a held-out validation split (``RoundData.extra["validation_images"]`` /
   ``["validation_labels"]``; the experiments pass the training examples ``train_subset`` leaves
   out, e.g. CIFAR-10's other 5,000 at ``train_subset=45000``) and broadcasts the weights
-  γ_m/2, fixed for the next round's local training;
+  γ_m/2, fixed for the next round's local training (the newest model's L_m is logged as
+  ``vote_val_loss_newest``);
 * ``"client_batch"`` (the default, needing no held-out data): L_m is teacher m's CE on the
   client's current private batch (a stop-gradient weight, recomputed every step).
 
