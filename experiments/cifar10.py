@@ -11,7 +11,8 @@ Presets (each field and its source: docs/reproduction.md):
   loss is the plain KL, |M| = 50k; server distillation 1 epoch, batch 256, T = 3. MOON uses μ = 5
   (MOON's CIFAR-10 value). Needs ``--public_data`` (CIFAR-100; the offline 20k subset also needs
   ``--memory_size=20000``).
-- ``paper_code``: the same setting as the authors' code runs it (Adam with weight decay 5e-5,
+- ``paper_code``: the same setting as the authors' code runs it (Adam with weight decay 5e-5 and
+  the lr divided by 10 after half the local epochs of each round,
   memory loss at T = 3 without T², coefficient clamp 10, |M| = 12,500, distillation batch 128).
 - ``fedgkd_paper``: FedGKD's CIFAR-10 setting (paper 002): 20 clients, 20% per round, 100 rounds,
   20 local epochs, batch 64, SGD 0.05 with momentum 0.9 and weight decay 1e-5, ResNet-8 with
@@ -34,8 +35,6 @@ import common  # noqa: E402
 import fedproj_presets  # noqa: E402
 import ml_collections  # noqa: E402
 
-from fedjax_proj.algorithms import methods  # noqa: E402
-from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
 from fedjax_proj.training.experiment import base_config  # noqa: E402
@@ -88,14 +87,20 @@ def fedgkd_paper(c):
   c.method_defaults = ml_collections.ConfigDict(
     {
       "fedgkd": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
-      "fedgkd_vote": {"buffer_size": 5, "lam": 0.1, "temperature": 1.0},
+      # L_m: each buffered model's validation loss on the 5,000 examples train_subset leaves out.
+      "fedgkd_vote": {
+        "buffer_size": 5,
+        "lam": 0.1,
+        "temperature": 1.0,
+        "vote_validation": "server",
+      },
       "moon": {"mu": MOON_CIFAR10_MU},
     }
   )
   return c
 
 
-METHODS = tuple(m for m in methods() if m not in SEQUENTIAL_METHODS)
+METHODS = common.parallel_methods()
 
 
 def prepare(c):
@@ -104,17 +109,12 @@ def prepare(c):
   Refuses the sequential methods with a pointer to their entry point, then sets FedProj's α from
   the final ``--partition`` (fedproj_presets.prepare).
   """
-  if c.method in SEQUENTIAL_METHODS:
-    raise ValueError(
-      f"{c.method} is sequential FL and does not learn under this entry point's parallel-FL "
-      'presets (docs/sfedkd.md, "Entry points"); run it with experiments/sequential.py, e.g. '
-      f"python experiments/sequential.py --dataset={c.dataset} --method={c.method} --preset=cpu"
-    )
+  common.refuse_sequential(c)
   return fedproj_presets.prepare(c)
 
 
 if __name__ == "__main__":
-  choices = {"method": (*METHODS, *SEQUENTIAL_METHODS), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(
     common.main(
       sys.argv[1:],

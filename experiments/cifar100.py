@@ -22,6 +22,10 @@ CIFAR-100 *public* subset and MNIST):
 
 ``cpu`` shrinks the budget (ResNet-8, 30 rounds, 2 local epochs, 10k training images); ``smoke``
 is a 2-round check of the wiring.
+
+The sequential methods (fedseq, cwc, sfedkd) are refused here, as in cifar10.py: under these
+parallel-FL settings they do not learn (docs/sfedkd.md, "Entry points"); run them with
+``experiments/sequential.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import fedproj_presets  # noqa: E402
 
-from fedjax_proj.algorithms import methods, registry  # noqa: E402
+from fedjax_proj.algorithms import registry  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
 from fedjax_proj.training.experiment import base_config  # noqa: E402
@@ -86,7 +90,12 @@ def check_public_data(config) -> None:
 
 
 def prepare(config):
-  """Preset rules that depend on the chosen method (applied after the flags)."""
+  """Preset rules that depend on the chosen method (applied after the flags).
+
+  Refuses the sequential methods (common.refuse_sequential), then sets the distillation epochs,
+  checks the public set and FedProj's α (fedproj_presets.prepare).
+  """
+  common.refuse_sequential(config)
   if config.method in DISTILL_METHODS and "distill_epochs" not in config.method_kwargs:
     config.method_kwargs.distill_epochs = PAPER_DISTILL_EPOCHS
   check_public_data(config)
@@ -94,5 +103,5 @@ def prepare(config):
 
 
 if __name__ == "__main__":
-  choices = {"method": methods(), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=prepare))

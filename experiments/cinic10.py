@@ -18,6 +18,10 @@ Public set: CIFAR-100 (``--public_data=cifar100`` via TFDS or the offline 20k su
 
 ``cpu`` shrinks the budget (ResNet-8, 20 rounds, 2 local epochs, 20k training images); ``smoke``
 is a 2-round check of the wiring.
+
+The sequential methods (fedseq, cwc, sfedkd) are refused here, as in cifar10.py: under these
+parallel-FL settings they do not learn (docs/sfedkd.md, "Entry points"); run them with
+``experiments/sequential.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import fedproj_presets  # noqa: E402
 
-from fedjax_proj.algorithms import methods  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
 from fedjax_proj.training.experiment import base_config  # noqa: E402
@@ -61,10 +64,13 @@ def get_config(preset: str = "paper"):
   raise ValueError(f"Unknown preset {preset!r}; choose one of {common.PRESETS}.")
 
 
-# Preset rules applied after the flags (FedProj's α follows the final --partition).
-prepare = fedproj_presets.prepare
+def prepare(c):
+  """Preset rules applied after the flags: refuses the sequential methods
+  (common.refuse_sequential), then FedProj's α follows the final --partition."""
+  common.refuse_sequential(c)
+  return fedproj_presets.prepare(c)
 
 
 if __name__ == "__main__":
-  choices = {"method": methods(), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=prepare))

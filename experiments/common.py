@@ -35,6 +35,38 @@ import ml_collections
 PRESETS = ("paper", "cpu", "smoke")
 
 
+def parallel_methods() -> tuple[str, ...]:
+  """The registered methods the parallel-FL entry points (cifar10, cifar100, cinic10) run."""
+  from fedjax_proj.algorithms import methods
+  from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS
+
+  return tuple(m for m in methods() if m not in SEQUENTIAL_METHODS)
+
+
+def parallel_method_choices() -> tuple[str, ...]:
+  """``--method`` choices of a parallel-FL entry point: its methods, then the sequential ones,
+  accepted by the parser only so :func:`refuse_sequential` can point to their entry point."""
+  from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS
+
+  return (*parallel_methods(), *SEQUENTIAL_METHODS)
+
+
+def refuse_sequential(c: ml_collections.ConfigDict) -> None:
+  """Refuses a sequential method (fedseq, cwc, sfedkd) under a parallel-FL entry point.
+
+  Under those presets they do not learn (docs/sfedkd.md, "Entry points"); the error names
+  experiments/sequential.py, whose presets are their paper's. ``main`` exits 2 with it.
+  """
+  from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS
+
+  if c.method in SEQUENTIAL_METHODS:
+    raise ValueError(
+      f"{c.method} is sequential FL and does not learn under this entry point's parallel-FL "
+      'presets (docs/sfedkd.md, "Entry points"); run it with experiments/sequential.py, e.g. '
+      f"python experiments/sequential.py --dataset={c.dataset} --method={c.method} --preset=cpu"
+    )
+
+
 def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The ``smoke`` budget shared by the image experiments: under a minute on 2 CPU cores."""
   c.num_clients = 10

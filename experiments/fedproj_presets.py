@@ -57,6 +57,10 @@ def apply_paper_code(
   """The authors' code (client_fedproj.py, main_fedproj.py, scripts_rci/fedproj_0.3_100.sh)."""
   c.memory_size = CODE_MEMORY_SIZE
   c.weight_decay = 5e-5  # torch Adam(weight_decay=5e-5): L2 added to the gradient
+  # StepLR(step_size=local_ep // 2, gamma=0.1), new each round, stepped per local epoch.
+  c.lr_schedule = "step"
+  c.lr_step_epochs = 0  # 0 = local_epochs // 2
+  c.lr_step_gamma = 0.1
   c.fedproj_alpha_by_beta = False
   c.method_defaults = ml_collections.ConfigDict(
     {

@@ -52,6 +52,63 @@ class LocalState(NamedTuple):
   loss_sum: Array
   correct: Array
   seen: Array
+  round_steps: Array  # this client's active steps this round, E·ceil(n_k/B) (engine-provided)
+
+
+# The extra argument :func:`local_training_client` passes to ``optimizer.update``.
+ROUND_STEPS_ARG = "local_round_steps"
+
+
+def epoch_step_lr(
+  optimizer: optax.GradientTransformation, local_epochs: int, step_epochs: int, gamma: float
+) -> optax.GradientTransformationExtraArgs:
+  """``optimizer`` with its learning rate stepped per local epoch: torch's ``StepLR``.
+
+  At a client's local step c (0-based, counting only its real steps) of a round the update is
+  multiplied by ``gamma ** floor(e / step_epochs)``, where ``e = floor(c / ceil(n_k / B))`` is the
+  client's own epoch, computed as ``floor(c · E / T_k)`` from its real step count this round
+  ``T_k = E · ceil(n_k / B)``, which the engine hands to :func:`local_training_client` (clients
+  of different sizes share the padded step axis, so a step index alone is not an epoch). Scaling
+  the update is scaling the learning rate for SGD (with momentum) and Adam, whose update is
+  linear in lr, with weight decay added to the gradient before them (torch's ``weight_decay``).
+  The optimiser state, and so the schedule, is re-initialised every round (every client's
+  ``init``), as the FedProj authors' client builds a new ``StepLR`` per round (docs/reproduction.md,
+  "FedProj (papers 000 and 001)").
+
+  Args:
+    optimizer: the client optimiser at its base learning rate.
+    local_epochs: E, local epochs per round.
+    step_epochs: epochs between decays (torch ``step_size``), >= 1.
+    gamma: the decay factor per step (torch ``gamma``).
+
+  Returns:
+    A transformation whose ``update`` needs ``local_round_steps=T_k`` (int32 scalar).
+  """
+  if local_epochs < 1 or step_epochs < 1:
+    raise ValueError(
+      f"epoch_step_lr needs local_epochs >= 1 and step_epochs >= 1, got {local_epochs} and "
+      f"{step_epochs}; with --lr_schedule=step set --lr_step_epochs to a positive number of epochs "
+      "(the FedProj code uses local_epochs // 2, so local_epochs must be >= 2)."
+    )
+
+  def init(params):
+    return (optimizer.init(params), jnp.zeros((), jnp.int32))
+
+  def update(updates, state, params=None, **extra_args):
+    if ROUND_STEPS_ARG not in extra_args:
+      raise ValueError(
+        f"epoch_step_lr's update needs {ROUND_STEPS_ARG}=<the client's real steps this round>; "
+        "it runs only inside local_training_client (drop --lr_schedule=step for this method)."
+      )
+    inner, count = state
+    round_steps = jnp.maximum(jnp.asarray(extra_args[ROUND_STEPS_ARG], jnp.int32), 1)
+    epoch = count * local_epochs // round_steps
+    scale = jnp.asarray(gamma, jnp.float32) ** (epoch // step_epochs)
+    updates, inner = optimizer.update(updates, inner, params)
+    updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), updates)
+    return updates, (inner, count + 1)
+
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def split_variables(variables: dict) -> tuple[PyTree, dict]:
@@ -117,12 +174,21 @@ def local_training_client(
     per-client metrics ``loss`` and ``accuracy`` (means over local steps/examples).
   """
 
-  def init(shared, client_input, key):
+  # Per-epoch schedules (epoch_step_lr) read the client's step count; plain optax transforms
+  # accept and ignore extra arguments, a bare GradientTransformation takes none.
+  takes_extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
+  update_args = lambda state: {ROUND_STEPS_ARG: state.round_steps} if takes_extra else {}
+
+  def init(shared, client_input, key, round_steps):
     params, model_state = split_variables(shared["variables"])
     extra = init_extra(shared, client_input, key) if init_extra is not None else ()
     zero = jnp.zeros((), jnp.float32)
+    steps = jnp.zeros((), jnp.int32)
+    # A fresh optimiser state every round: local momentum/Adam moments and any local lr schedule
+    # restart (FedAvg's client; the FedProj code builds a new Adam and StepLR per round).
+    opt_state = optimizer.init(params)
     return LocalState(
-      params, model_state, optimizer.init(params), extra, jnp.zeros((), jnp.int32), zero, zero, zero
+      params, model_state, opt_state, extra, steps, zero, zero, zero, jnp.asarray(round_steps)
     )
 
   def step(shared, state: LocalState, batch: Batch, key):
@@ -131,7 +197,9 @@ def local_training_client(
     extra = state.extra
     if transform_grads is not None:
       grads, extra = transform_grads(grads, state.params, batch, ctx)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    updates, opt_state = optimizer.update(
+      grads, state.opt_state, state.params, **update_args(state)
+    )
     params = optax.apply_updates(state.params, updates)
     return state._replace(
       params=params,
@@ -158,7 +226,7 @@ def local_training_client(
       out.update(finalize(state))
     return out
 
-  return ClientProgram(init, step, final)
+  return ClientProgram(init, step, final, round_steps=True)
 
 
 class PerClientState(NamedTuple):

@@ -5,10 +5,21 @@ The server keeps a FIFO buffer of the last M global models (M = 5, the current o
 FedGKD sends their parameter average θ̄ and clients minimise
 CE + (γ/2)·T²·KL(σ(f(x; θ̄)/T) ‖ σ(f(x; θ)/T)) on the private batch (γ = 0.2, T = 1); distillation
 is skipped in round 0, when the buffer holds only the initial model. FedGKD-VOTE sends the M models
-and uses one KD term per teacher with weight γ_m/2 = λ·softmax_m(−L_m/β), β = 1/M, λ = 0.1.
-L_m is a validation loss; with no server validation split here, it is teacher m's CE on the
-client's current private batch (a stop-gradient weight; documented deviation). Teachers run in
-inference mode. Server: FedAvg.
+and uses one KD term per teacher with weight γ_m/2 = λ·softmax_m(−L_m/β), β = 1/M, λ = 0.1
+(002, "Parameter Setting"). L_m is "the validation loss of the m-th global model in the buffer";
+002 trains on 90% of the data ("Implementation Details"). Two readings (``vote_validation``):
+
+* ``"server"`` (the paper's): after each aggregation the server computes every buffered model's
+  mean CE L_m on a held-out validation split (``RoundData.extra["validation_images"]`` /
+  ``["validation_labels"]``; the experiments pass the training examples ``train_subset`` leaves
+  out, e.g. CIFAR-10's other 5,000 at ``train_subset=45000``) and broadcasts the weights
+  γ_m/2, fixed for the next round's local training (the newest model's L_m is logged as
+  ``vote_val_loss_newest``);
+* ``"client_batch"`` (the default, needing no held-out data): L_m is teacher m's CE on the
+  client's current private batch (a stop-gradient weight, recomputed every step).
+
+Only the buffer's valid entries count (empty slots get weight 0). Teachers run in inference mode.
+Server: FedAvg. docs/methods.md ("FedGKD") and docs/reproduction.md ("FedGKD (paper 002)").
 """
 
 from __future__ import annotations
@@ -20,18 +31,32 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import losses
+from fedjax_proj.algorithms import distill, losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
 
+VOTE_VALIDATION = ("client_batch", "server")
+
 
 class FedGKDState(NamedTuple):
   fedavg: FedAvgState
   buffer: dict  # stacked [M, ...] global variables, newest first
   count: Array  # number of valid entries in the buffer
+  vote_weights: Array  # [M] γ_m/2 from the server's validation losses (vote_validation="server")
+
+
+def vote_weights(losses_m: Array, valid: Array, lam: float) -> Array:
+  """γ_m/2 = λ·softmax_m(−L_m/β) over the valid buffer entries, β = 1/M (M = buffer size)."""
+  scores = jnp.where(valid, -losses_m * valid.shape[0], -jnp.inf)
+  return lam * jax.nn.softmax(scores)
+
+
+def validation_losses(logits: Array, labels: Array) -> Array:
+  """Each model's mean CE on the validation split: logits [M, N, K], labels [N] -> [M]."""
+  return jax.vmap(lambda z: losses.cross_entropy(z, labels))(logits)
 
 
 def buffer_push(buffer: dict, count: Array, variables: dict) -> tuple[dict, Array]:
@@ -55,11 +80,12 @@ def gkd_loss(model: Model, gamma: float, temperature: float, vote: bool, lam: fl
       teacher = model.apply(sh["teacher"], batch.x, train=False).logits
       kd = (gamma / 2) * losses.kl_from_logits(teacher, out.logits, temperature, batch.mask)
     else:
-      size = sh["valid"].shape[0]
       t_logits = jax.vmap(lambda v: model.apply(v, batch.x, train=False).logits)(sh["teachers"])
-      t_loss = jax.vmap(lambda z: losses.cross_entropy(z, batch.y, batch.mask))(t_logits)
-      scores = jnp.where(sh["valid"], -t_loss * size, -jnp.inf)  # −L_m/β with β = 1/M
-      weights = lam * jax.nn.softmax(jax.lax.stop_gradient(scores))  # = γ_m / 2
+      if "vote_weights" in sh:  # the server's validation losses (vote_validation="server")
+        weights = sh["vote_weights"]
+      else:  # L_m on this private batch (vote_validation="client_batch")
+        t_loss = jax.vmap(lambda z: losses.cross_entropy(z, batch.y, batch.mask))(t_logits)
+        weights = vote_weights(jax.lax.stop_gradient(t_loss), sh["valid"], lam)
       kls = jax.vmap(lambda z: losses.kl_from_logits(z, out.logits, temperature, batch.mask))(
         t_logits
       )
@@ -81,10 +107,31 @@ def fedgkd(
   temperature: float = 1.0,
   vote: bool = False,
   lam: float = 0.1,
+  vote_validation: str = "client_batch",
+  normalize=None,
+  validation_batch_size: int = 500,
 ) -> FederatedAlgorithm:
-  """Builds FedGKD (``vote=False``) or FedGKD-VOTE (``vote=True``)."""
+  """Builds FedGKD (``vote=False``) or FedGKD-VOTE (``vote=True``).
+
+  Args:
+    vote_validation: where FedGKD-VOTE's L_m come from (module docstring): ``"client_batch"``
+      or ``"server"``, which reads ``RoundData.extra["validation_images"]`` (raw, normalised with
+      ``normalize``) and ``["validation_labels"]``.
+    normalize: raw images -> model inputs for the validation split (``"server"`` only).
+    validation_batch_size: examples per forward pass of the server's validation losses.
+  """
   if buffer_size < 1:
     raise ValueError(f"buffer_size must be >= 1, got {buffer_size}.")
+  if vote_validation not in VOTE_VALIDATION:
+    raise ValueError(f"vote_validation must be one of {VOTE_VALIDATION}, got {vote_validation!r}.")
+  server_vote = vote and vote_validation == "server"
+  if vote_validation == "server" and not vote:
+    raise ValueError(
+      "vote_validation='server' sets FedGKD-VOTE's teacher weights; fedgkd has one averaged "
+      "teacher. Use --method=fedgkd_vote or drop vote_validation."
+    )
+  if server_vote and normalize is None:
+    raise ValueError("vote_validation='server' needs normalize (raw images -> model inputs).")
   base = fedavg(model, client_optimizer, batch_fn, server_optimizer)
   program = client_lib.local_training_client(
     model, client_optimizer, gkd_loss(model, gamma, temperature, vote, lam)
@@ -93,7 +140,10 @@ def fedgkd(
   def init(variables, key):
     inner = base.init(variables, key)
     buffer = tree_lib.broadcast_clients(inner.variables, buffer_size)
-    return FedGKDState(inner, jax.tree.map(jnp.array, buffer), jnp.ones((), jnp.int32))
+    count = jnp.ones((), jnp.int32)
+    # The closed form for the one valid entry: λ on the initial model (unused: no KD in round 0).
+    weights = vote_weights(jnp.zeros(buffer_size), jnp.arange(buffer_size) < count, lam)
+    return FedGKDState(inner, jax.tree.map(jnp.array, buffer), count, weights)
 
   def broadcast(state, rd, key):
     shared, inputs = base.broadcast(state.fedavg, rd, key)
@@ -101,14 +151,46 @@ def fedgkd(
     if vote:
       shared["teachers"] = state.buffer
       shared["valid"] = jnp.arange(buffer_size) < state.count
+      if server_vote:
+        shared["vote_weights"] = state.vote_weights
     else:
       shared["teacher"] = buffer_average(state.buffer, state.count)
     return shared, inputs
 
-  def aggregate(state, rd, outputs, key):
+  def push(state, rd, outputs, key):
     inner, metrics = base.aggregate(state.fedavg, rd, outputs, key)
     buffer, count = buffer_push(state.buffer, state.count, inner.variables)
-    return FedGKDState(inner, buffer, count), metrics
+    return FedGKDState(inner, buffer, count, state.vote_weights), metrics
+
+  def with_weights(state, logits, labels, metrics):
+    """The next round's γ_m/2 from the buffered models' validation logits [M, N, K]."""
+    val_losses = validation_losses(logits, labels)
+    valid = jnp.arange(buffer_size) < state.count
+    weights = vote_weights(val_losses, valid, lam)
+    metrics = {**metrics, "vote_val_loss_newest": val_losses[0]}
+    return state._replace(vote_weights=weights), metrics
+
+  def aggregate(state, rd, outputs, key):
+    state, metrics = push(state, rd, outputs, key)
+    if not server_vote:
+      return state, metrics
+    images, labels = rd.extra["validation_images"], rd.extra["validation_labels"]
+    logits = distill.client_logits_scan(
+      model, state.buffer, normalize, images, validation_batch_size
+    )
+    return with_weights(state, logits, labels, metrics)
+
+  aggregate_host = None
+  if server_vote:
+    # Host-looped strategies: one jitted forward per model and batch (conv inside lax.map is slow
+    # on XLA:CPU, docs/design.md); the same numbers as ``aggregate``.
+    host_logits = distill.HostClientLogits(model, normalize, validation_batch_size)
+    push_jit, weights_jit = jax.jit(push, donate_argnums=0), jax.jit(with_weights)
+
+    def aggregate_host(state, rd, outputs, key):
+      state, metrics = push_jit(state, rd, outputs, key)
+      logits = host_logits(state.buffer, rd.extra["validation_images"])
+      return weights_jit(state, logits, rd.extra["validation_labels"], metrics)
 
   return FederatedAlgorithm(
     name="fedgkd_vote" if vote else "fedgkd",
@@ -118,19 +200,36 @@ def fedgkd(
     aggregate=aggregate,
     batch_fn=batch_fn,
     global_variables=lambda state: state.fedavg.variables,
+    aggregate_host=aggregate_host,
   )
 
 
 NEEDS_PUBLIC = False
+NO_VALIDATION_FIX = (
+  "pass --train_subset below the training set's size (002 trains on 90%: --train_subset=45000 "
+  "of CIFAR-10's 50,000 leaves 5,000 for validation), or "
+  "--method_kwargs=vote_validation=client_batch"
+)
+
+
+def needs_validation(method: str, hparams: dict) -> bool:
+  """FedGKD-VOTE with ``vote_validation="server"`` reads a held-out validation split."""
+  return method == "fedgkd_vote" and hparams.get("vote_validation") == "server"
 
 
 def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
   """Registry entry for ``fedgkd`` and ``fedgkd_vote``."""
+  if needs_validation(method, hp) and ctx.validation_size <= 0:
+    raise ValueError(
+      "fedgkd_vote with vote_validation=server needs held-out validation data and the training "
+      f"set leaves none out; {NO_VALIDATION_FIX}."
+    )
   return fedgkd(
     ctx.model,
     ctx.client_optimizer,
     ctx.batch_fn,
     ctx.server_optimizer,
     vote=method == "fedgkd_vote",
+    normalize=ctx.normalize,
     **hp,
   )

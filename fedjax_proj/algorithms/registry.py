@@ -29,6 +29,9 @@ class BuildContext(NamedTuple):
     server_optimizer: optional optax server optimiser (FedAvgM/FedAdam), else None.
     public_size: number of public examples in ``RoundData.extra["public_images"]`` (0 if none).
     num_classes: number of classes of the private task.
+    validation_size: number of held-out training examples in ``RoundData.extra``
+      (``validation_images`` / ``validation_labels``; 0 if none): the part of the training set
+      that ``train_subset`` leaves out (FedGKD-VOTE's server-side validation losses).
   """
 
   model: Model
@@ -39,6 +42,7 @@ class BuildContext(NamedTuple):
   server_optimizer: optax.GradientTransformation | None = None
   public_size: int = 0
   num_classes: int = 10
+  validation_size: int = 0
 
 
 # name -> module defining ``build(ctx: BuildContext, **hparams) -> FederatedAlgorithm``,
@@ -133,6 +137,15 @@ def optimizer_caveat(name: str, optimizer: str) -> str | None:
 def needs_public(name: str) -> bool:
   """Whether method ``name`` reads a public set from ``RoundData.extra``."""
   return _resolve(name)[1]
+
+
+def needs_validation(name: str, hparams: dict) -> bool:
+  """Whether method ``name`` with ``hparams`` reads a held-out validation split from
+  ``RoundData.extra`` (a module's ``needs_validation(name, hparams)``; False if it has none)."""
+  if name in _EXTRA or not _available(name):
+    return False
+  check = getattr(importlib.import_module(METHOD_MODULES[name]), "needs_validation", None)
+  return bool(check is not None and check(name, hparams))
 
 
 def build_algorithm(name: str, ctx: BuildContext, **hparams: Any) -> FederatedAlgorithm:

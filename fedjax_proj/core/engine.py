@@ -55,11 +55,16 @@ class ClientProgram(NamedTuple):
     step: ``step(shared, state, batch, key) -> state`` for one local step on a :class:`Batch`;
       ``shared`` is passed unbatched, so it is never copied per client.
     final: ``final(state) -> output``; outputs are stacked over clients by the engine.
+    round_steps: if True, ``init`` takes a fourth argument, this client's number of active
+      (unmasked) steps this round, int32: E·ceil(n_k/B) for E local epochs, so per-epoch
+      schedules (the local learning-rate step schedule, algorithms/client.py) know where each of
+      the client's own epochs ends although the step axis is padded to the largest client.
   """
 
-  init: Callable[[PyTree, PyTree, Array], PyTree]
+  init: Callable[..., PyTree]
   step: Callable[[PyTree, PyTree, Batch, Array], PyTree]
   final: Callable[[PyTree], PyTree]
+  round_steps: bool = False
 
 
 def validate_strategy(strategy: str) -> str:
@@ -149,6 +154,14 @@ def _step_keys(step_key: Array, s: Array | int) -> tuple[Array, Array]:
   return batch_key, update_key
 
 
+def _init_client(program: ClientProgram, shared, client_input, key, c_mask):
+  """``program.init`` for one client whose step mask is ``c_mask`` [S, B]."""
+  if not program.round_steps:
+    return program.init(shared, client_input, key)
+  active = jnp.sum(jnp.any(c_mask, axis=-1)).astype(jnp.int32)
+  return program.init(shared, client_input, key, active)
+
+
 def _masked_step(program, batch_fn, shared, state, images, labels, idx_s, mask_s, s, step_key):
   batch_key, update_key = _step_keys(step_key, s)
   batch = batch_fn(images, labels, idx_s, mask_s, batch_key)
@@ -173,7 +186,7 @@ def run_vmap_scan(
 
   def one_client(client_input, c_idx, c_mask, key):
     init_key, step_key = _split_client_key(key)
-    state = program.init(shared, client_input, init_key)
+    state = _init_client(program, shared, client_input, init_key, c_mask)
 
     def body(state, xs):
       s, idx_s, mask_s = xs
@@ -212,7 +225,9 @@ class ClientEngine:
     self.traceable = strategy == "vmap_scan"
     p = program
     if strategy == "vmap_stepwise":
-      self._init = jax.jit(jax.vmap(p.init, in_axes=(None, 0, 0)))
+      self._init = jax.jit(
+        jax.vmap(lambda sh, ci, k, m: _init_client(p, sh, ci, k, m), in_axes=(None, 0, 0, 0))
+      )
       step = lambda sh, st, im, lb, i, m, s, k: _masked_step(
         p, batch_fn, sh, st, im, lb, i, m, s, k
       )
@@ -221,7 +236,7 @@ class ClientEngine:
       )
       self._final = jax.jit(jax.vmap(p.final))
     elif strategy == "sequential":
-      self._init = jax.jit(p.init)
+      self._init = jax.jit(lambda sh, ci, k, m: _init_client(p, sh, ci, k, m))
       self._step = jax.jit(
         lambda sh, st, im, lb, i, m, s, k: _masked_step(p, batch_fn, sh, st, im, lb, i, m, s, k),
         donate_argnums=1,
@@ -249,14 +264,14 @@ class ClientEngine:
     split = jax.vmap(_split_client_key)(keys)
     init_keys, step_keys = split
     if self.strategy == "vmap_stepwise":
-      state = self._init(shared, client_inputs, init_keys)
+      state = self._init(shared, client_inputs, init_keys, mask)
       for s in np.flatnonzero(active.any(axis=0)):
         state = self._step(shared, state, images, labels, idx[:, s], mask[:, s], int(s), step_keys)
       return self._final(state)
     host_idx = np.asarray(idx)
     outputs = []
     for c in range(host_idx.shape[0]):
-      state = self._init(shared, self._index(client_inputs, c), init_keys[c])
+      state = self._init(shared, self._index(client_inputs, c), init_keys[c], mask[c])
       for s in np.flatnonzero(active[c]):
         state = self._step(
           shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_keys[c]

@@ -50,6 +50,7 @@ from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import train
 
 OPTIMIZERS = ("sgd", "adam")
+LR_SCHEDULES = ("constant", "step")
 CPU_COLLECTIVES = ("", "gloo", "mpi")
 SERVER_OPTIMIZERS = ("none", "sgd", "adam")
 
@@ -73,6 +74,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.lr = 1e-3
   c.momentum = 0.9
   c.weight_decay = 0.0
+  # Local learning-rate schedule, restarted every round: "constant", or "step" (torch StepLR per
+  # local epoch: lr · lr_step_gamma^floor(epoch / lr_step_epochs); client.epoch_step_lr).
+  c.lr_schedule = "constant"
+  c.lr_step_epochs = 0  # 0 = local_epochs // 2 (the FedProj code's step_size)
+  c.lr_step_gamma = 0.1
   c.server_optimizer = "none"
   c.server_lr = 1.0
   c.server_momentum = 0.0
@@ -128,6 +134,20 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     )
   if c.optimizer not in OPTIMIZERS:
     raise ValueError(f"Unknown --optimizer {c.optimizer!r}; choose one of {OPTIMIZERS}.")
+  if c.get("lr_schedule", "constant") not in LR_SCHEDULES:
+    raise ValueError(f"Unknown --lr_schedule {c.lr_schedule!r}; choose one of {LR_SCHEDULES}.")
+  if c.get("lr_schedule", "constant") == "step" and lr_step_epochs(c) < 1:
+    raise ValueError(
+      f"--lr_schedule=step needs --lr_step_epochs >= 1 (0 means local_epochs // 2 = "
+      f"{c.local_epochs // 2}); set --lr_step_epochs or use --local_epochs >= 2."
+    )
+  if c.get("lr_schedule", "constant") == "step" and c.method == "fednova":
+    # FedNova's a_k probes the optimiser with one step table for every client (fednova.py); a
+    # per-client epoch schedule would need a table per client size.
+    raise ValueError(
+      "--method=fednova derives its normalisation from a constant-lr client optimiser; drop "
+      "--lr_schedule=step (use --lr_schedule=constant)."
+    )
   if c.server_optimizer not in SERVER_OPTIMIZERS:
     raise ValueError(
       f"Unknown --server_optimizer {c.server_optimizer!r}; choose one of {SERVER_OPTIMIZERS}."
@@ -151,6 +171,11 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       "or a dataset name such as cifar100."
     )
   validate_method_kwargs(c.method, dict(c.method_kwargs))
+  if registry.needs_validation(c.method, resolved_hparams(c)) and not int(c.train_subset):
+    raise ValueError(
+      f"{c.method} with vote_validation=server needs held-out validation data, but "
+      "--train_subset=0 trains on the whole training set; " + _no_validation_fix(c.method) + "."
+    )
   if c.get("checkpoint_every", 0) < 0:
     raise ValueError("--checkpoint_every must be >= 0 (0 saves only on SIGINT/SIGTERM).")
   if c.get("keep_checkpoints", 1) < 1:
@@ -176,6 +201,19 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       require_tensorboardx()
     except ImportError as e:
       raise ValueError(str(e)) from e
+
+
+def resolved_hparams(c: ml_collections.ConfigDict) -> dict:
+  """The method's hyperparameters from the config: a preset's ``method_defaults`` for it, under
+  explicit ``method_kwargs``."""
+  return {**dict(c.get("method_defaults", {}).get(c.method, {})), **dict(c.method_kwargs)}
+
+
+def _no_validation_fix(method: str) -> str:
+  import importlib  # noqa: PLC0415
+
+  module = importlib.import_module(registry.METHOD_MODULES[method])
+  return getattr(module, "NO_VALIDATION_FIX", "pass --train_subset below the training set's size")
 
 
 def _validate_dataset_name(name: str) -> None:
@@ -364,14 +402,47 @@ def init_processes(c: ml_collections.ConfigDict) -> bool:
   return jax.process_count() > 1
 
 
-def make_optimizer(name: str, lr: float, momentum: float, weight_decay: float):
+def lr_step_epochs(c: ml_collections.ConfigDict) -> int:
+  """Epochs between local lr decays: ``lr_step_epochs``, or local_epochs // 2 when it is 0."""
+  return int(c.get("lr_step_epochs", 0)) or int(c.local_epochs) // 2
+
+
+def make_optimizer(
+  name: str,
+  lr: float,
+  momentum: float,
+  weight_decay: float,
+  schedule: str = "constant",
+  local_epochs: int = 1,
+  step_epochs: int = 1,
+  gamma: float = 0.1,
+):
+  """The client optimiser; ``schedule="step"`` wraps it in :func:`client.epoch_step_lr`."""
   if name == "sgd":
     opt = optax.sgd(lr, momentum=momentum or None)
   else:
     opt = optax.adam(lr)
   if weight_decay:
     opt = optax.chain(optax.add_decayed_weights(weight_decay), opt)
+  if schedule == "step":
+    from fedjax_proj.algorithms.client import epoch_step_lr  # noqa: PLC0415
+
+    opt = epoch_step_lr(opt, local_epochs, step_epochs, gamma)
   return opt
+
+
+def client_optimizer(c: ml_collections.ConfigDict):
+  """:func:`make_optimizer` from the config's optimiser and local-schedule fields."""
+  return make_optimizer(
+    c.optimizer,
+    c.lr,
+    c.momentum,
+    c.weight_decay,
+    schedule=c.get("lr_schedule", "constant"),
+    local_epochs=c.local_epochs,
+    step_epochs=lr_step_epochs(c),
+    gamma=c.get("lr_step_gamma", 0.1),
+  )
 
 
 def make_server_optimizer(c: ml_collections.ConfigDict):
@@ -382,11 +453,28 @@ def make_server_optimizer(c: ml_collections.ConfigDict):
   return optax.adam(c.server_lr)
 
 
+def _subset_indices(size: int, n: int, seed: int) -> np.ndarray:
+  """The sorted indices a ``train_subset``/``test_subset`` of ``n`` keeps (all when n is 0)."""
+  if not n or n >= size:
+    return np.arange(size)
+  return np.sort(np.random.default_rng(seed).choice(size, n, replace=False))
+
+
 def _subset(ds, n: int, seed: int):
   if not n or n >= len(ds.labels):
     return ds.images, ds.labels
-  keep = np.sort(np.random.default_rng(seed).choice(len(ds.labels), n, replace=False))
+  keep = _subset_indices(len(ds.labels), n, seed)
   return ds.images[keep], ds.labels[keep]
+
+
+def held_out(ds, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """The examples :func:`_subset` ``(ds, n, seed)`` leaves out, in their original order.
+
+  FedGKD-VOTE's server validation split: paper 002 trains on 90% of the data, so
+  ``train_subset=45000`` of CIFAR-10 leaves these 5,000 for validation (docs/reproduction.md).
+  """
+  out = np.setdiff1d(np.arange(len(ds.labels)), _subset_indices(len(ds.labels), n, seed))
+  return ds.images[out], np.asarray(ds.labels[out], np.int32)
 
 
 def same_label_space(public_name: str, private_name: str) -> bool:
@@ -573,7 +661,11 @@ def time_local_step(model, optimizer, normalize, images, labels, batch_size: int
   Compiles one plain cross-entropy step and times ``repeats`` calls (the median); the
   per-method local loss terms and the server side are not included.
   """
-  from fedjax_proj.algorithms.client import forward, split_variables  # noqa: PLC0415
+  from fedjax_proj.algorithms.client import (  # noqa: PLC0415
+    ROUND_STEPS_ARG,
+    forward,
+    split_variables,
+  )
 
   n = min(batch_size, len(labels))
   x = normalize(jax.numpy.asarray(images[:n]))
@@ -589,7 +681,8 @@ def time_local_step(model, optimizer, normalize, images, labels, batch_size: int
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     grads = jax.grad(loss)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    # A per-epoch schedule (client.epoch_step_lr) needs the round's step count; any will do here.
+    updates, opt_state = optimizer.update(grads, opt_state, params, **{ROUND_STEPS_ARG: 1})
     return optax.apply_updates(params, updates), opt_state
 
   key = jax.random.key(1)
@@ -650,6 +743,22 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
   round_inputs, public_size = _public_inputs(c, train_x, train_ds.num_classes, train_ds.name)
+  # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.
+  hparams = resolved_hparams(c)
+  validation_size = 0
+  if registry.needs_validation(c.method, hparams):
+    val_x, val_y = held_out(train_ds, c.train_subset, c.seed)
+    if not len(val_y):
+      raise ValueError(
+        f"{c.method} with vote_validation=server needs held-out validation data, but "
+        f"--train_subset={c.train_subset} keeps all {len(train_ds.labels)} training examples; "
+        + _no_validation_fix(c.method)
+        + "."
+      )
+    round_inputs["validation_images"] = jax.device_put(val_x)
+    round_inputs["validation_labels"] = jax.device_put(val_y)
+    validation_size = len(val_y)
+    log(f"validation split: the {validation_size} training examples --train_subset leaves out")
 
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
@@ -660,16 +769,15 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
 
   ctx = registry.BuildContext(
     model=model,
-    client_optimizer=make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay),
+    client_optimizer=client_optimizer(c),
     batch_fn=batch_fn,
     normalize=normalize,
     num_clients=c.num_clients,
     server_optimizer=make_server_optimizer(c),
     public_size=public_size,
     num_classes=train_ds.num_classes,
+    validation_size=validation_size,
   )
-  # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.
-  hparams = {**dict(c.get("method_defaults", {}).get(c.method, {})), **dict(c.method_kwargs)}
   for field in registry.config_kwargs(c.method):
     hparams.setdefault(field, c[field])
   algorithm = registry.build_algorithm(c.method, ctx, **hparams)

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
+import pytest
 
-from fedjax_proj.algorithms import fedgkd, fedntd, losses
+from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms import fedgkd, fedntd, losses, registry
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.core import tree as T
+from fedjax_proj.core.types import Batch
 from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.data.pipeline import normalizer
+from fedjax_proj.training.experiment import _subset, base_config, held_out, validate_config
 from tests import helpers
 
 
@@ -111,3 +119,140 @@ def test_fedntd_round_equals_fedavg_when_beta_zero():
     T.tree_ravel(out[0.0].variables), T.tree_ravel(ref.variables), atol=1e-6
   )
   assert not np.allclose(T.tree_ravel(out[1.0].variables), T.tree_ravel(ref.variables), atol=1e-5)
+
+
+# FedGKD-VOTE with the server's validation split (vote_validation="server"; 002 Parameter Setting).
+LAM, VOTE_M = 0.1, 3
+
+
+def _server_vote_setup():
+  x, y = helpers.synthetic_data()
+  model = helpers.tiny_model()
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
+  alg = fedgkd.fedgkd(
+    model,
+    optax.sgd(0.1),
+    helpers.float_batch_fn(),
+    vote=True,
+    buffer_size=VOTE_M,
+    lam=LAM,
+    vote_validation="server",
+    normalize=normalizer(0.0, 1.0),
+    validation_batch_size=7,  # 52 held-out examples: the last forward batch is padded
+  )
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  return x, y, model, fd, alg, variables
+
+
+def _with_validation(rd, vx, vy):
+  return rd._replace(extra={"validation_images": jnp.asarray(vx), "validation_labels": vy})
+
+
+def _run_server_vote(strategy, vx, vy, rounds=2):
+  x, y, model, fd, alg, variables = _server_vote_setup()
+  state = alg.init(variables, jax.random.key(0))
+  round_fn = make_round(alg, strategy)
+  for r in range(rounds):
+    rd = _with_validation(helpers.round_data(fd, x, y, round_idx=r), vx, vy)
+    state, _ = round_fn(state, rd, jax.random.key(r))
+  return model, alg, state
+
+
+def _hand_weights(model, buffer, count, vx, vy):
+  """λ·softmax(−L/β), β = 1/M, from each valid buffered model's mean CE in numpy."""
+  losses_m = []
+  for m in range(count):
+    z = np.asarray(
+      model.apply(T.index_clients(buffer, m), jnp.asarray(vx), train=False).logits, np.float64
+    )
+    log_p = z - z.max(1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
+    losses_m.append(-log_p[np.arange(len(vy)), vy].mean())
+  e = np.exp(-np.array(losses_m) * VOTE_M)
+  return np.concatenate([LAM * e / e.sum(), np.zeros(VOTE_M - count)])
+
+
+def test_fedgkd_vote_server_weights_are_the_closed_form_of_validation_losses():
+  x, y = helpers.synthetic_data()
+  vx, vy = x[68:], y[68:]  # the 52 examples no client holds
+  model, alg, state = _run_server_vote("vmap_scan", vx, vy)
+  assert int(state.count) == 3
+  expected = _hand_weights(model, state.buffer, 3, vx, vy)
+  np.testing.assert_allclose(np.asarray(state.vote_weights), expected, rtol=1e-5, atol=1e-7)
+  assert abs(float(jnp.sum(state.vote_weights)) - LAM) < 1e-6
+  # The broadcast carries exactly these weights to every client.
+  rd = helpers.round_data(FederatedData(helpers.unequal_clients(len(x)), 8), x, y, round_idx=2)
+  shared, _ = jax.jit(alg.broadcast)(state, rd, None)
+  np.testing.assert_array_equal(np.asarray(shared["vote_weights"]), np.asarray(state.vote_weights))
+
+
+def test_fedgkd_vote_server_weights_come_from_held_out_data_not_the_private_batch():
+  x, y = helpers.synthetic_data()
+  vx, vy = x[68:], y[68:]
+  _, _, state = _run_server_vote("vmap_scan", vx, vy)
+  _, _, other = _run_server_vote("vmap_scan", vx[::-1] * 0.0 + 1.0, vy)  # other held-out data
+  assert not np.allclose(np.asarray(state.vote_weights), np.asarray(other.vote_weights))
+  # The client's KD term uses the broadcast weights whatever its batch: CE + Σ_m w_m KL_m.
+  model = helpers.tiny_model()
+  loss_fn = fedgkd.gkd_loss(model, 0.2, 1.0, True, LAM)
+  shared = {
+    "teachers": state.buffer,
+    "valid": jnp.arange(VOTE_M) < state.count,
+    "vote_weights": jnp.array([0.07, 0.02, 0.01]),
+    "use_kd": jnp.array(True),
+  }
+  params = T.index_clients(state.buffer, 0)["params"]
+  for rows in (slice(0, 8), slice(30, 38)):
+    batch = Batch(jnp.asarray(x[rows]), jnp.asarray(y[rows]), jnp.ones(8))
+    ctx = client_lib.StepContext({}, shared, (), jax.random.key(0))
+    loss, aux = loss_fn(params, batch, ctx)
+    kls = [
+      losses.kl_from_logits(
+        model.apply(T.index_clients(state.buffer, m), batch.x, train=False).logits,
+        aux.logits,
+        1.0,
+        batch.mask,
+      )
+      for m in range(VOTE_M)
+    ]
+    ce = losses.cross_entropy(aux.logits, batch.y, batch.mask)
+    expected = ce + sum(w * k for w, k in zip([0.07, 0.02, 0.01], kls, strict=True))
+    np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
+
+
+def test_fedgkd_vote_server_sequential_equals_vmap_scan():
+  x, y = helpers.synthetic_data()
+  vx, vy = x[68:], y[68:]
+  _, _, ref = _run_server_vote("vmap_scan", vx, vy)
+  _, _, got = _run_server_vote("sequential", vx, vy)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-6)
+
+
+def test_fedgkd_vote_server_refuses_without_held_out_data():
+  model = helpers.tiny_model()
+  ctx = registry.BuildContext(
+    model, optax.sgd(0.1), helpers.float_batch_fn(), normalizer(0.0, 1.0), num_clients=4
+  )
+  with pytest.raises(ValueError, match="--train_subset=45000"):
+    registry.build_algorithm("fedgkd_vote", ctx, vote_validation="server")
+  with pytest.raises(ValueError, match="--method=fedgkd_vote"):
+    fedgkd.fedgkd(model, optax.sgd(0.1), helpers.float_batch_fn(), vote_validation="server")
+  c = base_config()
+  c.method, c.method_kwargs = (
+    "fedgkd_vote",
+    ml_collections.ConfigDict({"vote_validation": "server"}),
+  )
+  with pytest.raises(
+    ValueError, match="--train_subset=0 trains on the whole.*--train_subset=45000"
+  ):
+    validate_config(c)
+
+
+def test_held_out_is_what_train_subset_leaves_out():
+  ds = SimpleNamespace(images=np.arange(50)[:, None], labels=np.arange(50) % 7)
+  kept, _ = _subset(ds, 45, 3)
+  val_x, val_y = held_out(ds, 45, 3)
+  assert len(val_y) == 5 and val_y.dtype == np.int32
+  assert sorted(np.concatenate([kept[:, 0], val_x[:, 0]]).tolist()) == list(range(50))
+  assert len(held_out(ds, 0, 3)[1]) == 0

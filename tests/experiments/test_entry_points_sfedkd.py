@@ -2,7 +2,8 @@
 
 * Config: each combination passes ``validate_config`` after the entry point's own preparation
   (sequential.py caps SFedKD's teachers to the clients per round, with a printed note), and the
-  sequential methods are refused by cifar10.py with a pointer to sequential.py.
+  sequential methods are refused by cifar10.py, cifar100.py and cinic10.py with a pointer to
+  sequential.py.
 * Smoke: each method completes its first round at the smoke preset on real data (skipped when
   ../shared/data is absent). For cifar10.py the preset's ResNet-8 is swapped for the MLP and the
   training subset cut to 500 images: what these runs check is each method's wiring under the
@@ -85,19 +86,28 @@ def test_cifar10_every_method_validates(preset):
     validate_config(cifar10.prepare(c))
 
 
+@pytest.mark.parametrize("entry", ["cifar10", "cifar100", "cinic10"])
 @pytest.mark.parametrize("method", SEQUENTIAL_METHODS)
-def test_cifar10_refuses_sequential_methods(method, capsys):
-  choices = {"method": (*cifar10.METHODS, *SEQUENTIAL_METHODS)}
+def test_parallel_entry_points_refuse_sequential_methods(entry, method, capsys):
+  """Exit 2 (before any data is read), naming experiments/sequential.py with this dataset."""
+  module = cifar10 if entry == "cifar10" else load_experiment(entry)
+  choices = {"method": common.parallel_method_choices()}
+  assert set(choices["method"]) == set(registry.methods())
   code = common.main(
     [f"--method={method}", "--preset=smoke"],
-    "cifar10",
-    cifar10.get_config,
+    entry,
+    module.get_config,
     choices,
-    prepare=cifar10.prepare,
+    prepare=module.prepare,
   )
   err = capsys.readouterr().err
-  assert code == 2
-  assert "experiments/sequential.py" in err and f"--method={method}" in err
+  assert code == 2, err
+  assert f"{method} is sequential FL" in err
+  assert f"python experiments/sequential.py --dataset={entry} --method={method} --preset=cpu" in err
+  # The parallel methods pass the same preparation.
+  c = module.get_config("smoke")
+  c.method, c.public_data = "fedavg", "imagenet100_32.npz"
+  assert module.prepare(c).method == "fedavg"
 
 
 def _need(*names):
