@@ -55,9 +55,11 @@ def parse_args(argv) -> argparse.Namespace:
     if args.budget not in claim.budgets:
       p.error(f"claim {claim.name} has no budget {args.budget!r}")
     args.method_list = _csv(args.methods) or list(claim.methods)
-    bad = [m for m in args.method_list if m not in claim.methods]
+    bad = [m for m in args.method_list if m not in claim.runnable]
     if bad:
-      p.error(f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.methods)}")
+      p.error(
+        f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
+      )
     try:
       args.seed_list = [int(s) for s in _csv(args.seeds)]
     except ValueError:
@@ -80,6 +82,17 @@ def data_root(args, claim: claims_lib.Claim) -> Path:
       "$FEDJAX_PROJ_SHARED_DATA); pass --data=/path/to/shared/data."
     )
   return root or Path(".")
+
+
+def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path) -> dict:
+  """{stem: fingerprint of today's config} for every result file in ``directory``, so a report
+  after running some methods or seeds still counts the others that are current."""
+  out = {}
+  for path in sorted(directory.glob("*-seed*.json")):
+    method, _, seed = path.stem.rpartition("-seed")
+    if method in claim.runnable and seed.isdigit():
+      out[path.stem] = run.fingerprint(sweep.config_for(claim, budget, method, int(seed)))
+  return out
 
 
 def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: Path) -> dict:
@@ -136,6 +149,7 @@ def main(argv=None) -> int:
         expected = run_claim(args, claim, args.budget, root, results)
         if args.report:
           directory = results / claim.name / args.budget
+          expected = {**current_fingerprints(claim, args.budget, directory), **expected}
           print(report.write_report(claim, args.budget, directory, expected))
     except (FileNotFoundError, ValueError, RuntimeError) as e:
       print(f"error: {e}", file=sys.stderr)

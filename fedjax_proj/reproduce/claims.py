@@ -46,6 +46,20 @@ class Ordering(NamedTuple):
   metric: str
 
 
+class Ablation(NamedTuple):
+  """A method run with some of its hyperparameters changed, to locate where an effect comes from.
+
+  Attributes:
+    base: the registry method it runs (its budget overrides apply first).
+    method_kwargs: the hyperparameters changed, merged over the base method's.
+    note: what the change switches off.
+  """
+
+  base: str
+  method_kwargs: Mapping[str, Any]
+  note: str
+
+
 class Claim(NamedTuple):
   """One paper claim.
 
@@ -63,6 +77,8 @@ class Claim(NamedTuple):
     orderings: the orderings the paper claims.
     budgets: budget name -> :class:`Budget`.
     entry_kwargs: extra arguments of the entry point's ``get_config`` (e.g. the dataset).
+    ablations: name -> :class:`Ablation`; run like methods (``--methods=<name>``), reported
+      beside them and paired against the headline, but never part of a claimed ordering.
   """
 
   name: str
@@ -76,6 +92,12 @@ class Claim(NamedTuple):
   orderings: tuple[Ordering, ...]
   budgets: Mapping[str, Budget]
   entry_kwargs: Mapping[str, Any] = {}
+  ablations: Mapping[str, Ablation] = {}
+
+  @property
+  def runnable(self) -> tuple[str, ...]:
+    """The methods, then the ablations: every name ``--methods`` accepts."""
+    return (*self.methods, *self.ablations)
 
 
 def _beats(headline: str, others, metrics=("test_accuracy",)) -> tuple[Ordering, ...]:
@@ -149,6 +171,19 @@ CIFAR_SMOKE = {
   "memory_size": 500,
 }
 FEDPROJ_METHODS = ("fedavg", "feddf", "fedet", "fedgkd", "fedntd", "fedproj")
+# FedProj has two parts, the client's projection against the memory loss and the server's
+# distillation; each ablation switches one off (or projects at half the steps, 001 C.6).
+FEDPROJ_ABLATIONS = {
+  "fedproj-noproj": Ablation(
+    "fedproj", {"projection_prob": 0.0}, "no client projection: server distillation only"
+  ),
+  "fedproj-nodistill": Ablation(
+    "fedproj", {"distill_epochs": 0}, "no server distillation: client projection only"
+  ),
+  "fedproj-proj0.5": Ablation(
+    "fedproj", {"projection_prob": 0.5}, "projection at a random half of the local steps"
+  ),
+}
 
 
 def _fedproj_cifar(beta: str, paper: Mapping[str, float]) -> Claim:
@@ -175,6 +210,7 @@ def _fedproj_cifar(beta: str, paper: Mapping[str, float]) -> Claim:
       ),
       "smoke": Budget({**CIFAR_SMOKE, "partition": partition}, IMAGE_METHOD_KW, "wiring only"),
     },
+    ablations=FEDPROJ_ABLATIONS,
   )
 
 
@@ -471,8 +507,11 @@ def budget_overrides(claim: Claim, budget: str, method: str) -> dict[str, Any]:
       f"Claim {claim.name!r} has no budget {budget!r}; choose one of {', '.join(claim.budgets)}."
     )
   b = claim.budgets[budget]
-  own = dict(b.per_method.get(method, {}))
+  ablation = claim.ablations.get(method)
+  own = dict(b.per_method.get(ablation.base if ablation else method, {}))
   kwargs = {**dict(b.shared.get("method_kwargs", {})), **dict(own.pop("method_kwargs", {}))}
+  if ablation:
+    kwargs.update(ablation.method_kwargs)
   out = {k: v for k, v in b.shared.items() if k != "method_kwargs"}
   out.update(own)
   if kwargs:

@@ -60,7 +60,7 @@ def method_table(claim: Claim, found: dict) -> list[str]:
       "| method | mean ± std | seeds | per seed | paper | wall s (mean) |",
       "|---|---|---|---|---|---|",
     ]
-    for m in claim.methods:
+    for m in claim.runnable:
       vals = _per_seed(found, m, metric)
       if not vals:
         continue
@@ -88,6 +88,34 @@ def paired_rows(claim: Claim, found: dict) -> list[tuple]:
     p = stats.paired(diffs)
     rows.append((o.better, o.worse, o.metric, p, stats.verdict(p)))
   return rows
+
+
+def ablation_table(claim: Claim, found: dict) -> list[str]:
+  """The headline against each of its ablations, paired per seed (not a paper claim)."""
+  present = [a for a in claim.ablations if a in found]
+  if not present:
+    return []
+  metric = claim.metrics[0]
+  lines = [
+    f"Ablations: {claim.headline} minus each ablation on {metric}, paired per seed (> 0: the "
+    "part switched off helps).",
+    "",
+    "| ablation | what is off | seeds | mean diff | std | seeds favouring | 95% interval "
+    "| verdict |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for a in present:
+    diffs = stats.differences(
+      _per_seed(found, claim.headline, metric),
+      _per_seed(found, a, metric),
+      metric in LOWER_IS_BETTER,
+    )
+    p = stats.paired(diffs)
+    lines.append(
+      f"| {a} | {claim.ablations[a].note} | {p.n} | {_fmt(p.mean)} | {_fmt(p.std)} | "
+      f"{p.wins}/{p.n} | [{_fmt(p.low)}, {_fmt(p.high)}] | {stats.verdict(p)} |"
+    )
+  return lines + [""]
 
 
 def verdict_table(claim: Claim, found: dict) -> list[str]:
@@ -118,7 +146,7 @@ def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
 
   written = []
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  for m in claim.methods:
+  for m in claim.runnable:
     curves = [
       [(c["round"], c[key]) for c in r["curve"] if key in c] for r in found.get(m, {}).values()
     ]
@@ -163,24 +191,28 @@ def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
   return written
 
 
-def diagnostics(found: dict) -> list[str]:
-  """FedProj's per-round diagnostics, averaged over rounds and seeds."""
+def diagnostics(found: dict, names=("fedproj",)) -> list[str]:
+  """FedProj's per-round diagnostics (and its ablations'), averaged over seeds."""
   keys = ("projected_fraction", "mean_cos", "lmem_global", "lmem_before", "lmem_after")
-  runs = list(found.get("fedproj", {}).values())
-  present = [k for k in keys if runs and any(k in c for c in runs[0]["curve"])]
-  if not present:
-    return []
   cells = []
-  for k in present:
-    v = [c[k] for r in runs for c in r["curve"] if k in c]
-    first = [r["curve"][0][k] for r in runs if k in r["curve"][0]]
-    last = [r["curve"][-1][k] for r in runs if k in r["curve"][-1]]
-    cells.append(f"| {k} | {np.mean(first):.4f} | {np.mean(v):.4f} | {np.mean(last):.4f} |")
+  for name in names:
+    runs = list(found.get(name, {}).values())
+    for k in keys:
+      if not runs or not any(k in c for c in runs[0]["curve"]):
+        continue
+      v = [c[k] for r in runs for c in r["curve"] if k in c]
+      first = [r["curve"][0][k] for r in runs if k in r["curve"][0]]
+      last = [r["curve"][-1][k] for r in runs if k in r["curve"][-1]]
+      cells.append(
+        f"| {name} | {k} | {np.mean(first):.4f} | {np.mean(v):.4f} | {np.mean(last):.4f} |"
+      )
+  if not cells:
+    return []
   return [
     "FedProj diagnostics (mean over seeds): first round, mean over rounds, last round.",
     "",
-    "| key | first | mean | last |",
-    "|---|---|---|---|",
+    "| run | key | first | mean | last |",
+    "|---|---|---|---|---|",
     *cells,
     "",
   ]
@@ -202,7 +234,8 @@ def render(claim: Claim, budget: str, found: dict, stale: list, figures: list[st
     return "\n".join(lines + ["No results yet.", ""])
   commits = sorted({r["git_commit"][:12] for rs in found.values() for r in rs.values()})
   loads = [r["load_average"][0] for rs in found.values() for r in rs.values()]
-  lines += method_table(claim, found) + verdict_table(claim, found) + diagnostics(found)
+  lines += method_table(claim, found) + verdict_table(claim, found) + ablation_table(claim, found)
+  lines += diagnostics(found, ("fedproj", *claim.ablations))
   lines += [
     f"Commits: {', '.join(commits)}; 1-min load average during the runs: "
     f"{min(loads):.1f}-{max(loads):.1f} (2-core machine unless stated).",

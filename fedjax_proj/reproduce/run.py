@@ -90,12 +90,14 @@ def _apply(config, overrides: dict[str, Any]):
 
 def resolve_config(claim: Claim, budget: str, method: str, seed: int) -> dict[str, Any]:
   """The full config of one run, with ``{data}`` placeholders kept."""
-  if method not in claim.methods:
+  if method not in claim.runnable:
     raise ValueError(
       f"Method {method!r} is not part of claim {claim.name!r}; choose from "
-      f"{', '.join(claim.methods)}."
+      f"{', '.join(claim.runnable)}."
     )
   overrides = budget_overrides(claim, budget, method)
+  ablation = claim.ablations.get(method)
+  method = ablation.base if ablation else method
   entry = load_entry(claim)
   if claim.kind == "pilot":
     config = {**entry.default_config(), **overrides, "method": method, "seed": seed}
