@@ -36,6 +36,8 @@ def get_config(preset: str = "paper") -> ml_collections.ConfigDict:
   c.iid = False
   c.data_dir = ""
   c.output_dir = ""
+  # A new run into a directory holding a run is refused unless this is set (it then replaces it).
+  c.overwrite = False
   c.num_clients = 125
   c.clients_per_round = 64
   c.rounds_per_task = 200
@@ -139,6 +141,12 @@ def parse(
   )
   parser.add_argument("--noniid", dest="iid", action="store_false", help="non-IID clients")
   parser.add_argument(
+    "--overwrite",
+    action="store_true",
+    default=None,
+    help="replace the run --output_dir holds (default: refuse to start there)",
+  )
+  parser.add_argument(
     "--method_kwargs",
     default="",
     help="method hyperparameters as comma-separated key=value pairs, e.g. eps=0.9; fot: eps, "
@@ -146,7 +154,7 @@ def parse(
   )
   defaults = get_config_fn("paper")
   for key, value in defaults.items():
-    if key in ("iid", "method_kwargs"):
+    if key in ("iid", "method_kwargs", "overwrite"):
       continue
     what = key.replace("_", " ")
     parser.add_argument(

@@ -30,6 +30,7 @@ from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training import rundir
 from fedjax_proj.training.metrics import MetricsWriter, to_python, write_json
 
 
@@ -303,6 +304,19 @@ def run_continual_experiment(
   Prints the header line ``backend=... devices=... strategy=...``, per-round progress, and writes
   ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt``, ``acc_matrix``) to ``c.output_dir``.
   """
+  if not c.output_dir:
+    return _run_continual(c, bench, model, log, shared_head)
+  # One writer per directory, and never over a run without --overwrite (training/rundir.py).
+  rundir.check_writable(c.output_dir)
+  with rundir.RunLock(c.output_dir, log=lambda msg: print(msg, file=sys.stderr)):
+    if rundir.check_run_dir(c.output_dir, resume=False, overwrite=c.get("overwrite", False)) != (
+      "empty"
+    ):
+      rundir.clear_run(c.output_dir)
+    return _run_continual(c, bench, model, log, shared_head)
+
+
+def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head: bool) -> dict:
   from fedjax_proj.core import engine as engine_lib
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model

@@ -191,3 +191,30 @@ def test_every_pmnist_method_beats_chance_on_real_mnist(method, tmp_path):
   # (forgetting may pull task 1 down: ER with 1 example per client lost 0.756 -> 0.366 once).
   final = [row[-1] for row in summary["acc_matrix"]]
   assert summary["acc"] > 0.4 and min(final) > 0.2, summary["acc_matrix"]
+
+
+def test_continual_run_directory_is_never_overwritten_silently(tiny_data, tmp_path, capsys):
+  from fedjax_proj.training.rundir import RunLock
+
+  out = tmp_path / "run"
+  argv = [
+    "--preset=smoke",
+    "--method=fl",
+    f"--data_dir={tiny_data['pmnist']}",
+    f"--output_dir={out}",
+    "--num_tasks=1",
+    "--rounds_per_task=1",
+  ]
+  assert pmnist.main(argv) == 0
+  before = (out / "summary.json").read_bytes()
+  capsys.readouterr()
+  assert pmnist.main([*argv[:1], "--method=fot", *argv[2:]]) == 1
+  err = capsys.readouterr().err
+  assert "already holds a finished run" in err and "--overwrite" in err
+  assert (out / "summary.json").read_bytes() == before
+  with RunLock(out, command="another run"):  # a second writer holds the directory
+    assert pmnist.main([*argv, "--overwrite"]) == 1
+  assert str(os.getpid()) in capsys.readouterr().err
+  assert (out / "summary.json").read_bytes() == before
+  assert pmnist.main([*argv[:1], "--method=fot", *argv[2:], "--overwrite"]) == 0
+  assert json.loads((out / "summary.json").read_text())["method"] == "fot"
