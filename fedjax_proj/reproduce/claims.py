@@ -172,11 +172,11 @@ CIFAR_SMOKE = {
 }
 FEDPROJ_METHODS = ("fedavg", "feddf", "fedet", "fedgkd", "fedntd", "fedproj")
 # FedProj has two parts, the client's projection against the memory loss and the server's
-# distillation; each ablation switches one off (or projects at half the steps, 001 C.6).
+# distillation. Without the projection it is FedDF bit for bit (same server; memory_size equals
+# public_size here; tests/algorithms/test_fedproj.py), so FedProj - FedDF is the projection's
+# paired effect and needs no ablation run; the ones below switch the distillation off, or project
+# at a random half of the steps.
 FEDPROJ_ABLATIONS = {
-  "fedproj-noproj": Ablation(
-    "fedproj", {"projection_prob": 0.0}, "no client projection: server distillation only"
-  ),
   "fedproj-nodistill": Ablation(
     "fedproj", {"distill_epochs": 0}, "no server distillation: client projection only"
   ),

@@ -356,3 +356,23 @@ def test_round0_ce_uses_labelled_public_data(fp_setup):
     alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1)
   )
   assert float(metrics["projected_fraction"]) > 0.0
+
+
+def test_projection_off_is_feddf_and_projection_on_differs(fp_setup):
+  """FedDF and FedProj share the server (docs/methods.md), so FedProj minus its projection is
+  FedDF: the paired FedProj − FedDF difference of the reproduce claims is the projection's."""
+  from fedjax_proj.algorithms import feddf
+
+  x, y, public, model, fd, alg, variables = fp_setup
+  common = dict(public_size=48, distill_epochs=1, distill_batch_size=16, distill_lr=1e-2, alpha=0.0)
+  args = (model, optax.sgd(0.1), helpers.float_batch_fn(), lambda z: z)
+  df = feddf.ensemble_distillation(*args, **common)
+  off = fedproj.fedproj(*args, memory_size=48, memory_batch_size=8, projection_prob=0.0, **common)
+  on = fedproj.fedproj(*args, memory_size=48, memory_batch_size=8, **common)
+  ref, _ = _two_rounds(df, "vmap_scan", fd, x, y, public, variables)
+  got, metrics = _two_rounds(off, "vmap_scan", fd, x, y, public, variables)
+  assert metrics[1]["projected_fraction"] == 0.0
+  np.testing.assert_array_equal(T.tree_ravel(got.variables), T.tree_ravel(ref.variables))
+  proj, metrics = _two_rounds(on, "vmap_scan", fd, x, y, public, variables)
+  assert metrics[1]["projected_fraction"] > 0.0
+  assert not np.allclose(T.tree_ravel(proj.variables), T.tree_ravel(ref.variables), atol=1e-5)

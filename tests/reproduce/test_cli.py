@@ -171,17 +171,17 @@ def test_ablation_resolves_to_its_base_method_with_changed_hyperparameters():
   from fedjax_proj.reproduce.claims import FEDPROJ_DIR03
 
   base = run.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj", 0)
-  ablated = run.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj-noproj", 0)
+  ablated = run.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj-proj0.5", 0)
   assert ablated["method"] == "fedproj"
-  assert ablated["method_kwargs"] == {**base["method_kwargs"], "projection_prob": 0.0}
+  assert ablated["method_kwargs"] == {**base["method_kwargs"], "projection_prob": 0.5}
   assert {k: v for k, v in ablated.items() if k != "method_kwargs"} == {
     k: v for k, v in base.items() if k != "method_kwargs"
   }
   assert run.fingerprint(ablated) != run.fingerprint(base)
   with pytest.raises(SystemExit):
     cli.parse_args(["fedproj-cifar10-dir0.3", "--methods=fedproj-bogus"])
-  assert cli.parse_args(["fedproj-cifar10-dir0.3", "--methods=fedproj-noproj"]).method_list == [
-    "fedproj-noproj"
+  assert cli.parse_args(["fedproj-cifar10-dir0.3", "--methods=fedproj-nodistill"]).method_list == [
+    "fedproj-nodistill"
   ]
 
 
@@ -193,9 +193,11 @@ def test_ablation_table_pairs_headline_against_ablation(tmp_path):
 
   found = {
     "fedproj": {s: res("fedproj", s, a) for s, a in enumerate([30.0, 32.0, 31.0])},
-    "fedproj-noproj": {s: res("fedproj-noproj", s, a) for s, a in enumerate([29.0, 33.0, 30.0])},
+    "fedproj-nodistill": {
+      s: res("fedproj-nodistill", s, a) for s, a in enumerate([29.0, 33.0, 30.0])
+    },
   }
   text = "\n".join(report.ablation_table(FEDPROJ_DIR03, found))
   # Differences 1, -1, 1: mean 1/3, 2 of 3 seeds favour the headline, straddles 0.
-  assert "| fedproj-noproj | no client projection: server distillation only | 3 | 0.33 |" in text
+  assert "| fedproj-nodistill | no server distillation: client projection only | 3 | 0.33 |" in text
   assert "| 2/3 |" in text and "inconclusive" in text
