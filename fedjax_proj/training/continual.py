@@ -30,6 +30,7 @@ from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training.checkpoint import save_variables
 from fedjax_proj.training.metrics import MetricsWriter, to_python, write_json
 
 
@@ -126,7 +127,8 @@ def train_continual(
     num_tasks: first ``num_tasks`` tasks only (default: all).
     end_task_batch_size: batch size of the end-of-task pass (default: ``batch_size``).
     eval_every: also evaluate the current task every k rounds (0: only at task ends).
-    output_dir: ``metrics.jsonl`` (one line per round and per task end) and ``summary.json``.
+    output_dir: ``metrics.jsonl`` (one line per round and per task end), ``summary.json`` and
+      ``final_variables.npz`` (the final global model).
     summary_extra: extra summary fields.
     log: progress printer (None: silent).
   """
@@ -222,6 +224,8 @@ def train_continual(
   }
   if output_dir is not None:
     write_json(Path(output_dir) / "summary.json", summary)
+    # The final global model, as the parallel-FL loop saves it (docs/design.md, "Checkpoints").
+    save_variables(Path(output_dir) / "final_variables.npz", algorithm.global_variables(state))
   return state, summary
 
 
