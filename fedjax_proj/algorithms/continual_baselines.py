@@ -43,11 +43,11 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import gpse, losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
-CONTINUAL_METHODS = ("fl", "ewc", "er", "gpm", "fot")
 EWC_FISHERS = ("client", "server")
 
 # end_task(state, round_data_of_all_clients, key, task) -> (state, metrics)
@@ -400,3 +400,47 @@ def gpm(
 
   algorithm = _algorithm("gpm", init_method, broadcast_extra, program, batch_fn)
   return ContinualMethod(algorithm, end_task)
+
+
+def _build_fl(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return fl(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
+
+
+def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return ewc(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    num_clients=ctx.num_clients,
+    strategy=ctx.strategy,
+    **hparams,
+  )
+
+
+def _build_er(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return er(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    num_clients=ctx.num_clients,
+    num_tasks=ctx.num_tasks,
+    **hparams,
+  )
+
+
+def _build_gpm(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return gpm(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    variables=ctx.variables,
+    sample_x=ctx.sample_x,
+    num_clients=ctx.num_clients,
+    **hparams,
+  )
+
+
+FL_SPEC = MethodSpec("fl", "continual", _build_fl)
+EWC_SPEC = MethodSpec("ewc", "continual", _build_ewc)
+ER_SPEC = MethodSpec("er", "continual", _build_er)
+GPM_SPEC = MethodSpec("gpm", "continual", _build_gpm)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.algorithms.sequential import (
   SequentialAlgorithm,
   chain_metrics,
@@ -144,9 +145,6 @@ def cwc(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry; hyperparameters ``lam`` (λ) and ``decay`` (σ)."""
   unknown = set(hparams) - {"lam", "decay"}
@@ -154,3 +152,6 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
     raise ValueError(f"Unknown CWC hyperparameters {sorted(unknown)}; valid: lam, decay.")
   check_no_server_optimizer(ctx.server_optimizer, "cwc")
   return cwc(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
+
+
+SPEC = MethodSpec("cwc", "sequential", build)

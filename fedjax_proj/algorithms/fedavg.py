@@ -17,6 +17,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm, StreamingAggregate
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
@@ -153,9 +154,9 @@ def fedavg(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`)."""
   return fedavg(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hparams)
+
+
+SPEC = MethodSpec("fedavg", "fl", build)

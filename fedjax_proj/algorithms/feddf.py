@@ -14,6 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import distill
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
 
@@ -59,11 +60,11 @@ def ensemble_distillation(
   )
 
 
-NEEDS_PUBLIC = True
-
-
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
   return ensemble_distillation(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
   )
+
+
+SPEC = MethodSpec("feddf", "fl", build, needs_public=True)

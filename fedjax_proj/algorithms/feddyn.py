@@ -28,6 +28,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -127,9 +128,6 @@ def feddyn(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``alpha``."""
   return feddyn(
@@ -140,3 +138,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
     server_optimizer=ctx.server_optimizer,
     **hparams,
   )
+
+
+SPEC = MethodSpec("feddyn", "fl", build)

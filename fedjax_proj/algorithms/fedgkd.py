@@ -13,6 +13,7 @@ inference mode. Server: FedAvg.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -23,6 +24,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
@@ -121,9 +123,6 @@ def fedgkd(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
   """Registry entry for ``fedgkd`` and ``fedgkd_vote``."""
   return fedgkd(
@@ -134,3 +133,7 @@ def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
     vote=method == "fedgkd_vote",
     **hp,
   )
+
+
+SPEC = MethodSpec("fedgkd", "fl", build)
+VOTE_SPEC = MethodSpec("fedgkd_vote", "fl", functools.partial(build, method="fedgkd_vote"))

@@ -35,6 +35,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import distill, losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -278,12 +279,11 @@ def fedproj(
   )
 
 
-NEEDS_PUBLIC = True
-CONFIG_KWARGS = ("memory_size",)
-
-
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
   return fedproj(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
   )
+
+
+SPEC = MethodSpec("fedproj", "fl", build, needs_public=True, config_kwargs=("memory_size",))

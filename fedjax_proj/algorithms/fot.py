@@ -35,6 +35,7 @@ from fedjax_proj.algorithms import gpse
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.continual_baselines import ContinualMethod, task_loss
 from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, RoundData
@@ -226,3 +227,19 @@ def fot(
 
   method = ContinualMethod(algorithm, end_task)
   return method
+
+
+def build(ctx: BuildContext, **hparams) -> ContinualMethod:
+  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: :func:`fot`'s."""
+  return fot(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    variables=ctx.variables,
+    sample_x=ctx.sample_x,
+    strategy=ctx.strategy,
+    **hparams,
+  )
+
+
+SPEC = MethodSpec("fot", "continual", build)

@@ -30,6 +30,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
@@ -137,9 +138,6 @@ def moon(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``mu``,
   ``temperature``."""
@@ -151,3 +149,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
     server_optimizer=ctx.server_optimizer,
     **hparams,
   )
+
+
+SPEC = MethodSpec("moon", "fl", build, model_kwargs=MODEL_KWARGS)

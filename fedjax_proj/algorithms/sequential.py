@@ -40,6 +40,7 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, run_vmap_scan
@@ -52,12 +53,6 @@ BeginFn = Callable[[PyTree, RoundData, Array], tuple[dict, dict, PyTree]]
 HandoffFn = Callable[[dict, PyTree, PyTree], dict]
 # end(state, rd, carry, outputs (stacked in sequence order), order, key) -> (state, metrics)
 EndFn = Callable[[PyTree, RoundData, dict, PyTree, Array, Array], tuple[PyTree, dict]]
-
-
-# The registered methods built on SequentialAlgorithm (this module, cwc.py, sfedkd.py). They need
-# settings of their own (paper 004's: SGD, ExDir partitions), so entry points written for parallel
-# FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
-SEQUENTIAL_METHODS = ("fedseq", "cwc", "sfedkd")
 
 
 def sequence_order(key: Array, num_clients: int) -> Array:
@@ -253,12 +248,23 @@ def fedseq(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry for ``fedseq`` (see :mod:`fedjax_proj.algorithms.registry`)."""
   if hparams:
     raise ValueError(f"fedseq takes no method hyperparameters, got {sorted(hparams)}.")
   check_no_server_optimizer(ctx.server_optimizer, "fedseq")
   return fedseq(ctx.model, ctx.client_optimizer, ctx.batch_fn)
+
+
+SPEC = MethodSpec("fedseq", "sequential", build)
+
+
+# The registered methods of the sequential family (this module, cwc.py, sfedkd.py), read from the
+# registry. They need settings of their own (paper 004's: SGD, ExDir partitions), so entry points
+# written for parallel FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
+def __getattr__(name: str):
+  if name == "SEQUENTIAL_METHODS":
+    from fedjax_proj.algorithms import registry
+
+    return registry.methods(("sequential",))
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,6 +34,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms import teachers as teachers_lib
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.algorithms.sequential import (
   SequentialAlgorithm,
   chain_metrics,
@@ -254,9 +255,6 @@ def sfedkd(
   )
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry; ``hparams`` are :class:`SFedKDConfig` fields."""
   unknown = set(hparams) - set(SFedKDConfig._fields)
@@ -268,3 +266,6 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
   return sfedkd(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.num_classes, SFedKDConfig(**hparams)
   )
+
+
+SPEC = MethodSpec("sfedkd", "sequential", build)

@@ -242,41 +242,24 @@ def build_continual_method(
   strategy: str,
   **hparams,
 ) -> ContinualMethod:
-  """Builds one of :data:`~fedjax_proj.algorithms.continual_baselines.CONTINUAL_METHODS`."""
-  from fedjax_proj.algorithms import continual_baselines as cb
-  from fedjax_proj.algorithms.fot import fot
+  """Builds a continual method of the registry (:mod:`fedjax_proj.algorithms.registry`)."""
+  from fedjax_proj.algorithms import registry
 
-  if name == "fl":
-    return cb.fl(model, optimizer, batch_fn, **hparams)
-  if name == "ewc":
-    return cb.ewc(model, optimizer, batch_fn, num_clients=num_clients, strategy=strategy, **hparams)
-  if name == "er":
-    return cb.er(
-      model, optimizer, batch_fn, num_clients=num_clients, num_tasks=num_tasks, **hparams
-    )
-  if name == "gpm":
-    return cb.gpm(
-      model,
-      optimizer,
-      batch_fn,
-      variables=variables,
-      sample_x=sample_x,
-      num_clients=num_clients,
-      **hparams,
-    )
-  if name == "fot":
-    return fot(
-      model,
-      optimizer,
-      batch_fn,
-      variables=variables,
-      sample_x=sample_x,
-      strategy=strategy,
-      **hparams,
-    )
-  raise ValueError(
-    f"Unknown continual method {name!r}; choose one of {', '.join(cb.CONTINUAL_METHODS)}."
+  continual = registry.methods(("continual",))
+  if name not in continual:
+    raise ValueError(f"Unknown continual method {name!r}; choose one of {', '.join(continual)}.")
+  ctx = registry.BuildContext(
+    model=model,
+    client_optimizer=optimizer,
+    batch_fn=batch_fn,
+    normalize=lambda x: x,  # continual methods read no public set
+    num_clients=num_clients,
+    variables=variables,
+    sample_x=sample_x,
+    num_tasks=num_tasks,
+    strategy=strategy,
   )
+  return registry.build_algorithm(name, ctx, **hparams)
 
 
 def rounds_schedule(method: str, rounds_per_task: int, num_tasks: int, fl_later_rounds: int = 0):

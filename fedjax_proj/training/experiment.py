@@ -193,17 +193,18 @@ def method_hparams(method: str) -> dict[str, object] | None:
 
   Read from the factory the method's registry ``build`` forwards its ``**hparams`` to (its
   signature is the single source of truth), plus the config fields the method consumes
-  (``CONFIG_KWARGS``). None when that cannot be determined (e.g. a user-registered method).
+  (``MethodSpec.config_kwargs``). None when that cannot be determined (e.g. a user-registered
+  method).
   """
   import ast  # noqa: PLC0415
   import importlib  # noqa: PLC0415
   import textwrap  # noqa: PLC0415
 
-  module_name = registry.METHOD_MODULES.get(method)
-  if module_name is None:
+  if method not in registry.METHODS:
     return None
-  module = importlib.import_module(module_name)
-  build = module.build
+  build = registry.spec(method).build
+  build = getattr(build, "func", build)  # a functools.partial (one build serving two names)
+  module = importlib.import_module(build.__module__)
   try:
     tree = ast.parse(textwrap.dedent(inspect.getsource(build)))
   except (OSError, TypeError, SyntaxError):
@@ -260,7 +261,7 @@ def describe_method_hparams(method: str) -> str:
 
 def validate_method_kwargs(method: str, kwargs: dict) -> None:
   """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones."""
-  if not kwargs or method not in registry.METHOD_MODULES:
+  if not kwargs or method not in registry.METHODS:
     return
   hparams = method_hparams(method)
   if hparams is None:
