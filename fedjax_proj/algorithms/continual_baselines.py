@@ -115,9 +115,7 @@ def _algorithm(name, init_method, broadcast_extra, program, batch_fn, post_avg=N
       averaged = post_avg(state, averaged)
     return ContinualState(state.round + 1, averaged, state.method), client_metrics(outputs, rd)
 
-  return FederatedAlgorithm(
-    name, init, broadcast, program, aggregate, batch_fn, lambda s: s.variables
-  )
+  return FederatedAlgorithm(name, init, broadcast, program, aggregate, batch_fn)
 
 
 def fl(model: Model, optimizer: optax.GradientTransformation, batch_fn: BatchFn) -> ContinualMethod:

@@ -141,7 +141,6 @@ def cwc(
     handoff=handoff,
     end=end,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 

@@ -38,7 +38,7 @@ def ensemble_distillation(
   cfg = distill.DistillConfig(
     distill_epochs, distill_batch_size, distill_lr, distill_temperature, alpha
   )
-  init, aggregate, aggregate_host = distillation_server(
+  init, aggregate = distillation_server(
     model, normalize, cfg, public_size=public_size, teacher=teacher
   )
 
@@ -55,8 +55,6 @@ def ensemble_distillation(
     ),
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
-    aggregate_host=aggregate_host,
   )
 
 

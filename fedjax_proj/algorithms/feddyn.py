@@ -124,7 +124,6 @@ def feddyn(
     client=program,
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 

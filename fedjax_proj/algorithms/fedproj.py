@@ -221,7 +221,7 @@ def fedproj(
     alpha,
     anchor=divergence_anchor,
   )
-  init, aggregate, aggregate_host = distillation_server(
+  init, aggregate = distillation_server(
     model, normalize, cfg, public_size=public_size, memory_size=memory_size
   )
   program = projection_client(
@@ -272,10 +272,8 @@ def fedproj(
     init=init,
     broadcast=broadcast,
     client=program,
-    aggregate=aggregate_with_diagnostics(aggregate),
+    aggregate=aggregate.map(aggregate_with_diagnostics),
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
-    aggregate_host=aggregate_with_diagnostics(aggregate_host),
   )
 
 

@@ -130,9 +130,7 @@ def fot(
     variables = {**averaged, "params": new_params}
     return state._replace(round=state.round + 1, variables=variables), client_metrics(outputs, rd)
 
-  algorithm = FederatedAlgorithm(
-    "fot", init, broadcast, program, aggregate, batch_fn, lambda s: s.variables
-  )
+  algorithm = FederatedAlgorithm("fot", init, broadcast, program, aggregate, batch_fn)
 
   # ---- GPSE -------------------------------------------------------------------------------
   def g_init(shared, client_input, key):

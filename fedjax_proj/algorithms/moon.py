@@ -134,7 +134,6 @@ def moon(
     client=program,
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 

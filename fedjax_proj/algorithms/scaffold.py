@@ -127,7 +127,6 @@ def scaffold(
     client=program,
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 

@@ -10,9 +10,10 @@ clients + aggregate). :class:`SequentialAlgorithm` is the small extension: ``beg
 first client), a per-client :class:`~fedjax_proj.core.engine.ClientProgram` (written for ONE
 client, as everywhere else), ``handoff`` (client m's output -> client m+1's carry) and ``end``
 (chain -> server state). It has the attributes :func:`fedjax_proj.training.loop.train` reads
-(``name``, ``init``, ``global_variables``) and a ``make_round(strategy)`` that
-:func:`fedjax_proj.algorithms.base.make_round` dispatches to, so the experiment runner and every
-other caller of ``make_round`` work unchanged. CWC (cwc.py) and SFedKD (sfedkd.py) are built on it.
+(``name``, ``init``, ``global_variables``), and :func:`fedjax_proj.algorithms.base.make_round`
+builds its chain round (:func:`make_sequential_round`) for any strategy, so the experiment runner
+and every other caller of ``make_round`` work unchanged. CWC (cwc.py) and SFedKD (sfedkd.py) are
+built on it.
 
 Execution strategies (identical semantics; tests/algorithms/test_sequential.py proves it):
 
@@ -40,6 +41,7 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms.base import server_variables
 from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
@@ -91,7 +93,8 @@ class SequentialAlgorithm(NamedTuple):
     end: ``end(state, rd, carry, outputs, order, key) -> (state, metrics)``; ``outputs`` are
       stacked in sequence order, ``order[m]`` is the ``round_data`` position of the m-th client.
     batch_fn: builds each local step's batch.
-    global_variables: ``global_variables(state) -> variables`` (evaluation).
+    global_variables: ``global_variables(state) -> variables`` (evaluation); by default the
+      state's ``variables`` field.
   """
 
   name: str
@@ -101,17 +104,11 @@ class SequentialAlgorithm(NamedTuple):
   handoff: HandoffFn
   end: EndFn
   batch_fn: BatchFn
-  global_variables: Callable[[PyTree], dict]
+  global_variables: Callable[[PyTree], dict] = server_variables
 
   def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
     """One round, pure and traceable (``lax.scan`` over the sequence); jit it whole."""
     return _traced_round(self, state, round_data, key)
-
-  def make_round(
-    self, strategy: str, unroll: int = 1
-  ) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
-    """``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy."""
-    return make_sequential_round(self, strategy, unroll)
 
 
 def _traced_round(alg: SequentialAlgorithm, state, rd: RoundData, key, unroll: int = 1):
@@ -244,7 +241,6 @@ def fedseq(
     handoff=default_handoff,
     end=end,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 

@@ -251,7 +251,6 @@ def sfedkd(
     handoff=default_handoff,
     end=end,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 

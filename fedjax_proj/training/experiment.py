@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.base import make_round, streaming_of
 from fedjax_proj.algorithms.chunked import auto_client_chunk, make_chunked_round, tree_bytes
 from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core import engine as engine_lib
@@ -474,7 +474,7 @@ def _build_round(algorithm, strategy: str, c, variables, log, mesh=None):
   shards = 1 if mesh is None else int(mesh.devices.size)
   per_device = f" ({-(-int(chunk) // shards)} per device)" if shards > 1 and chunk.isdigit() else ""
   if chunk == "auto":
-    if getattr(algorithm, "streaming", None) is None:
+    if streaming_of(algorithm) is None:
       return make_round(algorithm, strategy)
     local = c.clients_per_round // shards
     size = auto_client_chunk(local, tree_bytes(variables))
