@@ -26,7 +26,8 @@ each centralised continual-learning method runs on every client inside FedAvg.
 
 A :class:`ContinualMethod` is a :class:`FederatedAlgorithm` (one training round; the current task
 id arrives as ``RoundData.extra["task"]``) plus an optional host-side ``end_task`` hook run once
-after each task on a layout of ALL clients' task data.
+after each task on a layout of ALL clients' task data, with the execution strategy of the task
+driver (the method never chooses one).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
 EWC_FISHERS = ("client", "server")
 
-# end_task(state, round_data_of_all_clients, key, task) -> (state, metrics)
-EndTaskFn = Callable[[PyTree, RoundData, Array, int], tuple[PyTree, dict]]
+# end_task(state, round_data_of_all_clients, key, task, strategy) -> (state, metrics); the task
+# driver passes its resolved execution strategy for any client pass the hook runs.
+EndTaskFn = Callable[[PyTree, RoundData, Array, int, str], tuple[PyTree, dict]]
 
 
 class ContinualMethod(NamedTuple):
@@ -136,7 +138,6 @@ def ewc(
   batch_fn: BatchFn,
   *,
   num_clients: int,
-  strategy: str = "vmap_scan",
   lam: float = 40.0,
   fisher: str = "client",
   normalize: bool = False,
@@ -148,7 +149,6 @@ def ewc(
     optimizer: client optimiser.
     batch_fn: the engine's batch builder.
     num_clients: clients holding data (the per-client Fishers' leading axis).
-    strategy: execution strategy of the end-of-task Fisher pass.
     lam: regularisation coefficient λ (F.4: 40 PMNIST, 20 CIFAR100).
     fisher: "client" (each client's own accumulated Fisher, F.2) or "server" (one n_k-weighted
       average shared by all clients).
@@ -218,7 +218,7 @@ def ewc(
     fisher_step,
     lambda s: {"fisher": jax.tree.map(lambda f: f / jnp.maximum(s[1], 1.0), s[0])},
   )
-  engine = ClientEngine(fisher_program, batch_fn, strategy)
+  engines: dict[str, ClientEngine] = {}  # one per strategy the driver asks for, built once
 
   def to_max_one(tree, client_axis: bool):
     # Divide by the max over every parameter (one max per client with ``client_axis``).
@@ -234,9 +234,11 @@ def ewc(
   def norm(tree, client_axis: bool):
     return to_max_one(tree, client_axis) if normalize else tree
 
-  def end_task(state, rd, key, task):
+  def end_task(state, rd, key, task, strategy):
+    if strategy not in engines:
+      engines[strategy] = ClientEngine(fisher_program, batch_fn, strategy)
     shared = {"variables": state.variables, "task": jnp.int32(task)}
-    out = _run_all_clients(engine, shared, rd, key)
+    out = _run_all_clients(engines[strategy], shared, rd, key)
     if per_client:
       f_t = norm(out["fisher"], True)  # [clients of rd, ...]
       ids = jnp.asarray(rd.client_ids)
@@ -297,7 +299,8 @@ def er(
     x = b.x.reshape(c, num_tasks, p, *b.x.shape[1:])
     return {}, {"x": x, "y": b.y.reshape(c, num_tasks, p), "mask": mask}
 
-  def end_task(state, rd, key, task):
+  def end_task(state, rd, key, task, strategy):
+    del strategy  # a host-side buffer update, no client pass
     idx = np.asarray(rd.idx).reshape(rd.idx.shape[0], -1)
     mask = np.asarray(rd.mask).reshape(rd.idx.shape[0], -1)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel()[-1])
@@ -357,7 +360,8 @@ def gpm(
     _, cap = gpse.capture_inputs(model, variables, b.x, mask=b.mask, task=task)
     return {s.key: gpse.input_rows(s, cap[s.path][1].astype(jnp.float32), b.mask) for s in specs}
 
-  def end_task(state, rd, key, task):
+  def end_task(state, rd, key, task, strategy):
+    del strategy  # one jitted forward per client, whatever the round's strategy
     # Hundreds of small per-client SVDs: single-threaded BLAS (see gpse.blas_threads).
     with gpse.blas_threads(1):
       return _end_task(state, rd, key, task)
@@ -410,7 +414,6 @@ def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
     ctx.client_optimizer,
     ctx.batch_fn,
     num_clients=ctx.num_clients,
-    strategy=ctx.strategy,
     **hparams,
   )
 

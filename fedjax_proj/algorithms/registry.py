@@ -45,7 +45,6 @@ class BuildContext(NamedTuple):
     variables: the initial variables (continual methods locate their projected layers in them).
     sample_x: a normalised input batch, shape only (continual methods that trace the model).
     num_tasks: number of tasks of a continual benchmark (0 otherwise).
-    strategy: the resolved execution strategy of a continual method's end-of-task client pass.
   """
 
   model: Model
@@ -59,7 +58,6 @@ class BuildContext(NamedTuple):
   variables: dict | None = None
   sample_x: Array | None = None
   num_tasks: int = 0
-  strategy: str = "vmap_scan"
 
 
 @dataclasses.dataclass(frozen=True)

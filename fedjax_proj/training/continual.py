@@ -91,6 +91,7 @@ def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) 
 def train_continual(
   method: ContinualMethod,
   round_fn: Callable,
+  strategy: str,
   bench: ContinualBenchmark,
   evaluate: Callable,
   init_variables: dict,
@@ -114,6 +115,8 @@ def train_continual(
   Args:
     method: the continual method (round algorithm + end-of-task hook).
     round_fn: the compiled round (:func:`fedjax_proj.algorithms.base.make_round`).
+    strategy: the resolved execution strategy ``round_fn`` was built for; the end-of-task hook's
+      client pass runs with it too.
     bench: the benchmark.
     evaluate: from :func:`make_task_evaluator`.
     init_variables: initial global model.
@@ -191,7 +194,7 @@ def train_continual(
         fed_all = FederatedData(parts, end_task_batch_size or batch_size, 1)
         rd_all = task_round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
         key = random_lib.stream_key(random_lib.round_key(seed_key, t), "end_task")
-        state, end_metrics = method.end_task(state, rd_all, key, t)
+        state, end_metrics = method.end_task(state, rd_all, key, t, strategy)
         end_metrics = {**to_python(end_metrics), "end_task_seconds": time.perf_counter() - t0}
         timings["end_task_seconds"] += end_metrics["end_task_seconds"]
       variables = algorithm.global_variables(state)
@@ -239,7 +242,6 @@ def build_continual_method(
   sample_x,
   num_clients: int,
   num_tasks: int,
-  strategy: str,
   **hparams,
 ) -> ContinualMethod:
   """Builds a continual method of the registry (:mod:`fedjax_proj.algorithms.registry`)."""
@@ -257,7 +259,6 @@ def build_continual_method(
     variables=variables,
     sample_x=sample_x,
     num_tasks=num_tasks,
-    strategy=strategy,
   )
   return registry.build_algorithm(name, ctx, **hparams)
 
@@ -316,7 +317,6 @@ def run_continual_experiment(
     sample_x=sample,
     num_clients=c.num_clients,
     num_tasks=num_tasks,
-    strategy=strategy,
     **dict(c.method_kwargs),
   )
   from fedjax_proj.algorithms.base import make_round
@@ -332,6 +332,7 @@ def run_continual_experiment(
   _, summary = train_continual(
     method,
     round_fn,
+    strategy,
     bench,
     make_task_evaluator(model, normalize, c.eval_batch_size),
     variables,
