@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import jax
 
+from fedjax_proj.algorithms.families import FLFamily, SequentialFamily
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, host_form, run_vmap_scan
 from fedjax_proj.core.types import Array, PyTree, RoundData
@@ -66,7 +67,7 @@ def server_variables(state: PyTree) -> dict:
 
 
 class FederatedAlgorithm(NamedTuple):
-  """A federated algorithm as pure functions (the ``"fl"`` family).
+  """A federated algorithm as pure functions; meets :class:`~.families.FLFamily` (``"fl"``).
 
   Attributes:
     name: method name, e.g. ``"fedavg"``.
@@ -147,7 +148,7 @@ def host_pieces(broadcast: BroadcastFn) -> dict:
 
 
 def make_round(
-  algorithm, strategy: str, unroll: int = 1
+  algorithm: FLFamily | SequentialFamily, strategy: str, unroll: int = 1
 ) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
   """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy.
 

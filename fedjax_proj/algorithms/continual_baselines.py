@@ -57,7 +57,8 @@ EndTaskFn = Callable[[PyTree, RoundData, Array, int, str], tuple[PyTree, dict]]
 
 
 class ContinualMethod(NamedTuple):
-  """A continual-FL method: a round algorithm plus an optional end-of-task hook."""
+  """A continual-FL method: a round algorithm plus an optional end-of-task hook; meets
+  :class:`~fedjax_proj.algorithms.families.ContinualFamily` (``"continual"``)."""
 
   algorithm: FederatedAlgorithm
   end_task: EndTaskFn | None = None

@@ -19,13 +19,14 @@ from typing import Any, NamedTuple
 
 import optax
 
+from fedjax_proj.algorithms.families import FAMILY_PROTOCOLS, meets_family
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
 
-# The method families (docs/design.md, "The algorithm contract"): parallel FL (a
-# ``FederatedAlgorithm``), sequential FL (a ``SequentialAlgorithm``) and continual FL (a
-# ``ContinualMethod``).
-FAMILIES = ("fl", "sequential", "continual")
+# The method families (docs/design.md, "The algorithm contract"), each a Protocol of
+# fedjax_proj.algorithms.families: parallel FL (a ``FederatedAlgorithm``), sequential FL (a
+# ``SequentialAlgorithm``) and continual FL (a ``ContinualMethod``).
+FAMILIES = tuple(FAMILY_PROTOCOLS)
 # The families ``fedjax_proj.training.experiment`` runs (one task, a global model per round).
 FEDERATED = ("fl", "sequential")
 
@@ -191,11 +192,24 @@ def needs_public(name: str) -> bool:
 
 
 def build_algorithm(name: str, ctx: BuildContext, **hparams: Any):
-  """Builds method ``name``; unknown names raise a ValueError listing the valid ones."""
+  """Builds method ``name``, a value of its family's Protocol (:mod:`.families`).
+
+  Raises:
+    ValueError: an unknown name (the error lists the valid ones), or a method that needs a public
+      set and a context without one.
+    TypeError: the build returned something that does not meet the spec's family.
+  """
   s = spec(name)
   if s.needs_public and ctx.public_size <= 0:
     raise ValueError(
       f"Method {name!r} needs a public dataset: pass --public_data (e.g. cifar100 or a path to "
       "an npz/image folder)."
     )
-  return s.build(ctx, **hparams)
+  built = s.build(ctx, **hparams)
+  if not meets_family(built, s.family):
+    raise TypeError(
+      f"Method {name!r} is registered as family {s.family!r} but its build returned a "
+      f"{type(built).__name__}, which does not meet {FAMILY_PROTOCOLS[s.family].__name__} "
+      "(fedjax_proj.algorithms.families); fix the MethodSpec's family or its build."
+    )
+  return built

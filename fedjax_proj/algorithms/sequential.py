@@ -78,7 +78,8 @@ def default_handoff(carry: dict, output: PyTree, client_input: PyTree) -> dict:
 
 
 class SequentialAlgorithm(NamedTuple):
-  """A sequential-FL algorithm as pure functions.
+  """A sequential-FL algorithm as pure functions; meets
+  :class:`~fedjax_proj.algorithms.families.SequentialFamily` (``"sequential"``).
 
   Attributes:
     name: method name.
