@@ -26,6 +26,7 @@ import numpy as np
 
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.continual_baselines import ContinualMethod
+from fedjax_proj.algorithms.families import ContinualFamily
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
@@ -89,7 +90,7 @@ def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) 
 
 
 def train_continual(
-  method: ContinualMethod,
+  method: ContinualFamily,
   round_fn: Callable,
   strategy: str,
   bench: ContinualBenchmark,
