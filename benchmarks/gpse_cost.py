@@ -152,7 +152,6 @@ def measure(
     batch_fn,
     variables=variables,
     sample_x=sample,
-    strategy=strategy,
     sketch_dist=sketch_dist,
     **hp,
   )
@@ -163,12 +162,12 @@ def measure(
   populated = {}
 
   def gpse_empty():
-    populated["s"], m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
+    populated["s"], m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0, strategy)
     last["empty"] = m
     return jnp.zeros(())
 
   def gpse_full():
-    _, m = fot_method.end_task(populated["s"], rd_g, jax.random.key(3), 1)
+    _, m = fot_method.end_task(populated["s"], rd_g, jax.random.key(3), 1, strategy)
     last["full"] = m
     return jnp.zeros(())
 

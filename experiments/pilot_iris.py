@@ -31,6 +31,7 @@ import numpy as np
 import optax
 from sklearn.decomposition import PCA
 
+from fedjax_proj.algorithms.base import drive_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.feddf import ensemble_distillation
 from fedjax_proj.algorithms.fedproj import fedproj
@@ -154,14 +155,13 @@ def run_method(method, args, x, y, parts, public, seed):
 
   @jax.jit
   def round_step(state, rd, key):
-    # The round's pure pieces, kept apart so the figure can show the clients' local models.
-    shared, inputs = alg.broadcast(state, rd, random_lib.stream_key(key, "broadcast"))
-    keys = random_lib.client_keys(random_lib.stream_key(key, "clients"), rd.idx.shape[0])
-    outputs = run_vmap_scan(
-      alg.client, alg.batch_fn, shared, inputs, rd.images, rd.labels, rd.idx, rd.mask, keys
-    )
-    new_state, metrics = alg.aggregate(state, rd, outputs, random_lib.stream_key(key, "aggregate"))
-    return new_state, metrics, outputs["variables"]
+    # The round driver with an aggregate that also returns the clients' local models (the figure).
+    run = lambda *a: run_vmap_scan(alg.client, alg.batch_fn, *a)
+
+    def finish(state, rd, outputs, key):
+      return (*alg.aggregate(state, rd, outputs, key), outputs["variables"])
+
+    return drive_round(alg.broadcast, run, finish, state, rd, key)
 
   accuracy = jax.jit(
     lambda v: jnp.mean(jnp.argmax(model.apply(v, jnp.asarray(x), train=False).logits, -1) == y)

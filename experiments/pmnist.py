@@ -26,8 +26,10 @@ from pathlib import Path
 
 import ml_collections
 
+from fedjax_proj.algorithms.registry import methods
+
 PRESETS = ("paper", "cpu", "smoke")
-METHODS = ("fl", "ewc", "er", "gpm", "fot")
+METHODS = methods(("continual",))  # the continual family of the method registry
 
 
 def get_config(preset: str = "paper") -> ml_collections.ConfigDict:

@@ -68,10 +68,12 @@ def test_design_example_builds_through_the_registry():
     normalize=lambda v: v,
     num_clients=4,
   )
-  registry.register("l2_fedavg_doc_example", ex.build, ex.NEEDS_PUBLIC)
+  registry.register(ex.SPEC)
   try:
-    alg = registry.build_algorithm("l2_fedavg_doc_example", ctx, wd=0.5)
+    assert "l2_fedavg" in registry.methods()
+    alg = registry.build_algorithm("l2_fedavg", ctx, wd=0.5)
     assert alg.name == "l2_fedavg"
-    assert not registry.needs_public("l2_fedavg_doc_example")
+    assert not registry.needs_public("l2_fedavg")
   finally:
-    registry._EXTRA.pop("l2_fedavg_doc_example")
+    registry.unregister("l2_fedavg")
+  assert "l2_fedavg" not in registry.methods()

@@ -4,7 +4,8 @@ The ordinary round (:func:`fedjax_proj.algorithms.base.make_round`) materialises
 client's outputs at once ([C, num_params] local models), so memory grows with the cohort C. Here
 the cohort is cut into chunks of ``client_chunk`` clients; each chunk's outputs are reduced to sums
 (for FedAvg: Σ n_k θ_k, Σ n_k and Σ n_k m_k) right where they are produced, the sums are added over
-chunks, and the server update runs once (:class:`~fedjax_proj.algorithms.base.StreamingAggregate`).
+chunks, and the server update runs once (:class:`~fedjax_proj.algorithms.base.StreamingAggregate`,
+the method's aggregate).
 Peak memory therefore grows with the chunk, not with the cohort (measured in
 ``benchmarks/scaling.py``, docs/performance.md). FedAvg's weighted mean is associative, so any
 chunking gives the ordinary round's result up to float summation order; every client keeps the PRNG
@@ -42,8 +43,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedjax_proj.algorithms.base import FederatedAlgorithm, _round_keys
-from fedjax_proj.core import random as random_lib
+from fedjax_proj.algorithms.base import FederatedAlgorithm, drive_round, host_pieces, streaming_of
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientEngine, run_vmap_scan
 from fedjax_proj.core.sharding import CLIENT_AXIS
@@ -146,7 +146,7 @@ def make_chunked_round(
   with ``client_chunk >= C`` it computes the ordinary round (up to float summation order).
 
   Args:
-    algorithm: a method with ``streaming`` set (e.g. FedAvg).
+    algorithm: a method whose aggregate is a ``StreamingAggregate`` (e.g. FedAvg).
     strategy: ``vmap_scan``, ``vmap_stepwise`` or ``sequential`` (resolve ``auto`` first).
     client_chunk: clients per chunk, or ``"auto"`` (:func:`auto_client_chunk`, resolved from the
       first round's state and cohort; fixed afterwards, so later rounds do not recompile). With a
@@ -163,17 +163,14 @@ def make_chunked_round(
       was given for a host-looped strategy. At call time: the cohort is not a multiple of the
       mesh size.
   """
-  if algorithm.streaming is None:
+  streaming = streaming_of(algorithm)
+  if streaming is None:
     raise ValueError(
-      f"Method {algorithm.name!r} has no streaming aggregate (FederatedAlgorithm.streaming), so "
-      "its clients cannot run in chunks; use make_round, or give the method a StreamingAggregate "
-      "(possible when its aggregate is a weighted mean over clients)."
-    )
-  if algorithm.streaming.aggregate is not algorithm.aggregate:
-    raise ValueError(
-      f"Method {algorithm.name!r} replaced its aggregate but kept the streaming aggregate of the "
-      "method it derives from, so a chunked round would aggregate differently; give it its own "
-      "StreamingAggregate(reduce, finish, aggregate) or use make_round."
+      f"Method {algorithm.name!r} has no streaming aggregate (its aggregate is not a "
+      "StreamingAggregate, e.g. a method that replaced its aggregate with a plain function), so "
+      "its clients cannot run in chunks; use make_round, or give the method a "
+      "StreamingAggregate(reduce, finish) (possible when its aggregate is a weighted mean over "
+      "clients)."
     )
   if client_chunk != "auto":
     _resolve_chunk(client_chunk, 1, None, algorithm)  # Validate early.
@@ -184,7 +181,7 @@ def make_chunked_round(
       "mesh or use vmap_scan."
     )
   shards = 1 if mesh is None else int(mesh.devices.size)
-  reduce, finish = algorithm.streaming.reduce, algorithm.streaming.finish
+  reduce, finish = streaming.reduce, streaming.finish
   resolved: dict[int, int] = {}
 
   def chunk_of(state, rd) -> int:
@@ -208,37 +205,40 @@ def make_chunked_round(
   if engine.traceable:
 
     def traced(state, rd: RoundData, key, per_device: int):
-      b_key, c_key, a_key = _round_keys(key)
-      shared, client_inputs = algorithm.broadcast(state, rd, b_key)
-      keys = random_lib.client_keys(c_key, rd.idx.shape[0])
-      lay = lambda tree, zero=False: _chunk_layout(tree, shards, per_device, zero, constrain)
-      fields = lay(_client_fields(rd))
-      # Padding clients: all-False mask (every step a no-op) and zero weight.
-      fields["mask"] = lay(rd.mask, zero=True)
-      fields["num_examples"] = lay(rd.num_examples, zero=True)
-      xs = (fields, lay(client_inputs), lay(keys))
+      def run_chunks(shared, client_inputs, images, labels, idx, mask, keys):
+        del images, labels, idx, mask  # taken per chunk from ``rd`` below
+        lay = lambda tree, zero=False: _chunk_layout(tree, shards, per_device, zero, constrain)
+        fields = lay(_client_fields(rd))
+        # Padding clients: all-False mask (every step a no-op) and zero weight.
+        fields["mask"] = lay(rd.mask, zero=True)
+        fields["num_examples"] = lay(rd.num_examples, zero=True)
+        xs = (fields, lay(client_inputs), lay(keys))
 
-      def run_chunk(xs_chunk):
-        f, inputs, k = jax.tree.map(lambda x: constrain(x, 0), xs_chunk)
-        outputs = run_vmap_scan(
-          algorithm.client,
-          algorithm.batch_fn,
-          shared,
-          inputs,
-          rd.images,
-          rd.labels,
-          f["idx"],
-          f["mask"],
-          k,
-          unroll=unroll,
+        def run_chunk(xs_chunk):
+          f, inputs, k = jax.tree.map(lambda x: constrain(x, 0), xs_chunk)
+          outputs = run_vmap_scan(
+            algorithm.client,
+            algorithm.batch_fn,
+            shared,
+            inputs,
+            rd.images,
+            rd.labels,
+            f["idx"],
+            f["mask"],
+            k,
+            unroll=unroll,
+          )
+          return reduce(state, rd._replace(**f), outputs)
+
+        first = jax.tree.map(lambda x: x[0], xs)
+        zeros = jax.tree.map(
+          lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(run_chunk, first)
         )
-        return reduce(state, rd._replace(**f), outputs)
+        body = lambda acc, xs_chunk: (tree_lib.tree_add(acc, run_chunk(xs_chunk)), None)
+        sums, _ = jax.lax.scan(body, zeros, xs)
+        return sums
 
-      first = jax.tree.map(lambda x: x[0], xs)
-      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(run_chunk, first))
-      body = lambda acc, xs_chunk: (tree_lib.tree_add(acc, run_chunk(xs_chunk)), None)
-      sums, _ = jax.lax.scan(body, zeros, xs)
-      return finish(state, rd, sums, a_key)
+      return drive_round(algorithm.broadcast, run_chunks, finish, state, rd, key)
 
     jitted = jax.jit(traced, donate_argnums=0, static_argnums=3)
 
@@ -250,9 +250,7 @@ def make_chunked_round(
     round_fn.lower = lambda state, rd, key: jitted.lower(state, rd, key, chunk_of(state, rd))
     return round_fn
 
-  broadcast = jax.jit(algorithm.broadcast)
-  split_keys = jax.jit(_round_keys)
-  make_client_keys = jax.jit(random_lib.client_keys, static_argnums=1)
+  pieces = host_pieces(algorithm.broadcast)
   # The start is traced, so every chunk of one size shares one compiled slice.
   take = jax.jit(
     lambda tree, start, size: jax.tree.map(
@@ -271,30 +269,40 @@ def make_chunked_round(
 
   def host_round(state, rd: RoundData, key):
     chunk = chunk_of(state, rd)
-    b_key, c_key, a_key = split_keys(key)
-    shared, client_inputs = broadcast(state, rd, b_key)
     c = int(rd.idx.shape[0])
-    keys = make_client_keys(c_key, c)
-    acc = None
-    for start in range(0, c, chunk):
-      size = min(chunk, c - start)
-      f = take(_client_fields(rd), start, size)
-      outputs = engine.run(
-        shared,
-        take(client_inputs, start, size),
-        rd.images,
-        rd.labels,
-        f["idx"],
-        f["mask"],
-        take(keys, start, size),
-      )
-      rd_chunk = rd._replace(**f)
-      acc = (
-        reduce_first(state, rd_chunk, outputs)
-        if acc is None
-        else reduce_add(state, rd_chunk, outputs, acc)
-      )
-      del outputs  # Free the chunk's client outputs before the next chunk runs.
-    return finish_jit(state, rd, acc, a_key)
+
+    def run_chunks(shared, client_inputs, images, labels, idx, mask, keys):
+      acc = None
+      for start in range(0, c, chunk):
+        size = min(chunk, c - start)
+        f = take(_client_fields(rd), start, size)
+        outputs = engine.run(
+          shared,
+          take(client_inputs, start, size),
+          images,
+          labels,
+          f["idx"],
+          f["mask"],
+          take(keys, start, size),
+        )
+        rd_chunk = rd._replace(**f)
+        acc = (
+          reduce_first(state, rd_chunk, outputs)
+          if acc is None
+          else reduce_add(state, rd_chunk, outputs, acc)
+        )
+        del outputs  # Free the chunk's client outputs before the next chunk runs.
+      return acc
+
+    return drive_round(
+      pieces["broadcast"],
+      run_chunks,
+      finish_jit,
+      state,
+      rd,
+      key,
+      split_keys=pieces["split_keys"],
+      client_keys=pieces["client_keys"],
+    )
 
   return host_round

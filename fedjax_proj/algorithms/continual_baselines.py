@@ -26,7 +26,8 @@ each centralised continual-learning method runs on every client inside FedAvg.
 
 A :class:`ContinualMethod` is a :class:`FederatedAlgorithm` (one training round; the current task
 id arrives as ``RoundData.extra["task"]``) plus an optional host-side ``end_task`` hook run once
-after each task on a layout of ALL clients' task data.
+after each task on a layout of ALL clients' task data, with the execution strategy of the task
+driver (the method never chooses one).
 """
 
 from __future__ import annotations
@@ -43,19 +44,21 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import gpse, losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
-CONTINUAL_METHODS = ("fl", "ewc", "er", "gpm", "fot")
 EWC_FISHERS = ("client", "server")
 
-# end_task(state, round_data_of_all_clients, key, task) -> (state, metrics)
-EndTaskFn = Callable[[PyTree, RoundData, Array, int], tuple[PyTree, dict]]
+# end_task(state, round_data_of_all_clients, key, task, strategy) -> (state, metrics); the task
+# driver passes its resolved execution strategy for any client pass the hook runs.
+EndTaskFn = Callable[[PyTree, RoundData, Array, int, str], tuple[PyTree, dict]]
 
 
 class ContinualMethod(NamedTuple):
-  """A continual-FL method: a round algorithm plus an optional end-of-task hook."""
+  """A continual-FL method: a round algorithm plus an optional end-of-task hook; meets
+  :class:`~fedjax_proj.algorithms.families.ContinualFamily` (``"continual"``)."""
 
   algorithm: FederatedAlgorithm
   end_task: EndTaskFn | None = None
@@ -115,9 +118,7 @@ def _algorithm(name, init_method, broadcast_extra, program, batch_fn, post_avg=N
       averaged = post_avg(state, averaged)
     return ContinualState(state.round + 1, averaged, state.method), client_metrics(outputs, rd)
 
-  return FederatedAlgorithm(
-    name, init, broadcast, program, aggregate, batch_fn, lambda s: s.variables
-  )
+  return FederatedAlgorithm(name, init, broadcast, program, aggregate, batch_fn)
 
 
 def fl(model: Model, optimizer: optax.GradientTransformation, batch_fn: BatchFn) -> ContinualMethod:
@@ -138,7 +139,6 @@ def ewc(
   batch_fn: BatchFn,
   *,
   num_clients: int,
-  strategy: str = "vmap_scan",
   lam: float = 40.0,
   fisher: str = "client",
   normalize: bool = False,
@@ -150,7 +150,6 @@ def ewc(
     optimizer: client optimiser.
     batch_fn: the engine's batch builder.
     num_clients: clients holding data (the per-client Fishers' leading axis).
-    strategy: execution strategy of the end-of-task Fisher pass.
     lam: regularisation coefficient λ (F.4: 40 PMNIST, 20 CIFAR100).
     fisher: "client" (each client's own accumulated Fisher, F.2) or "server" (one n_k-weighted
       average shared by all clients).
@@ -220,7 +219,7 @@ def ewc(
     fisher_step,
     lambda s: {"fisher": jax.tree.map(lambda f: f / jnp.maximum(s[1], 1.0), s[0])},
   )
-  engine = ClientEngine(fisher_program, batch_fn, strategy)
+  engines: dict[str, ClientEngine] = {}  # one per strategy the driver asks for, built once
 
   def to_max_one(tree, client_axis: bool):
     # Divide by the max over every parameter (one max per client with ``client_axis``).
@@ -236,9 +235,11 @@ def ewc(
   def norm(tree, client_axis: bool):
     return to_max_one(tree, client_axis) if normalize else tree
 
-  def end_task(state, rd, key, task):
+  def end_task(state, rd, key, task, strategy):
+    if strategy not in engines:
+      engines[strategy] = ClientEngine(fisher_program, batch_fn, strategy)
     shared = {"variables": state.variables, "task": jnp.int32(task)}
-    out = _run_all_clients(engine, shared, rd, key)
+    out = _run_all_clients(engines[strategy], shared, rd, key)
     if per_client:
       f_t = norm(out["fisher"], True)  # [clients of rd, ...]
       ids = jnp.asarray(rd.client_ids)
@@ -299,7 +300,8 @@ def er(
     x = b.x.reshape(c, num_tasks, p, *b.x.shape[1:])
     return {}, {"x": x, "y": b.y.reshape(c, num_tasks, p), "mask": mask}
 
-  def end_task(state, rd, key, task):
+  def end_task(state, rd, key, task, strategy):
+    del strategy  # a host-side buffer update, no client pass
     idx = np.asarray(rd.idx).reshape(rd.idx.shape[0], -1)
     mask = np.asarray(rd.mask).reshape(rd.idx.shape[0], -1)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel()[-1])
@@ -359,7 +361,8 @@ def gpm(
     _, cap = gpse.capture_inputs(model, variables, b.x, mask=b.mask, task=task)
     return {s.key: gpse.input_rows(s, cap[s.path][1].astype(jnp.float32), b.mask) for s in specs}
 
-  def end_task(state, rd, key, task):
+  def end_task(state, rd, key, task, strategy):
+    del strategy  # one jitted forward per client, whatever the round's strategy
     # Hundreds of small per-client SVDs: single-threaded BLAS (see gpse.blas_threads).
     with gpse.blas_threads(1):
       return _end_task(state, rd, key, task)
@@ -400,3 +403,46 @@ def gpm(
 
   algorithm = _algorithm("gpm", init_method, broadcast_extra, program, batch_fn)
   return ContinualMethod(algorithm, end_task)
+
+
+def _build_fl(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return fl(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
+
+
+def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return ewc(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    num_clients=ctx.num_clients,
+    **hparams,
+  )
+
+
+def _build_er(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return er(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    num_clients=ctx.num_clients,
+    num_tasks=ctx.num_tasks,
+    **hparams,
+  )
+
+
+def _build_gpm(ctx: BuildContext, **hparams) -> ContinualMethod:
+  return gpm(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    variables=ctx.variables,
+    sample_x=ctx.sample_x,
+    num_clients=ctx.num_clients,
+    **hparams,
+  )
+
+
+FL_SPEC = MethodSpec("fl", "continual", _build_fl)
+EWC_SPEC = MethodSpec("ewc", "continual", _build_ewc)
+ER_SPEC = MethodSpec("er", "continual", _build_er)
+GPM_SPEC = MethodSpec("gpm", "continual", _build_gpm)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.algorithms.sequential import (
   SequentialAlgorithm,
   chain_metrics,
@@ -140,11 +141,7 @@ def cwc(
     handoff=handoff,
     end=end,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
-
-
-NEEDS_PUBLIC = False
 
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
@@ -154,3 +151,6 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
     raise ValueError(f"Unknown CWC hyperparameters {sorted(unknown)}; valid: lam, decay.")
   check_no_server_optimizer(ctx.server_optimizer, "cwc")
   return cwc(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
+
+
+SPEC = MethodSpec("cwc", "sequential", build)

@@ -28,6 +28,7 @@ from fedjax_proj.algorithms import distill, losses
 from fedjax_proj.algorithms.client import split_variables
 from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.engine import TwoForms
 from fedjax_proj.core.types import Array, Model, RoundData
 
 
@@ -64,7 +65,10 @@ def distillation_server(
   teacher: str = "mean",
   memory_size: int = 0,
 ):
-  """Builds ``(init, aggregate, aggregate_host)`` for the distillation family.
+  """Builds ``(init, aggregate)`` for the distillation family.
+
+  ``aggregate`` is a :class:`~fedjax_proj.core.engine.TwoForms`: the traced server step and the same
+  step as host loops of jitted steps; the round driver picks one from its execution strategy.
 
   Args:
     model: the model.
@@ -144,7 +148,7 @@ def distillation_server(
     )
     return new_state, metrics
 
-  def aggregate(state, rd, outputs, key):
+  def traced(state, rd, outputs, key):
     return _aggregate(
       state,
       rd,
@@ -155,7 +159,7 @@ def distillation_server(
       lambda k: _sample_memory(k, public_size, memory_size),
     )
 
-  def aggregate_host(state, rd, outputs, key):
+  def host(state, rd, outputs, key):
     return _aggregate(state, rd, outputs, key, host_logits, host_distill, sample_memory)
 
-  return init, aggregate, aggregate_host
+  return init, TwoForms(traced, host)

@@ -3,8 +3,9 @@
 Server: θ ← Σ_k (n_k / Σ_j n_j) θ_k over the sampled clients; BatchNorm statistics are averaged the
 same way. With a server optimiser (Reddi et al., 2021) the averaged change is a pseudo-gradient: g =
 θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with the
-client optimiser (docs/methods.md, "FedAvg"). The same average as sums over clients (``streaming``)
-lets a large cohort run in chunks (:mod:`fedjax_proj.algorithms.chunked`).
+client optimiser (docs/methods.md, "FedAvg"). The aggregate is a ``StreamingAggregate``: the same
+average as sums over clients lets a large cohort run in chunks
+(:mod:`fedjax_proj.algorithms.chunked`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm, StreamingAggregate
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
@@ -144,18 +146,16 @@ def fedavg(
     init=init,
     broadcast=broadcast,
     client=program,
-    aggregate=aggregate,
-    batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
-    streaming=StreamingAggregate(
-      lambda state, rd, outputs: weighted_sums(outputs, rd), finish, aggregate
+    aggregate=StreamingAggregate(
+      lambda state, rd, outputs: weighted_sums(outputs, rd), finish, direct=aggregate
     ),
+    batch_fn=batch_fn,
   )
-
-
-NEEDS_PUBLIC = False
 
 
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`)."""
   return fedavg(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hparams)
+
+
+SPEC = MethodSpec("fedavg", "fl", build)

@@ -14,6 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import distill
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
 
@@ -37,7 +38,7 @@ def ensemble_distillation(
   cfg = distill.DistillConfig(
     distill_epochs, distill_batch_size, distill_lr, distill_temperature, alpha
   )
-  init, aggregate, aggregate_host = distillation_server(
+  init, aggregate = distillation_server(
     model, normalize, cfg, public_size=public_size, teacher=teacher
   )
 
@@ -54,12 +55,7 @@ def ensemble_distillation(
     ),
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
-    aggregate_host=aggregate_host,
   )
-
-
-NEEDS_PUBLIC = True
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
@@ -67,3 +63,6 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   return ensemble_distillation(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
   )
+
+
+SPEC = MethodSpec("feddf", "fl", build, needs_public=True)

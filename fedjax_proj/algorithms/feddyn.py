@@ -28,6 +28,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -123,11 +124,7 @@ def feddyn(
     client=program,
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
-
-
-NEEDS_PUBLIC = False
 
 
 def build(ctx, **hparams) -> FederatedAlgorithm:
@@ -140,3 +137,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
     server_optimizer=ctx.server_optimizer,
     **hparams,
   )
+
+
+SPEC = MethodSpec("feddyn", "fl", build)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.feddf import ensemble_distillation
-
-NEEDS_PUBLIC = True
+from fedjax_proj.algorithms.registry import MethodSpec
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
@@ -27,3 +26,6 @@ def build(ctx, **hp) -> FederatedAlgorithm:
     name="fedet",
     **hp,
   )
+
+
+SPEC = MethodSpec("fedet", "fl", build, needs_public=True)

@@ -24,6 +24,7 @@ Server: FedAvg. docs/methods.md ("FedGKD") and docs/reproduction.md ("FedGKD (pa
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -34,6 +35,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import distill, losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
@@ -204,7 +206,6 @@ def fedgkd(
   )
 
 
-NEEDS_PUBLIC = False
 NO_VALIDATION_FIX = (
   "pass --train_subset below the training set's size (002 trains on 90%: --train_subset=45000 "
   "of CIFAR-10's 50,000 leaves 5,000 for validation), or "
@@ -233,3 +234,13 @@ def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
     normalize=ctx.normalize,
     **hp,
   )
+
+
+SPEC = MethodSpec("fedgkd", "fl", build)
+VOTE_SPEC = MethodSpec(
+  "fedgkd_vote",
+  "fl",
+  functools.partial(build, method="fedgkd_vote"),
+  needs_validation=functools.partial(needs_validation, "fedgkd_vote"),
+  validation_fix=NO_VALIDATION_FIX,
+)

@@ -37,6 +37,7 @@ import optax
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, client_metrics, fedavg, server_update
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
@@ -110,11 +111,11 @@ def fednova(
   return base._replace(name="fednova", aggregate=aggregate)
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); no hyperparameters."""
   return fednova(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, server_optimizer=ctx.server_optimizer, **hparams
   )
+
+
+SPEC = MethodSpec("fednova", "fl", build)

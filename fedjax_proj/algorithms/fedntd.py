@@ -14,6 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Batch, Model
 
@@ -47,9 +48,9 @@ def fedntd(
   return base._replace(name="fedntd", client=program)
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
   return fedntd(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hp)
+
+
+SPEC = MethodSpec("fedntd", "fl", build)

@@ -35,6 +35,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import distill, losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -220,7 +221,7 @@ def fedproj(
     alpha,
     anchor=divergence_anchor,
   )
-  init, aggregate, aggregate_host = distillation_server(
+  init, aggregate = distillation_server(
     model, normalize, cfg, public_size=public_size, memory_size=memory_size
   )
   program = projection_client(
@@ -271,15 +272,9 @@ def fedproj(
     init=init,
     broadcast=broadcast,
     client=program,
-    aggregate=aggregate_with_diagnostics(aggregate),
+    aggregate=aggregate.map(aggregate_with_diagnostics),
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
-    aggregate_host=aggregate_with_diagnostics(aggregate_host),
   )
-
-
-NEEDS_PUBLIC = True
-CONFIG_KWARGS = ("memory_size",)
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
@@ -287,3 +282,6 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   return fedproj(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
   )
+
+
+SPEC = MethodSpec("fedproj", "fl", build, needs_public=True, config_kwargs=("memory_size",))

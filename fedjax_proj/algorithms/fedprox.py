@@ -15,6 +15,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Batch, Model
@@ -55,11 +56,11 @@ def fedprox(
   return base._replace(name="fedprox", client=program)
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``mu``."""
   return fedprox(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, server_optimizer=ctx.server_optimizer, **hparams
   )
+
+
+SPEC = MethodSpec("fedprox", "fl", build)

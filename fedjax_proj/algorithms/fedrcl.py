@@ -40,6 +40,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model
@@ -151,12 +152,12 @@ def fedrcl(
   return base._replace(name="fedrcl", client=program)
 
 
-NEEDS_PUBLIC = False
-
-
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``temperature``,
   ``threshold``, ``topk_neg``, ``scl_weight``, ``penalty_weight``, ``clip_norm``."""
   return fedrcl(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, server_optimizer=ctx.server_optimizer, **hparams
   )
+
+
+SPEC = MethodSpec("fedrcl", "fl", build)

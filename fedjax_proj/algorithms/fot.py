@@ -23,6 +23,7 @@ memory at once during GPSE (all clients by default).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -35,6 +36,7 @@ from fedjax_proj.algorithms import gpse
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.continual_baselines import ContinualMethod, task_loss
 from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, RoundData
@@ -54,7 +56,6 @@ def fot(
   *,
   variables: dict,
   sample_x: Array,
-  strategy: str = "vmap_scan",
   eps: float = 0.95,
   eps_inc: float = 0.0,
   mu: float = 1.0,
@@ -75,7 +76,6 @@ def fot(
     batch_fn: the engine's batch builder.
     variables: initial variables (their shapes locate the projected layers).
     sample_x: a normalised input batch (shape only).
-    strategy: execution strategy of the GPSE client pass (resolved, not ``auto``).
     eps: initial threshold ε_0.
     eps_inc: threshold increment per task.
     mu: server step on the projected update.
@@ -129,9 +129,7 @@ def fot(
     variables = {**averaged, "params": new_params}
     return state._replace(round=state.round + 1, variables=variables), client_metrics(outputs, rd)
 
-  algorithm = FederatedAlgorithm(
-    "fot", init, broadcast, program, aggregate, batch_fn, lambda s: s.variables
-  )
+  algorithm = FederatedAlgorithm("fot", init, broadcast, program, aggregate, batch_fn)
 
   # ---- GPSE -------------------------------------------------------------------------------
   def g_init(shared, client_input, key):
@@ -159,17 +157,22 @@ def fot(
     sk, key = state
     return gpse.finish_sketch(sk, key, dp_clip, dp_noise)
 
-  engine = ClientEngine(ClientProgram(g_init, g_step, g_final), batch_fn, strategy)
+  # The GPSE client pass for each execution strategy the task driver asks for, built once.
+  runners: dict[str, tuple[ClientEngine, Callable]] = {}
 
-  def run_chunk(shared, images, labels, idx, mask, keys):
-    out = engine.run(shared, {}, images, labels, idx, mask, keys)
-    # Server-side sum (the secure-aggregation sum), inside the same program when traceable.
-    return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
+  def runner(strategy: str):
+    if strategy not in runners:
+      engine = ClientEngine(ClientProgram(g_init, g_step, g_final), batch_fn, strategy)
 
-  if engine.traceable:
-    run_chunk = jax.jit(run_chunk)
+      def run_chunk(shared, images, labels, idx, mask, keys):
+        out = engine.run(shared, {}, images, labels, idx, mask, keys)
+        # Server-side sum (the secure-aggregation sum), inside the same program when traceable.
+        return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
 
-  def client_sketches(state: FOTState, rd: RoundData, key, task: int):
+      runners[strategy] = (engine, jax.jit(run_chunk) if engine.traceable else run_chunk)
+    return runners[strategy]
+
+  def client_sketches(state: FOTState, rd: RoundData, key, task: int, strategy: str):
     """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""
     shared = {
       "variables": state.variables,
@@ -177,6 +180,7 @@ def fot(
       "ranks": state.ranks,
       "task": jnp.int32(task),
     }
+    engine, run_chunk = runner(strategy)
     c = rd.idx.shape[0]
     # Host-looped strategies run one client per call so only one [d, s] sketch is alive besides
     # the running sum; traceable ones vmap over ``client_chunk`` clients (all by default).
@@ -209,10 +213,10 @@ def fot(
       metrics[f"added/{s.key}"] = k
       metrics[f"solver/{s.key}"] = solver
 
-  def end_task(state: FOTState, rd: RoundData, key, task: int):
+  def end_task(state: FOTState, rd: RoundData, key, task: int, strategy: str):
     """GPSE: extends every layer's basis with the new task's principal input subspace."""
     t0 = time.perf_counter()
-    a_sum, ratio, n = client_sketches(state, rd, key, task)
+    a_sum, ratio, n = client_sketches(state, rd, key, task, strategy)
     jax.block_until_ready(a_sum)
     t1 = time.perf_counter()
     eps_t = min(eps + eps_inc * task, 1.0)
@@ -226,3 +230,18 @@ def fot(
 
   method = ContinualMethod(algorithm, end_task)
   return method
+
+
+def build(ctx: BuildContext, **hparams) -> ContinualMethod:
+  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: :func:`fot`'s."""
+  return fot(
+    ctx.model,
+    ctx.client_optimizer,
+    ctx.batch_fn,
+    variables=ctx.variables,
+    sample_x=ctx.sample_x,
+    **hparams,
+  )
+
+
+SPEC = MethodSpec("fot", "continual", build)

@@ -30,6 +30,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
@@ -133,11 +134,7 @@ def moon(
     client=program,
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
-
-
-NEEDS_PUBLIC = False
 
 
 def build(ctx, **hparams) -> FederatedAlgorithm:
@@ -151,3 +148,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
     server_optimizer=ctx.server_optimizer,
     **hparams,
   )
+
+
+SPEC = MethodSpec("moon", "fl", build, model_kwargs=MODEL_KWARGS)

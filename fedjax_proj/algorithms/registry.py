@@ -1,20 +1,34 @@
-"""Method registry: one name per algorithm, each built from a :class:`BuildContext` and its
-hyperparameters. Experiments select methods by name (``--method``)."""
+"""Method registry: one typed spec per method, found by name. Experiments select methods by name
+(``--method``).
+
+Each method module declares one :class:`MethodSpec` (a module serving several names declares one
+per name): its family, its ``build(ctx: BuildContext, **hparams)``, whether it reads a public set,
+the model options and config fields it needs and the client optimisers it is defined for. The
+registry is the table :data:`METHODS` of name -> ``"module:ATTRIBUTE"`` of that spec; modules are
+imported only when a method is looked up, so adding a method never slows start-up
+(docs/design.md, "The method registry").
+"""
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import importlib
 import importlib.util
-import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import optax
 
-from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.families import FAMILY_PROTOCOLS, meets_family
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
+
+# The method families (docs/design.md, "The algorithm contract"), each a Protocol of
+# fedjax_proj.algorithms.families: parallel FL (a ``FederatedAlgorithm``), sequential FL (a
+# ``SequentialAlgorithm``) and continual FL (a ``ContinualMethod``).
+FAMILIES = tuple(FAMILY_PROTOCOLS)
+# The families ``fedjax_proj.training.experiment`` runs (one task, a global model per round).
+FEDERATED = ("fl", "sequential")
 
 
 class BuildContext(NamedTuple):
@@ -32,6 +46,9 @@ class BuildContext(NamedTuple):
     validation_size: number of held-out training examples in ``RoundData.extra``
       (``validation_images`` / ``validation_labels``; 0 if none): the part of the training set
       that ``train_subset`` leaves out (FedGKD-VOTE's server-side validation losses).
+    variables: the initial variables (continual methods locate their projected layers in them).
+    sample_x: a normalised input batch, shape only (continual methods that trace the model).
+    num_tasks: number of tasks of a continual benchmark (0 otherwise).
   """
 
   model: Model
@@ -43,119 +60,174 @@ class BuildContext(NamedTuple):
   public_size: int = 0
   num_classes: int = 10
   validation_size: int = 0
+  variables: dict | None = None
+  sample_x: Array | None = None
+  num_tasks: int = 0
 
 
-# name -> module defining ``build(ctx: BuildContext, **hparams) -> FederatedAlgorithm``,
-# ``NEEDS_PUBLIC: bool`` and optionally ``MODEL_KWARGS: dict`` (model options the method needs).
-# Modules are imported lazily, so adding a method never slows start-up; a name is listed only
-# once its module exists.
-METHOD_MODULES: dict[str, str] = {
-  "fedavg": "fedjax_proj.algorithms.fedavg",
-  "fedprox": "fedjax_proj.algorithms.fedprox",
-  "fednova": "fedjax_proj.algorithms.fednova",
-  "feddyn": "fedjax_proj.algorithms.feddyn",
-  "scaffold": "fedjax_proj.algorithms.scaffold",
-  "moon": "fedjax_proj.algorithms.moon",
-  "fedrcl": "fedjax_proj.algorithms.fedrcl",
-  "feddf": "fedjax_proj.algorithms.feddf",
-  "fedet": "fedjax_proj.algorithms.fedet",
-  "fedgkd": "fedjax_proj.algorithms.fedgkd",
-  "fedgkd_vote": "fedjax_proj.algorithms.fedgkd",
-  "fedntd": "fedjax_proj.algorithms.fedntd",
-  "fedproj": "fedjax_proj.algorithms.fedproj",
-  "fedseq": "fedjax_proj.algorithms.sequential",
-  "cwc": "fedjax_proj.algorithms.cwc",
-  "sfedkd": "fedjax_proj.algorithms.sfedkd",
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+  """One method's registry entry.
+
+  Attributes:
+    name: the ``--method`` name.
+    family: one of :data:`FAMILIES`; says which round driver runs what ``build`` returns.
+    build: ``build(ctx: BuildContext, **hparams)`` -> the algorithm (``FederatedAlgorithm``,
+      ``SequentialAlgorithm`` or ``ContinualMethod``, by family).
+    needs_public: the method reads a public set from ``RoundData.extra``.
+    model_kwargs: model options the method requires (e.g. MOON's ``projection_dim``).
+    config_kwargs: experiment-config fields the method consumes as hyperparameters.
+    client_optimizers: the client optimisers the method is defined for (None: any).
+    client_optimizer_note: why the others are a poor choice.
+    needs_validation: ``needs_validation(hparams) -> bool``: with these hyperparameters the
+      method reads a held-out validation split from ``RoundData.extra`` (None: never).
+    validation_fix: what to pass when that split is empty (printed in the error).
+  """
+
+  name: str
+  family: str
+  build: Callable[..., Any]
+  needs_public: bool = False
+  model_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  config_kwargs: tuple[str, ...] = ()
+  client_optimizers: tuple[str, ...] | None = None
+  client_optimizer_note: str = "expect it to train poorly."
+  needs_validation: Callable[[Mapping[str, Any]], bool] | None = None
+  validation_fix: str = "pass --train_subset below the training set's size"
+
+  def __post_init__(self):
+    if self.family not in FAMILIES:
+      raise ValueError(
+        f"MethodSpec {self.name!r}: unknown family {self.family!r}; choose one of {FAMILIES}."
+      )
+
+
+# name -> "module:ATTRIBUTE" of the method's MethodSpec, one line per method, in the order
+# :func:`methods` lists them: the one-task methods alphabetically, the continual ones in the order
+# of FOT's tables (paper 003), which its entry points print.
+METHODS: dict[str, str] = {
+  "cwc": "fedjax_proj.algorithms.cwc:SPEC",
+  "fedavg": "fedjax_proj.algorithms.fedavg:SPEC",
+  "feddf": "fedjax_proj.algorithms.feddf:SPEC",
+  "feddyn": "fedjax_proj.algorithms.feddyn:SPEC",
+  "fedet": "fedjax_proj.algorithms.fedet:SPEC",
+  "fedgkd": "fedjax_proj.algorithms.fedgkd:SPEC",
+  "fedgkd_vote": "fedjax_proj.algorithms.fedgkd:VOTE_SPEC",
+  "fednova": "fedjax_proj.algorithms.fednova:SPEC",
+  "fedntd": "fedjax_proj.algorithms.fedntd:SPEC",
+  "fedproj": "fedjax_proj.algorithms.fedproj:SPEC",
+  "fedprox": "fedjax_proj.algorithms.fedprox:SPEC",
+  "fedrcl": "fedjax_proj.algorithms.fedrcl:SPEC",
+  "fedseq": "fedjax_proj.algorithms.sequential:SPEC",
+  "moon": "fedjax_proj.algorithms.moon:SPEC",
+  "scaffold": "fedjax_proj.algorithms.scaffold:SPEC",
+  "sfedkd": "fedjax_proj.algorithms.sfedkd:SPEC",
+  "fl": "fedjax_proj.algorithms.continual_baselines:FL_SPEC",
+  "ewc": "fedjax_proj.algorithms.continual_baselines:EWC_SPEC",
+  "er": "fedjax_proj.algorithms.continual_baselines:ER_SPEC",
+  "gpm": "fedjax_proj.algorithms.continual_baselines:GPM_SPEC",
+  "fot": "fedjax_proj.algorithms.fot:SPEC",
 }
-_EXTRA: dict[str, tuple[Callable[..., FederatedAlgorithm], bool]] = {}
+_EXTRA: dict[str, MethodSpec] = {}
 
 
-def register(name: str, builder: Callable[..., FederatedAlgorithm], needs_public: bool = False):
-  """Adds a user-defined method ``builder(ctx, **hparams)`` to the registry."""
-  _EXTRA[name] = (builder, needs_public)
+def register(spec: MethodSpec) -> None:
+  """Adds a user-defined method to the registry (its name must be new)."""
+  if not isinstance(spec, MethodSpec):
+    raise TypeError(f"register() takes a MethodSpec, got {type(spec).__name__}.")
+  if spec.name in METHODS:
+    raise ValueError(f"Method {spec.name!r} is already registered; choose another name.")
+  _EXTRA[spec.name] = spec
+
+
+def unregister(name: str) -> None:
+  """Removes a method added with :func:`register`."""
+  _EXTRA.pop(name)
 
 
 def _available(name: str) -> bool:
   if name in _EXTRA:
     return True
-  module = METHOD_MODULES.get(name)
-  return module is not None and importlib.util.find_spec(module) is not None
+  ref = METHODS.get(name)
+  return ref is not None and importlib.util.find_spec(ref.split(":")[0]) is not None
 
 
-def methods() -> tuple[str, ...]:
-  """Names of the methods available in this installation."""
-  return tuple(sorted(n for n in {*METHOD_MODULES, *_EXTRA} if _available(n)))
-
-
-def _resolve(name: str) -> tuple[Callable[..., FederatedAlgorithm], bool]:
+def spec(name: str) -> MethodSpec:
+  """The :class:`MethodSpec` of ``name``; an unknown name raises a ValueError listing valid ones."""
+  if not _available(name):
+    raise ValueError(f"Unknown method {name!r}. Valid methods: {', '.join(methods(FAMILIES))}.")
   if name in _EXTRA:
     return _EXTRA[name]
-  module = importlib.import_module(METHOD_MODULES[name])
-  builder = module.build
-  needs_public = getattr(module, "NEEDS_PUBLIC", False)
-  if isinstance(needs_public, dict):
-    needs_public = needs_public.get(name, False)
-  if "method" in inspect.signature(builder).parameters:
-    # One module may serve several names (fedgkd / fedgkd_vote).
-    builder = functools.partial(builder, method=name)
-  return builder, needs_public
+  module, attribute = METHODS[name].split(":")
+  found = getattr(importlib.import_module(module), attribute)
+  if not isinstance(found, MethodSpec) or found.name != name:
+    raise TypeError(f"{METHODS[name]} must be the MethodSpec of {name!r}, got {found!r}.")
+  return found
+
+
+def methods(families: tuple[str, ...] = FEDERATED) -> tuple[str, ...]:
+  """Names of the available methods of ``families`` (default: the one-task FL families), in
+  :data:`METHODS` order, then the user-registered ones alphabetically."""
+  names = [*METHODS, *sorted(_EXTRA)]
+  return tuple(n for n in names if _available(n) and spec(n).family in families)
 
 
 def model_kwargs(name: str) -> dict:
-  """Model options a method requires (e.g. MOON's ``projection_dim``), from ``MODEL_KWARGS``."""
-  if name in _EXTRA or not _available(name):
-    return {}
-  kwargs = getattr(importlib.import_module(METHOD_MODULES[name]), "MODEL_KWARGS", {})
-  return dict(kwargs.get(name, {})) if name in kwargs else dict(kwargs)
+  """Model options a method requires (e.g. MOON's ``projection_dim``)."""
+  return dict(spec(name).model_kwargs) if _available(name) else {}
 
 
 def config_kwargs(name: str) -> tuple[str, ...]:
-  """Experiment-config fields a method consumes as hyperparameters (``CONFIG_KWARGS``)."""
-  if name in _EXTRA or not _available(name):
-    return ()
-  return tuple(getattr(importlib.import_module(METHOD_MODULES[name]), "CONFIG_KWARGS", ()))
+  """Experiment-config fields a method consumes as hyperparameters."""
+  return spec(name).config_kwargs if _available(name) else ()
 
 
 def optimizer_caveat(name: str, optimizer: str) -> str | None:
-  """Why ``optimizer`` is a poor client optimiser for method ``name``, or None.
-
-  Modules list the client optimisers they are defined for in ``CLIENT_OPTIMIZERS`` and say why in
-  ``CLIENT_OPTIMIZER_NOTE``.
-  """
-  if name in _EXTRA or not _available(name):
+  """Why ``optimizer`` is a poor client optimiser for method ``name``, or None."""
+  if not _available(name):
     return None
-  module = importlib.import_module(METHOD_MODULES[name])
-  allowed = getattr(module, "CLIENT_OPTIMIZERS", None)
-  if allowed is None or optimizer in allowed:
+  s = spec(name)
+  if s.client_optimizers is None or optimizer in s.client_optimizers:
     return None
   return (
-    f"{name} is defined for client optimiser(s) {', '.join(allowed)}, not {optimizer}: "
-    + getattr(module, "CLIENT_OPTIMIZER_NOTE", "expect it to train poorly.")
+    f"{name} is defined for client optimiser(s) {', '.join(s.client_optimizers)}, not "
+    f"{optimizer}: " + s.client_optimizer_note
   )
 
 
 def needs_public(name: str) -> bool:
   """Whether method ``name`` reads a public set from ``RoundData.extra``."""
-  return _resolve(name)[1]
+  return spec(name).needs_public
 
 
 def needs_validation(name: str, hparams: dict) -> bool:
   """Whether method ``name`` with ``hparams`` reads a held-out validation split from
-  ``RoundData.extra`` (a module's ``needs_validation(name, hparams)``; False if it has none)."""
-  if name in _EXTRA or not _available(name):
-    return False
-  check = getattr(importlib.import_module(METHOD_MODULES[name]), "needs_validation", None)
-  return bool(check is not None and check(name, hparams))
-
-
-def build_algorithm(name: str, ctx: BuildContext, **hparams: Any) -> FederatedAlgorithm:
-  """Builds method ``name``; unknown names raise a ValueError listing the valid ones."""
+  ``RoundData.extra`` (its spec's ``needs_validation``; False if it has none)."""
   if not _available(name):
-    raise ValueError(f"Unknown method {name!r}. Valid methods: {', '.join(methods())}.")
-  builder, public = _resolve(name)
-  if public and ctx.public_size <= 0:
+    return False
+  check = spec(name).needs_validation
+  return bool(check is not None and check(hparams))
+
+
+def build_algorithm(name: str, ctx: BuildContext, **hparams: Any):
+  """Builds method ``name``, a value of its family's Protocol (:mod:`.families`).
+
+  Raises:
+    ValueError: an unknown name (the error lists the valid ones), or a method that needs a public
+      set and a context without one.
+    TypeError: the build returned something that does not meet the spec's family.
+  """
+  s = spec(name)
+  if s.needs_public and ctx.public_size <= 0:
     raise ValueError(
       f"Method {name!r} needs a public dataset: pass --public_data (e.g. cifar100 or a path to "
       "an npz/image folder)."
     )
-  return builder(ctx, **hparams)
+  built = s.build(ctx, **hparams)
+  if not meets_family(built, s.family):
+    raise TypeError(
+      f"Method {name!r} is registered as family {s.family!r} but its build returned a "
+      f"{type(built).__name__}, which does not meet {FAMILY_PROTOCOLS[s.family].__name__} "
+      "(fedjax_proj.algorithms.families); fix the MethodSpec's family or its build."
+    )
+  return built

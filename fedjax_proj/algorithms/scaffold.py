@@ -32,6 +32,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
 from fedjax_proj.algorithms.fednova import unit_gradient_displacement
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -126,13 +127,10 @@ def scaffold(
     client=program,
     aggregate=aggregate,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
 
 
-NEEDS_PUBLIC = False
-CLIENT_OPTIMIZERS = ("sgd",)
-CLIENT_OPTIMIZER_NOTE = (
+_CLIENT_OPTIMIZER_NOTE = (
   "Adam moves every coordinate by about lr per step whatever the gradient's size, so "
   "(θ_g − θ_k)/D(K) makes c − c_k of order 1 per coordinate and the correction swamps the "
   "gradients (CIFAR-10 benchmark, 10 rounds: Adam 1e-3 gave 9.25%, chance; SGD 0.01 gave 15.70%; "
@@ -150,3 +148,8 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
     server_optimizer=ctx.server_optimizer,
     **hparams,
   )
+
+
+SPEC = MethodSpec(
+  "scaffold", "fl", build, client_optimizers=("sgd",), client_optimizer_note=_CLIENT_OPTIMIZER_NOTE
+)

@@ -10,9 +10,10 @@ clients + aggregate). :class:`SequentialAlgorithm` is the small extension: ``beg
 first client), a per-client :class:`~fedjax_proj.core.engine.ClientProgram` (written for ONE
 client, as everywhere else), ``handoff`` (client m's output -> client m+1's carry) and ``end``
 (chain -> server state). It has the attributes :func:`fedjax_proj.training.loop.train` reads
-(``name``, ``init``, ``global_variables``) and a ``make_round(strategy)`` that
-:func:`fedjax_proj.algorithms.base.make_round` dispatches to, so the experiment runner and every
-other caller of ``make_round`` work unchanged. CWC (cwc.py) and SFedKD (sfedkd.py) are built on it.
+(``name``, ``init``, ``global_variables``), and :func:`fedjax_proj.algorithms.base.make_round`
+builds its chain round (:func:`make_sequential_round`) for any strategy, so the experiment runner
+and every other caller of ``make_round`` work unchanged. CWC (cwc.py) and SFedKD (sfedkd.py) are
+built on it.
 
 Execution strategies (identical semantics; tests/algorithms/test_sequential.py proves it):
 
@@ -40,6 +41,8 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
+from fedjax_proj.algorithms.base import server_variables
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, run_vmap_scan
@@ -52,12 +55,6 @@ BeginFn = Callable[[PyTree, RoundData, Array], tuple[dict, dict, PyTree]]
 HandoffFn = Callable[[dict, PyTree, PyTree], dict]
 # end(state, rd, carry, outputs (stacked in sequence order), order, key) -> (state, metrics)
 EndFn = Callable[[PyTree, RoundData, dict, PyTree, Array, Array], tuple[PyTree, dict]]
-
-
-# The registered methods built on SequentialAlgorithm (this module, cwc.py, sfedkd.py). They need
-# settings of their own (paper 004's: SGD, ExDir partitions), so entry points written for parallel
-# FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
-SEQUENTIAL_METHODS = ("fedseq", "cwc", "sfedkd")
 
 
 def sequence_order(key: Array, num_clients: int) -> Array:
@@ -81,7 +78,8 @@ def default_handoff(carry: dict, output: PyTree, client_input: PyTree) -> dict:
 
 
 class SequentialAlgorithm(NamedTuple):
-  """A sequential-FL algorithm as pure functions.
+  """A sequential-FL algorithm as pure functions; meets
+  :class:`~fedjax_proj.algorithms.families.SequentialFamily` (``"sequential"``).
 
   Attributes:
     name: method name.
@@ -96,7 +94,8 @@ class SequentialAlgorithm(NamedTuple):
     end: ``end(state, rd, carry, outputs, order, key) -> (state, metrics)``; ``outputs`` are
       stacked in sequence order, ``order[m]`` is the ``round_data`` position of the m-th client.
     batch_fn: builds each local step's batch.
-    global_variables: ``global_variables(state) -> variables`` (evaluation).
+    global_variables: ``global_variables(state) -> variables`` (evaluation); by default the
+      state's ``variables`` field.
   """
 
   name: str
@@ -106,17 +105,11 @@ class SequentialAlgorithm(NamedTuple):
   handoff: HandoffFn
   end: EndFn
   batch_fn: BatchFn
-  global_variables: Callable[[PyTree], dict]
+  global_variables: Callable[[PyTree], dict] = server_variables
 
   def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
     """One round, pure and traceable (``lax.scan`` over the sequence); jit it whole."""
     return _traced_round(self, state, round_data, key)
-
-  def make_round(
-    self, strategy: str, unroll: int = 1
-  ) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
-    """``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy."""
-    return make_sequential_round(self, strategy, unroll)
 
 
 def _traced_round(alg: SequentialAlgorithm, state, rd: RoundData, key, unroll: int = 1):
@@ -249,11 +242,7 @@ def fedseq(
     handoff=default_handoff,
     end=end,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
-
-
-NEEDS_PUBLIC = False
 
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
@@ -262,3 +251,17 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
     raise ValueError(f"fedseq takes no method hyperparameters, got {sorted(hparams)}.")
   check_no_server_optimizer(ctx.server_optimizer, "fedseq")
   return fedseq(ctx.model, ctx.client_optimizer, ctx.batch_fn)
+
+
+SPEC = MethodSpec("fedseq", "sequential", build)
+
+
+# The registered methods of the sequential family (this module, cwc.py, sfedkd.py), read from the
+# registry. They need settings of their own (paper 004's: SGD, ExDir partitions), so entry points
+# written for parallel FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
+def __getattr__(name: str):
+  if name == "SEQUENTIAL_METHODS":
+    from fedjax_proj.algorithms import registry
+
+    return registry.methods(("sequential",))
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

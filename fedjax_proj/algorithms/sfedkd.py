@@ -34,6 +34,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms import teachers as teachers_lib
+from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.algorithms.sequential import (
   SequentialAlgorithm,
   chain_metrics,
@@ -250,11 +251,7 @@ def sfedkd(
     handoff=default_handoff,
     end=end,
     batch_fn=batch_fn,
-    global_variables=lambda state: state.variables,
   )
-
-
-NEEDS_PUBLIC = False
 
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
@@ -268,3 +265,6 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
   return sfedkd(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.num_classes, SFedKDConfig(**hparams)
   )
+
+
+SPEC = MethodSpec("sfedkd", "sequential", build)

@@ -23,6 +23,11 @@ Execution strategies (identical semantics; tests prove equality up to float tole
 
 PRNG: each client key is split into an init key and a step key; step ``s`` uses
 ``fold_in(step_key, s)``, so every strategy draws the same numbers.
+
+Server computations that train a model (server distillation) can have the same two forms:
+:class:`TwoForms` holds a traced function and a host loop of jitted steps with identical results,
+and the round driver picks one from its strategy (:func:`host_form`), so algorithms never take a
+strategy (docs/design.md, "The algorithm contract").
 """
 
 from __future__ import annotations
@@ -198,6 +203,32 @@ def run_vmap_scan(
     return program.final(state)
 
   return jax.vmap(one_client)(client_inputs, idx, mask, keys)
+
+
+class TwoForms:
+  """One computation in two forms with identical results; calling it runs the traced form.
+
+  Attributes:
+    traced: the pure, traceable form (jit it, or trace it into a one-program round).
+    host: a host loop of jitted steps, for host-looped strategies on XLA:CPU, where convolutions
+      inside ``lax.scan`` run ~10x slower (docs/design.md, "Measured facts about XLA:CPU").
+  """
+
+  def __init__(self, traced: Callable[..., Any], host: Callable[..., Any]):
+    self.traced = traced
+    self.host = host
+
+  def __call__(self, *args, **kwargs):
+    return self.traced(*args, **kwargs)
+
+  def map(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> TwoForms:
+    """``wrap`` applied to both forms (e.g. extra metrics around a server update)."""
+    return TwoForms(wrap(self.traced), wrap(self.host))
+
+
+def host_form(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+  """The host-loop form of ``fn`` when it is a :class:`TwoForms`, else None."""
+  return fn.host if isinstance(fn, TwoForms) else None
 
 
 class ClientEngine:

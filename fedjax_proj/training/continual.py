@@ -26,11 +26,13 @@ import numpy as np
 
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.continual_baselines import ContinualMethod
+from fedjax_proj.algorithms.families import ContinualFamily
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training import rundir
+from fedjax_proj.training.checkpoint import save_variables
 from fedjax_proj.training.metrics import MetricsWriter, to_python, write_json
 
 
@@ -89,8 +91,9 @@ def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) 
 
 
 def train_continual(
-  method: ContinualMethod,
+  method: ContinualFamily,
   round_fn: Callable,
+  strategy: str,
   bench: ContinualBenchmark,
   evaluate: Callable,
   init_variables: dict,
@@ -114,6 +117,8 @@ def train_continual(
   Args:
     method: the continual method (round algorithm + end-of-task hook).
     round_fn: the compiled round (:func:`fedjax_proj.algorithms.base.make_round`).
+    strategy: the resolved execution strategy ``round_fn`` was built for; the end-of-task hook's
+      client pass runs with it too.
     bench: the benchmark.
     evaluate: from :func:`make_task_evaluator`.
     init_variables: initial global model.
@@ -127,7 +132,8 @@ def train_continual(
     num_tasks: first ``num_tasks`` tasks only (default: all).
     end_task_batch_size: batch size of the end-of-task pass (default: ``batch_size``).
     eval_every: also evaluate the current task every k rounds (0: only at task ends).
-    output_dir: ``metrics.jsonl`` (one line per round and per task end) and ``summary.json``.
+    output_dir: ``metrics.jsonl`` (one line per round and per task end), ``summary.json`` and
+      ``final_variables.npz`` (the final global model).
     summary_extra: extra summary fields.
     log: progress printer (None: silent).
   """
@@ -190,7 +196,7 @@ def train_continual(
         fed_all = FederatedData(parts, end_task_batch_size or batch_size, 1)
         rd_all = task_round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
         key = random_lib.stream_key(random_lib.round_key(seed_key, t), "end_task")
-        state, end_metrics = method.end_task(state, rd_all, key, t)
+        state, end_metrics = method.end_task(state, rd_all, key, t, strategy)
         end_metrics = {**to_python(end_metrics), "end_task_seconds": time.perf_counter() - t0}
         timings["end_task_seconds"] += end_metrics["end_task_seconds"]
       variables = algorithm.global_variables(state)
@@ -223,6 +229,8 @@ def train_continual(
   }
   if output_dir is not None:
     write_json(Path(output_dir) / "summary.json", summary)
+    # The final global model, as the parallel-FL loop saves it (docs/design.md, "Checkpoints").
+    save_variables(Path(output_dir) / "final_variables.npz", algorithm.global_variables(state))
   return state, summary
 
 
@@ -236,44 +244,25 @@ def build_continual_method(
   sample_x,
   num_clients: int,
   num_tasks: int,
-  strategy: str,
   **hparams,
 ) -> ContinualMethod:
-  """Builds one of :data:`~fedjax_proj.algorithms.continual_baselines.CONTINUAL_METHODS`."""
-  from fedjax_proj.algorithms import continual_baselines as cb
-  from fedjax_proj.algorithms.fot import fot
+  """Builds a continual method of the registry (:mod:`fedjax_proj.algorithms.registry`)."""
+  from fedjax_proj.algorithms import registry
 
-  if name == "fl":
-    return cb.fl(model, optimizer, batch_fn, **hparams)
-  if name == "ewc":
-    return cb.ewc(model, optimizer, batch_fn, num_clients=num_clients, strategy=strategy, **hparams)
-  if name == "er":
-    return cb.er(
-      model, optimizer, batch_fn, num_clients=num_clients, num_tasks=num_tasks, **hparams
-    )
-  if name == "gpm":
-    return cb.gpm(
-      model,
-      optimizer,
-      batch_fn,
-      variables=variables,
-      sample_x=sample_x,
-      num_clients=num_clients,
-      **hparams,
-    )
-  if name == "fot":
-    return fot(
-      model,
-      optimizer,
-      batch_fn,
-      variables=variables,
-      sample_x=sample_x,
-      strategy=strategy,
-      **hparams,
-    )
-  raise ValueError(
-    f"Unknown continual method {name!r}; choose one of {', '.join(cb.CONTINUAL_METHODS)}."
+  continual = registry.methods(("continual",))
+  if name not in continual:
+    raise ValueError(f"Unknown continual method {name!r}; choose one of {', '.join(continual)}.")
+  ctx = registry.BuildContext(
+    model=model,
+    client_optimizer=optimizer,
+    batch_fn=batch_fn,
+    normalize=lambda x: x,  # continual methods read no public set
+    num_clients=num_clients,
+    variables=variables,
+    sample_x=sample_x,
+    num_tasks=num_tasks,
   )
+  return registry.build_algorithm(name, ctx, **hparams)
 
 
 def rounds_schedule(method: str, rounds_per_task: int, num_tasks: int, fl_later_rounds: int = 0):
@@ -343,7 +332,6 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     sample_x=sample,
     num_clients=c.num_clients,
     num_tasks=num_tasks,
-    strategy=strategy,
     **dict(c.method_kwargs),
   )
   from fedjax_proj.algorithms.base import make_round
@@ -359,6 +347,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   _, summary = train_continual(
     method,
     round_fn,
+    strategy,
     bench,
     make_task_evaluator(model, normalize, c.eval_batch_size),
     variables,

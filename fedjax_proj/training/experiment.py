@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.base import make_round, streaming_of
 from fedjax_proj.algorithms.chunked import auto_client_chunk, make_chunked_round, tree_bytes
 from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core import engine as engine_lib
@@ -210,10 +210,7 @@ def resolved_hparams(c: ml_collections.ConfigDict) -> dict:
 
 
 def _no_validation_fix(method: str) -> str:
-  import importlib  # noqa: PLC0415
-
-  module = importlib.import_module(registry.METHOD_MODULES[method])
-  return getattr(module, "NO_VALIDATION_FIX", "pass --train_subset below the training set's size")
+  return registry.spec(method).validation_fix
 
 
 def _validate_dataset_name(name: str) -> None:
@@ -231,17 +228,18 @@ def method_hparams(method: str) -> dict[str, object] | None:
 
   Read from the factory the method's registry ``build`` forwards its ``**hparams`` to (its
   signature is the single source of truth), plus the config fields the method consumes
-  (``CONFIG_KWARGS``). None when that cannot be determined (e.g. a user-registered method).
+  (``MethodSpec.config_kwargs``). None when that cannot be determined (e.g. a user-registered
+  method).
   """
   import ast  # noqa: PLC0415
   import importlib  # noqa: PLC0415
   import textwrap  # noqa: PLC0415
 
-  module_name = registry.METHOD_MODULES.get(method)
-  if module_name is None:
+  if method not in registry.METHODS:
     return None
-  module = importlib.import_module(module_name)
-  build = module.build
+  build = registry.spec(method).build
+  build = getattr(build, "func", build)  # a functools.partial (one build serving two names)
+  module = importlib.import_module(build.__module__)
   try:
     tree = ast.parse(textwrap.dedent(inspect.getsource(build)))
   except (OSError, TypeError, SyntaxError):
@@ -298,7 +296,7 @@ def describe_method_hparams(method: str) -> str:
 
 def validate_method_kwargs(method: str, kwargs: dict) -> None:
   """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones."""
-  if not kwargs or method not in registry.METHOD_MODULES:
+  if not kwargs or method not in registry.METHODS:
     return
   hparams = method_hparams(method)
   if hparams is None:
@@ -561,7 +559,7 @@ def _build_round(algorithm, strategy: str, c, variables, log, mesh=None):
   shards = 1 if mesh is None else int(mesh.devices.size)
   per_device = f" ({-(-int(chunk) // shards)} per device)" if shards > 1 and chunk.isdigit() else ""
   if chunk == "auto":
-    if getattr(algorithm, "streaming", None) is None:
+    if streaming_of(algorithm) is None:
       return make_round(algorithm, strategy)
     local = c.clients_per_round // shards
     size = auto_client_chunk(local, tree_bytes(variables))

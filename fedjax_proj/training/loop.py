@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.families import RoundAlgorithm
 from fedjax_proj.core import distributed
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.tree import tree_all_finite
@@ -138,7 +138,7 @@ def _nonfinite_losses(metrics: dict) -> list[str]:
 
 
 def train(
-  algorithm: FederatedAlgorithm,
+  algorithm: RoundAlgorithm,
   round_fn: Callable,
   fed_data: FederatedData,
   train_set: tuple[np.ndarray, np.ndarray],

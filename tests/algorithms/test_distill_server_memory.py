@@ -25,7 +25,7 @@ def test_memory_logits_equal_the_clients_mean_on_the_memory_rows(path, memory_si
   public = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[0])
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   cfg = distill.DistillConfig(epochs=1, batch_size=16, lr=1e-2, teacher_batch_size=7)
-  init, aggregate, aggregate_host = distillation_server(
+  init, aggregate = distillation_server(
     model, lambda z: z, cfg, public_size=48, memory_size=memory_size
   )
   clients = 3
@@ -40,7 +40,7 @@ def test_memory_logits_equal_the_clients_mean_on_the_memory_rows(path, memory_si
   }
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=6)
   rd = helpers.round_data(fd, x, y, 0, cpr=clients)._replace(extra={"public_images": public})
-  agg = jax.jit(aggregate) if path == "traced" else aggregate_host
+  agg = jax.jit(aggregate) if path == "traced" else aggregate.host
   state, metrics = agg(init(variables, jax.random.key(1)), rd, outputs, jax.random.key(2))
   logits = distill.client_logits_scan(model, stacked, lambda z: z, public, 7)  # [C, P, K]
   expected = distill.mean_teacher(logits[:, state.memory_idx])

@@ -126,13 +126,13 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
     sample_x=sample,
     num_clients=4,
     num_tasks=2,
-    strategy="vmap_scan",
     **hparams,
   )
   round_fn = make_round(cm.algorithm, "vmap_scan")
   state, summary = train_continual(
     cm,
     round_fn,
+    "vmap_scan",
     bench,
     make_task_evaluator(model, normalize, 64),
     variables,

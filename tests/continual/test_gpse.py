@@ -135,14 +135,13 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
     batch_fn,
     variables=v,
     sample_x=rd.images[:2],
-    strategy=strategy,
     eps=0.97,
     sketch_multiplier=2.0,
     client_chunk=3,
     sketch_dist=dist,
   )
   state = method.algorithm.init(v, jax.random.key(0))
-  state, metrics = method.end_task(state, rd, jax.random.key(1), 0)
+  state, metrics = method.end_task(state, rd, jax.random.key(1), 0, strategy)
   key = "backbone/Dense_0"
   r = int(state.ranks[key])
   u = np.asarray(state.bases[key])
@@ -152,7 +151,7 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
   cosines = np.linalg.svd(b.T @ u[:, :r], compute_uv=False)  # cosines of principal angles
   assert cosines.min() > 0.999
   # A second GPSE on the same data adds (almost) nothing: the inputs are already covered.
-  state2, m2 = method.end_task(state, rd, jax.random.key(2), 1)
+  state2, m2 = method.end_task(state, rd, jax.random.key(2), 1, strategy)
   assert m2[f"rho/{key}"] < 0.05
   assert int(state2.ranks[key]) - r <= 2
 

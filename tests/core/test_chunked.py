@@ -114,7 +114,7 @@ def test_bad_input_is_refused(setup):
   with pytest.raises(ValueError, match="client_chunk"):
     make_chunked_round(alg, "vmap_scan", client_chunk=0)
   with pytest.raises(ValueError, match="streaming"):
-    make_chunked_round(alg._replace(streaming=None, name="x"), "vmap_scan")
+    make_chunked_round(alg._replace(aggregate=alg.aggregate.direct, name="x"), "vmap_scan")
   # A derived method with its own aggregate (e.g. FedNova) must not inherit FedAvg's streaming.
   with pytest.raises(ValueError, match="replaced its aggregate"):
     make_chunked_round(alg._replace(aggregate=lambda *a: None), "vmap_scan")
