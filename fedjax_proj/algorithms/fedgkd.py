@@ -37,7 +37,7 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.engine import BatchFn, TwoForms
 from fedjax_proj.core.types import Array, Model
 
 VOTE_VALIDATION = ("client_batch", "server")
@@ -182,7 +182,7 @@ def fedgkd(
     )
     return with_weights(state, logits, labels, metrics)
 
-  aggregate_host = None
+  server_update = aggregate
   if server_vote:
     # Host-looped strategies: one jitted forward per model and batch (conv inside lax.map is slow
     # on XLA:CPU, docs/design.md); the same numbers as ``aggregate``.
@@ -194,15 +194,16 @@ def fedgkd(
       logits = host_logits(state.buffer, rd.extra["validation_images"])
       return weights_jit(state, logits, rd.extra["validation_labels"], metrics)
 
+    server_update = TwoForms(aggregate, aggregate_host)
+
   return FederatedAlgorithm(
     name="fedgkd_vote" if vote else "fedgkd",
     init=init,
     broadcast=broadcast,
     client=program,
-    aggregate=aggregate,
+    aggregate=server_update,
     batch_fn=batch_fn,
     global_variables=lambda state: state.fedavg.variables,
-    aggregate_host=aggregate_host,
   )
 
 
