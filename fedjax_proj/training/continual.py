@@ -291,7 +291,9 @@ def run_continual_experiment(
   """Runs one continual experiment described by config ``c`` (see ``experiments/pmnist.py``).
 
   Prints the header line ``backend=... devices=... strategy=...``, per-round progress, and writes
-  ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt``, ``acc_matrix``) to ``c.output_dir``.
+  ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``, ``acc_matrix``) and
+  ``final_variables.npz`` to ``c.output_dir``, holding its run lock; a directory that already
+  holds a run is refused (a ``rundir.RunDirError``) unless ``c.overwrite`` is set.
   """
   if not c.output_dir:
     return _run_continual(c, bench, model, log, shared_head)
