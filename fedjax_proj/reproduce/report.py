@@ -90,6 +90,13 @@ def paired_rows(claim: Claim, found: dict) -> list[tuple]:
   return rows
 
 
+def _paired_cells(p: stats.Paired) -> str:
+  """The shared cells of a paired row: seeds, mean, std, seeds favouring, 95% interval."""
+  return (
+    f"{p.n} | {_fmt(p.mean)} | {_fmt(p.std)} | {p.wins}/{p.n} | [{_fmt(p.low)}, {_fmt(p.high)}]"
+  )
+
+
 def ablation_table(claim: Claim, found: dict) -> list[str]:
   """The headline against each of its ablations, paired per seed (not a paper claim)."""
   present = [a for a in claim.ablations if a in found]
@@ -111,10 +118,7 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
       metric in LOWER_IS_BETTER,
     )
     p = stats.paired(diffs)
-    lines.append(
-      f"| {a} | {claim.ablations[a].note} | {p.n} | {_fmt(p.mean)} | {_fmt(p.std)} | "
-      f"{p.wins}/{p.n} | [{_fmt(p.low)}, {_fmt(p.high)}] | {stats.verdict(p)} |"
-    )
+    lines.append(f"| {a} | {claim.ablations[a].note} | {_paired_cells(p)} | {stats.verdict(p)} |")
   return lines + [""]
 
 
@@ -127,10 +131,7 @@ def verdict_table(claim: Claim, found: dict) -> list[str]:
     "|---|---|---|---|---|---|---|---|",
   ]
   for better, worse, metric, p, v in paired_rows(claim, found):
-    lines.append(
-      f"| {better} > {worse} | {metric} | {p.n} | {_fmt(p.mean)} | {_fmt(p.std)} | "
-      f"{p.wins}/{p.n} | [{_fmt(p.low)}, {_fmt(p.high)}] | {v} |"
-    )
+    lines.append(f"| {better} > {worse} | {metric} | {_paired_cells(p)} | {v} |")
   return lines + [""]
 
 
