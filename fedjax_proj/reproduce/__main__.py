@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
@@ -95,9 +96,24 @@ def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path) 
   return out
 
 
+class RunsFailed(RuntimeError):
+  """Some (method, seed) runs of a claim raised; the others ran to the end."""
+
+  def __init__(self, failures: list[str], expected: dict):
+    self.expected = expected
+    super().__init__(
+      f"{len(failures)} run(s) failed (no result written; rerun the command to retry them):\n  "
+      + "\n  ".join(failures)
+    )
+
+
 def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: Path) -> dict:
-  """Runs the missing (method, seed) pairs seed by seed; returns {stem: fingerprint}."""
-  plan, expected = [], {}
+  """Runs the missing (method, seed) pairs seed by seed; returns {stem: fingerprint}.
+
+  A run that raises is reported and skipped, and the remaining runs go on; at the end
+  :class:`RunsFailed` lists every failure (the command then exits 1).
+  """
+  plan, expected, failed = [], {}, []
   for seed in args.seed_list:
     for method in args.method_list:
       config = sweep.config_for(claim, budget, method, seed)
@@ -125,11 +141,22 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       continue
     print(f"run {tag} ({state})", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = run.run_one(
-      claim, budget, method, seed, results=results, data_root=root, config=config
-    )
+    try:
+      result = run.run_one(
+        claim, budget, method, seed, results=results, data_root=root, config=config
+      )
+    except Exception as e:  # noqa: BLE001 - one diverged run must not cost the queued ones
+      # An hours-long queue of runs goes on past a run that fails (e.g. a diverging loss); the
+      # failures are listed at the end and make the command exit 1. No result file is written,
+      # so a rerun retries exactly the failed runs.
+      failed.append(f"{tag}: {type(e).__name__}: {e}")
+      print(f"FAILED {tag}: {type(e).__name__}: {e}", flush=True)
+      traceback.print_exc()
+      continue
     summary = ", ".join(f"{k}={v:.2f}" for k, v in result["metrics"].items())
     print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
+  if failed:
+    raise RunsFailed(failed, expected)
   return expected
 
 
@@ -146,11 +173,17 @@ def main(argv=None) -> int:
       if args.sweep:
         sweep.run_sweep(args, claim, root, results, run_claim)
       else:
-        expected = run_claim(args, claim, args.budget, root, results)
+        failed = None
+        try:
+          expected = run_claim(args, claim, args.budget, root, results)
+        except RunsFailed as e:  # the finished runs still get their report
+          failed, expected = e, e.expected
         if args.report:
           directory = results / claim.name / args.budget
           expected = {**current_fingerprints(claim, args.budget, directory), **expected}
           print(report.write_report(claim, args.budget, directory, expected))
+        if failed is not None:
+          raise failed
     except (FileNotFoundError, ValueError, RuntimeError) as e:
       print(f"error: {e}", file=sys.stderr)
       return 1

@@ -63,6 +63,31 @@ def test_stale_result_rerun_only_on_request(tmp_path, capsys, monkeypatch):
   assert json.loads(path.read_text())["config"]["rounds"] == 2
 
 
+def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
+  calls = []
+
+  def runner(claim, config, work, log):
+    calls.append(config["seed"])
+    if config["seed"] == 1 and calls.count(1) == 1:
+      raise FloatingPointError("task 1 round 2: non-finite train loss nan")
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [{"round": 1, "global_accuracy": 0.5}]
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  args = [*PILOT_SMOKE, "--seeds=0,1,2", f"--results={tmp_path}", "--report"]
+  assert cli.main(args) == 1
+  out, err = capsys.readouterr()
+  directory = tmp_path / "fedproj-iris-pilot" / "smoke"
+  assert calls == [0, 1, 2]  # seed 2 still ran after seed 1 failed
+  assert sorted(p.name for p in directory.glob("*.json")) == [
+    "fedavg-seed0.json",
+    "fedavg-seed2.json",
+  ]
+  assert "FAILED fedproj-iris-pilot smoke fedavg seed 1: FloatingPointError" in out
+  assert "1 run(s) failed" in err and "non-finite train loss" in err
+  assert (directory / "report.md").is_file()  # the finished runs are reported
+  assert cli.main(args) == 0 and calls == [0, 1, 2, 1]  # a rerun retries only the failed run
+
+
 def _write(directory, method, seed, value):
   directory.mkdir(parents=True, exist_ok=True)
   result = {
