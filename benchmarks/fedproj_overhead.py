@@ -37,11 +37,12 @@ from common import (
 )
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.distillation import distill
+from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
+from fedjax_proj.algorithms.distillation.fedproj import fedproj, project_gradient
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.feddf import ensemble_distillation
-from fedjax_proj.algorithms.fedproj import fedproj, project_gradient
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for

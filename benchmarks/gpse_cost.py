@@ -103,8 +103,8 @@ def measure(
   sketch_dist: str,
 ) -> dict:
   from fedjax_proj.algorithms.base import make_round
-  from fedjax_proj.algorithms.continual_baselines import fl
-  from fedjax_proj.algorithms.fot import fot
+  from fedjax_proj.algorithms.continual.fl import fl
+  from fedjax_proj.algorithms.continual.fot import fot
   from fedjax_proj.core import engine as engine_lib
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model, task_partition

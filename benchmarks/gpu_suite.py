@@ -182,7 +182,7 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
   from strategies import STRATEGIES, compare_strategies
 
   from fedjax_proj.algorithms.base import make_round
-  from fedjax_proj.algorithms.fedproj import fedproj
+  from fedjax_proj.algorithms.distillation.fedproj import fedproj
   from fedjax_proj.core import tree as tree_lib
   from fedjax_proj.data.pipeline import normalizer_for
 

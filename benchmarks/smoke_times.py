@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fedjax_proj.algorithms import registry  # noqa: E402
-from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS  # noqa: E402
+from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS  # noqa: E402
 from fedjax_proj.data.sources import find_shared_data  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

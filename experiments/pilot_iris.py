@@ -32,9 +32,9 @@ import optax
 from sklearn.decomposition import PCA
 
 from fedjax_proj.algorithms.base import drive_round
+from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
+from fedjax_proj.algorithms.distillation.fedproj import fedproj
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.feddf import ensemble_distillation
-from fedjax_proj.algorithms.fedproj import fedproj
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import run_vmap_scan

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-from fedjax_proj.algorithms.sfedkd import cap_num_teachers  # noqa: E402
+from fedjax_proj.algorithms.sequential.sfedkd import cap_num_teachers  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
 from fedjax_proj.training.experiment import base_config  # noqa: E402

@@ -156,10 +156,10 @@ def make_round(
   ``broadcast`` and ``aggregate`` separately around the engine's loop, and run the host-loop form
   of an aggregate that has one (:class:`~fedjax_proj.core.engine.TwoForms`). The input server state
   is donated (its buffers are reused for the new state): copy any leaf you keep across rounds
-  (``tree.tree_copy``). A :class:`fedjax_proj.algorithms.sequential.SequentialAlgorithm` (the
+  (``tree.tree_copy``). A :class:`fedjax_proj.algorithms.sequential.base.SequentialAlgorithm` (the
   ``"sequential"`` family, a chain of clients rather than broadcast/aggregate) gets its chain round.
   """
-  from fedjax_proj.algorithms import sequential  # noqa: PLC0415  (sequential builds on this module)
+  from fedjax_proj.algorithms.sequential import base as sequential  # noqa: PLC0415  (builds on this module)
 
   if isinstance(algorithm, sequential.SequentialAlgorithm):
     return sequential.make_sequential_round(algorithm, strategy, unroll)

@@ -6,9 +6,9 @@ A method's factory returns a value of its family (docs/design.md, "The algorithm
   client -> ``aggregate`` (:class:`fedjax_proj.algorithms.base.FederatedAlgorithm`).
 * ``"sequential"``, sequential FL, :class:`SequentialFamily`: a chain of clients, ``begin`` ->
   ``client`` -> ``handoff`` -> ... -> ``end``
-  (:class:`fedjax_proj.algorithms.sequential.SequentialAlgorithm`).
+  (:class:`fedjax_proj.algorithms.sequential.base.SequentialAlgorithm`).
 * ``"continual"``, continual FL, :class:`ContinualFamily`: an FL round algorithm plus an
-  ``end_task`` hook (:class:`fedjax_proj.algorithms.continual_baselines.ContinualMethod`).
+  ``end_task`` hook (:class:`fedjax_proj.algorithms.continual.base.ContinualMethod`).
 
 The FL and sequential families are both a :class:`RoundAlgorithm`, which is all the training loop
 needs; ``make_round`` builds either one's round. The registry checks that what a method's

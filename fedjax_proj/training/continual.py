@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_proj.algorithms import losses
-from fedjax_proj.algorithms.continual_baselines import ContinualMethod
+from fedjax_proj.algorithms.continual.base import ContinualMethod
 from fedjax_proj.algorithms.families import ContinualFamily
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.types import Model, RoundData

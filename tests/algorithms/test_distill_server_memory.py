@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_proj.algorithms import distill
-from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.distillation import distill
+from fedjax_proj.algorithms.distillation.distill_server import distillation_server
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 

@@ -12,8 +12,9 @@ import optax
 import pytest
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import fedgkd, fedntd, losses, registry
+from fedjax_proj.algorithms import losses, registry
 from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.distillation import fedgkd, fedntd
 from fedjax_proj.core import tree as T
 from fedjax_proj.core.types import Batch
 from fedjax_proj.data.federated import FederatedData

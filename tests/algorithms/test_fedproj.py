@@ -8,8 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_proj.algorithms import distill, fedproj, losses
+from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.distillation import distill, fedproj
 from fedjax_proj.core import tree as T
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
@@ -361,7 +362,7 @@ def test_round0_ce_uses_labelled_public_data(fp_setup):
 def test_projection_off_is_feddf_and_projection_on_differs(fp_setup):
   """FedDF and FedProj share the server (docs/methods.md), so FedProj minus its projection is
   FedDF: the paired FedProj − FedDF difference of the reproduce claims is the projection's."""
-  from fedjax_proj.algorithms import feddf
+  from fedjax_proj.algorithms.distillation import feddf
 
   x, y, public, model, fd, alg, variables = fp_setup
   common = dict(public_size=48, distill_epochs=1, distill_batch_size=16, distill_lr=1e-2, alpha=0.0)

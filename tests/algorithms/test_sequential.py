@@ -10,7 +10,8 @@ import pytest
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.algorithms.sequential import fedseq, sequence_order
+from fedjax_proj.algorithms.sequential.base import sequence_order
+from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers

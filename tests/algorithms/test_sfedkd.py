@@ -11,20 +11,21 @@ import optax
 import pytest
 
 from fedjax_proj.algorithms import losses
-from fedjax_proj.algorithms import teachers as teachers_lib
 from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.algorithms.sequential import fedseq, sequence_order
-from fedjax_proj.algorithms.sfedkd import SFedKDConfig, multi_teacher_dkd, sfedkd
+from fedjax_proj.algorithms.sequential import teacher_selection
+from fedjax_proj.algorithms.sequential.base import sequence_order
+from fedjax_proj.algorithms.sequential.fedseq import fedseq
+from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig, multi_teacher_dkd, sfedkd
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 from tests.algorithms.test_sequential import LR, manual_chain
 
-_greedy = jax.jit(teachers_lib.greedy_select, static_argnums=(1, 2))
+_greedy = jax.jit(teacher_selection.greedy_select, static_argnums=(1, 2))
 
 
 def np_distance(p, q, metric, smoothing=1e-6):
-  """NumPy reference of teachers.distance (same smoothing)."""
+  """NumPy reference of teacher_selection.distance (same smoothing)."""
   p = (np.asarray(p, np.float64) + smoothing) / (1 + len(p) * smoothing)
   q = (np.asarray(q, np.float64) + smoothing) / (1 + len(q) * smoothing)
   kl = lambda a, b: np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1) / b), 0.0))
@@ -55,7 +56,7 @@ def _random_dists(rng, m, c, classes_per_client=2):
   return d
 
 
-@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+@pytest.mark.parametrize("metric", teacher_selection.METRICS)
 def test_distance_matches_numpy(metric):
   rng = np.random.default_rng(0)
   p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
@@ -66,14 +67,14 @@ def test_distance_matches_numpy(metric):
     "l2": np.sqrt(np.square(p - q).sum()),
     "js": 0.5 * kl(p, (p + q) / 2) + 0.5 * kl(q, (p + q) / 2),
   }[metric]
-  got = teachers_lib.distance(jnp.asarray(p), jnp.asarray(q), metric, smoothing=0.0)
+  got = teacher_selection.distance(jnp.asarray(p), jnp.asarray(q), metric, smoothing=0.0)
   np.testing.assert_allclose(got, ref, rtol=1e-5)
   # Disjoint supports: smoothing keeps KL finite (ExDir(2, α) clients with different classes).
   a, b = jnp.array([0.5, 0.5, 0.0, 0.0]), jnp.array([0.0, 0.0, 0.5, 0.5])
-  assert np.isfinite(float(teachers_lib.distance(a, b, metric)))
+  assert np.isfinite(float(teacher_selection.distance(a, b, metric)))
 
 
-@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+@pytest.mark.parametrize("metric", teacher_selection.METRICS)
 def test_greedy_is_exact_for_one_teacher_and_for_all(metric):
   rng = np.random.default_rng(1)
   for _ in range(5):
@@ -84,7 +85,7 @@ def test_greedy_is_exact_for_one_teacher_and_for_all(metric):
     assert sorted(picks.tolist()) == list(range(6))
 
 
-@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+@pytest.mark.parametrize("metric", teacher_selection.METRICS)
 def test_greedy_is_exact_for_single_class_clients(metric):
   """Max-coverage case of the paper (one class per client): greedy covers K distinct classes."""
   rng = np.random.default_rng(2)
@@ -96,7 +97,7 @@ def test_greedy_is_exact_for_single_class_clients(metric):
     assert _score(d, picks, metric) == pytest.approx(brute_force(d, k, metric), abs=1e-5)
 
 
-@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+@pytest.mark.parametrize("metric", teacher_selection.METRICS)
 def test_greedy_steps_are_optimal_and_distinct(metric):
   """What greedy always promises: K distinct clients, each the best addition to the prefix."""
   rng = np.random.default_rng(3)
@@ -124,17 +125,17 @@ def test_greedy_is_not_exact_in_general():
 
 def test_greedy_rejects_too_many_teachers():
   with pytest.raises(ValueError, match="num_teachers=5 must be in"):
-    teachers_lib.greedy_select(jnp.ones((3, 4)) / 4, 5)
+    teacher_selection.greedy_select(jnp.ones((3, 4)) / 4, 5)
   with pytest.raises(ValueError, match="Unknown distribution metric"):
-    teachers_lib.greedy_select(jnp.ones((3, 4)) / 4, 1, "cosine")
+    teacher_selection.greedy_select(jnp.ones((3, 4)) / 4, 1, "cosine")
 
 
-@pytest.mark.parametrize("metric", teachers_lib.METRICS)
+@pytest.mark.parametrize("metric", teacher_selection.METRICS)
 def test_teacher_weights_sum_to_one_and_order(metric):
   rng = np.random.default_rng(4)
   teachers = _random_dists(rng, 5, 6, classes_per_client=3)
   student = _random_dists(rng, 1, 6, classes_per_client=3)[0]
-  g, h = teachers_lib.teacher_weights(jnp.asarray(teachers), jnp.asarray(student), metric)
+  g, h = teacher_selection.teacher_weights(jnp.asarray(teachers), jnp.asarray(student), metric)
   d = np.array([np_distance(t, student, metric) for t in teachers])
   np.testing.assert_allclose(float(jnp.sum(g)), 1.0, rtol=1e-5)
   np.testing.assert_allclose(float(jnp.sum(h)), 1.0, rtol=1e-5)
@@ -149,7 +150,7 @@ def test_teacher_weights_sum_to_one_and_order(metric):
 
 def test_teacher_weights_identical_distributions():
   same = jnp.array([[0.5, 0.5, 0.0]] * 3)
-  g, h = teachers_lib.teacher_weights(same, same[0], "l1")
+  g, h = teacher_selection.teacher_weights(same, same[0], "l1")
   np.testing.assert_allclose(g, 1 / 3, rtol=1e-6)
   np.testing.assert_allclose(h, 1 / 3, rtol=1e-6)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from fedjax_proj.algorithms import gpse
 from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.algorithms.fot import fot
+from fedjax_proj.algorithms.continual import gpse
+from fedjax_proj.algorithms.continual.fot import fot
 from fedjax_proj.core.types import RoundData
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer

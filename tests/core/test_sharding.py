@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
   import jax, jax.numpy as jnp, numpy as np, optax
   from fedjax_proj.algorithms.base import make_round
   from fedjax_proj.algorithms.fedavg import fedavg
-  from fedjax_proj.algorithms.fedproj import fedproj
+  from fedjax_proj.algorithms.distillation.fedproj import fedproj
   from fedjax_proj.core import sharding, tree as T
   from fedjax_proj.data.federated import FederatedData
   from tests import helpers

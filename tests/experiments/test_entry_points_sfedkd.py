@@ -23,8 +23,8 @@ import math
 import pytest
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.algorithms.sequential import SEQUENTIAL_METHODS
-from fedjax_proj.algorithms.sfedkd import SFedKDConfig
+from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
+from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.data.sources import find_shared_data
 from fedjax_proj.training.experiment import run_experiment, validate_config
 from tests.experiments.test_presets_sfedkd import load_experiment

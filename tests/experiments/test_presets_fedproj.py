@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fedjax_proj.algorithms import fedgkd, fedproj, moon
+from fedjax_proj.algorithms import moon
+from fedjax_proj.algorithms.distillation import fedgkd, fedproj
 from fedjax_proj.models import count_params, get_model
 from tests.paper_table import check_table, read_tables
 

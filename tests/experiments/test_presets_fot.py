@@ -93,11 +93,11 @@ def test_fl_runs_the_papers_shorter_schedule():
 
 
 _BUILDERS = {
-  "fl": "fedjax_proj.algorithms.continual_baselines:fl",
-  "ewc": "fedjax_proj.algorithms.continual_baselines:ewc",
-  "er": "fedjax_proj.algorithms.continual_baselines:er",
-  "gpm": "fedjax_proj.algorithms.continual_baselines:gpm",
-  "fot": "fedjax_proj.algorithms.fot:fot",
+  "fl": "fedjax_proj.algorithms.continual.fl:fl",
+  "ewc": "fedjax_proj.algorithms.continual.ewc:ewc",
+  "er": "fedjax_proj.algorithms.continual.er:er",
+  "gpm": "fedjax_proj.algorithms.continual.gpm:gpm",
+  "fot": "fedjax_proj.algorithms.continual.fot:fot",
 }
 
 

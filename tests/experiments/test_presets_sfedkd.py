@@ -14,8 +14,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from fedjax_proj.algorithms import cwc as cwc_lib
-from fedjax_proj.algorithms.sfedkd import SFedKDConfig
+from fedjax_proj.algorithms.sequential import cwc as cwc_lib
+from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.data.sources import KNOWN_NUM_CLASSES
 from fedjax_proj.models import count_params, get_model
 from tests.paper_table import check_table, read_tables

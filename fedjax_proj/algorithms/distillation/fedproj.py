@@ -19,7 +19,7 @@ Client step on a private batch (x, y), for ONE client (the engine vmaps it):
    Ablations: projection probability p per step; optional clamp of the coefficient's magnitude.
 Round 0 has no ensemble: projection is skipped (default) or, when the public labels share the
 private label space, g_mem is the CE gradient on labelled public data (001, Alg. 1, line 16).
-Server: :mod:`fedjax_proj.algorithms.distill_server` (FedAvg, ensemble distillation with the
+Server: :mod:`.distill_server` (FedAvg, ensemble distillation with the
 weight-divergence term α anchored on the previous global model by default, memory).
 """
 
@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.distillation import distill
+from fedjax_proj.algorithms.distillation.distill_server import distillation_server
 from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn

@@ -32,8 +32,9 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib

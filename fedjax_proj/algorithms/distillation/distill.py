@@ -139,7 +139,9 @@ def uncertainty_weighted_teacher(client_logits: Array, eps: float = 1e-6) -> Arr
   return jnp.sum(w * client_logits, axis=0)
 
 
-TEACHERS: dict[str, Callable[[Array], Array]] = {
+# How the clients' logits combine into the ensemble teacher, by ``teacher`` name (not to be confused
+# with SFedKD's choice of teacher CLIENTS, fedjax_proj.algorithms.sequential.teacher_selection).
+TEACHER_COMBINERS: dict[str, Callable[[Array], Array]] = {
   "mean": mean_teacher,
   "uncertainty": uncertainty_weighted_teacher,
 }

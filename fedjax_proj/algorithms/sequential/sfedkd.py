@@ -6,16 +6,16 @@ Distillation"; docs/methods.md "SFedKD". What it computes, per round r:
 * The FedSeq chain (sequential.py): M sampled clients in random order, the model passed along.
 * Teachers: K of the M models trained in round r−1 (the model each client of that chain handed
   on), chosen at the end of round r−1 by greedy complementary selection on the clients' class
-  distributions (teachers.greedy_select, Algorithm 1) and kept stacked [K, ...] in the server
-  state with their distributions. Round 1 has no teachers (plain FedSeq, Algorithm 2 line 5).
+  distributions (teacher_selection.greedy_select, Algorithm 1) and kept stacked [K, ...] in the
+  server state with their distributions. Round 1 has no teachers (plain FedSeq, Algorithm 2 line 5).
 * Client loss (Eq. 7): CE + γ·Σ_k g_k·NCKD(T_k, S) + β·Σ_k h_k·TCKD(T_k, S), DKD terms at
   temperature τ (losses.dkd_per_example), with g_k, h_k from d(D^{T_k}, D^S) (Eq. 5,
-  teachers.teacher_weights). As in Eqs. 3–4 the terms are plain KL divergences: no τ² factor by
-  default. DKD's own code (mdistiller, which the paper extends, [68]) multiplies each term by τ²;
-  ``temperature_squared=True`` gives that reading. The paper uses τ without stating its value, so
-  τ = 4 comes from DKD (docs/sfedkd.md, "Loss"). All K teachers' logits on a batch come from one
-  forward over the stacked teacher parameters, vmapped (accelerators) or unrolled (CPU; see
-  ``teacher_forward``), in inference mode (BatchNorm running statistics).
+  teacher_selection.teacher_weights). As in Eqs. 3–4 the terms are plain KL divergences: no τ²
+  factor by default. DKD's own code (mdistiller, which the paper extends, [68]) multiplies each term
+  by τ²; ``temperature_squared=True`` gives that reading. The paper uses τ without stating its
+  value, so τ = 4 comes from DKD (docs/sfedkd.md, "Loss"). All K teachers' logits on a batch come
+  from one forward over the stacked teacher parameters, vmapped (accelerators) or unrolled (CPU;
+  see ``teacher_forward``), in inference mode (BatchNorm running statistics).
 * D (a client's class distribution) is its label histogram, read from the round layout's labels
   and mask: with epoch-based local training every example appears E times, so this is exact.
 
@@ -33,9 +33,9 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
-from fedjax_proj.algorithms import teachers as teachers_lib
 from fedjax_proj.algorithms.registry import MethodSpec
-from fedjax_proj.algorithms.sequential import (
+from fedjax_proj.algorithms.sequential import teacher_selection
+from fedjax_proj.algorithms.sequential.base import (
   SequentialAlgorithm,
   chain_metrics,
   check_no_server_optimizer,
@@ -81,7 +81,7 @@ class SFedKDConfig(NamedTuple):
   teacher_forward: str = "auto"
 
   def validate(self) -> SFedKDConfig:
-    teachers_lib.validate_metric(self.metric)
+    teacher_selection.validate_metric(self.metric)
     if int(self.num_teachers) < 1:
       raise ValueError(f"num_teachers must be >= 1, got {self.num_teachers}.")
     if self.temperature <= 0:
@@ -126,7 +126,9 @@ class SFedKDState(NamedTuple):
 def client_distributions(rd: RoundData, num_classes: int) -> Array:
   """[M, C] class distribution of each sampled client, from its round layout."""
   labels = rd.labels[rd.idx]
-  return jax.vmap(lambda y, m: teachers_lib.class_distribution(y, m, num_classes))(labels, rd.mask)
+  return jax.vmap(lambda y, m: teacher_selection.class_distribution(y, m, num_classes))(
+    labels, rd.mask
+  )
 
 
 def multi_teacher_dkd(
@@ -195,7 +197,7 @@ def sfedkd(
 
   def init_extra(shared, client_input, key):
     del key
-    return teachers_lib.teacher_weights(
+    return teacher_selection.teacher_weights(
       shared["teacher_dists"], client_input["dist"], config.metric, config.eps, config.smoothing
     )
 
@@ -231,7 +233,7 @@ def sfedkd(
   def end(state, rd, carry, outputs, order, key):
     del key
     dists = client_distributions(rd, num_classes)[order]  # sequence order, like ``outputs``
-    picks = teachers_lib.greedy_select(dists, k, config.metric, config.smoothing)
+    picks = teacher_selection.greedy_select(dists, k, config.metric, config.smoothing)
     new_state = SFedKDState(
       round=state.round + 1,
       variables=carry["variables"],

@@ -1,6 +1,6 @@
 """FedDF: FedAvg plus server ensemble distillation on public data (Lin et al., NeurIPS 2020).
 
-Shares FedProj's server component (:mod:`fedjax_proj.algorithms.distill_server`) and settings, so
+Shares FedProj's server component (:mod:`.distill_server`) and settings, so
 FedDF and FedProj differ only in the client projection (docs/methods.md, "FedDF and FedET"). FedDF's
 own defaults (Adam 1e-3, T = 1, batch 128) are available through the keyword arguments; its early
 stopping needs a validation split and is not implemented.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import distill
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.distill_server import distillation_server
+from fedjax_proj.algorithms.distillation import distill
+from fedjax_proj.algorithms.distillation.distill_server import distillation_server
 from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model

@@ -1,6 +1,6 @@
-"""Sequential federated learning (FedSeq; Li & Lyu, NeurIPS 2023, as used by SFedKD, papers/004).
+"""The sequential-FL family: its contract and its chain round (Li & Lyu, NeurIPS 2023; papers/004).
 
-What it computes: each round the M sampled clients form a sequence in a random order (a pure
+What a round computes: each round the M sampled clients form a sequence in a random order (a pure
 function of the round key, hence of (seed, round)); the model passes from one client to the next,
 each running E local epochs of the client optimiser from the model it received; the last client's
 model is the round's global model (docs/methods.md "Sequential FL (FedSeq)"). There is no averaging.
@@ -12,10 +12,11 @@ client, as everywhere else), ``handoff`` (client m's output -> client m+1's carr
 (chain -> server state). It has the attributes :func:`fedjax_proj.training.loop.train` reads
 (``name``, ``init``, ``global_variables``), and :func:`fedjax_proj.algorithms.base.make_round`
 builds its chain round (:func:`make_sequential_round`) for any strategy, so the experiment runner
-and every other caller of ``make_round`` work unchanged. CWC (cwc.py) and SFedKD (sfedkd.py) are
-built on it.
+and every other caller of ``make_round`` work unchanged. FedSeq (fedseq.py), CWC (cwc.py) and
+SFedKD (sfedkd.py) are built on it.
 
-Execution strategies (identical semantics; tests/algorithms/test_sequential.py proves it):
+Execution strategies (identical semantics; tests/algorithms/sequential/test_base.py
+proves it):
 
 * ``vmap_scan``: one jitted round, ``lax.scan`` over the sequence; each client runs through the
   engine's ``run_vmap_scan`` on a client axis of size 1 (scan over its steps). * ``sequential`` /
@@ -38,16 +39,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import server_variables
-from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, run_vmap_scan
 from fedjax_proj.core.engine import validate_strategy as _validate_strategy
-from fedjax_proj.core.types import Array, Model, PyTree, RoundData
+from fedjax_proj.core.types import Array, PyTree, RoundData
 
 # begin(state, rd, key) -> (context, carry, client_inputs)
 BeginFn = Callable[[PyTree, RoundData, Array], tuple[dict, dict, PyTree]]
@@ -199,64 +197,7 @@ def check_no_server_optimizer(server_optimizer: Any, name: str) -> None:
     )
 
 
-class FedSeqState(NamedTuple):
-  round: Array
-  variables: dict
-
-
-def fedseq(
-  model: Model,
-  client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
-  name: str = "fedseq",
-) -> SequentialAlgorithm:
-  """Builds FedSeq: plain local cross-entropy training passed along the client sequence.
-
-  Args:
-    model: the model as pure functions.
-    client_optimizer: local optimiser (re-initialised at every client, as in FedAvg).
-    batch_fn: the engine's batch builder.
-    name: method name reported in logs.
-  """
-  program = client_lib.local_training_client(
-    model, client_optimizer, client_lib.cross_entropy_loss(model)
-  )
-
-  def init(variables, key):
-    del key
-    return FedSeqState(jnp.zeros((), jnp.int32), tree_lib.tree_copy(variables))
-
-  def begin(state, rd, key):
-    del rd, key
-    return {}, {"variables": state.variables}, {}
-
-  def end(state, rd, carry, outputs, order, key):
-    del key
-    return FedSeqState(state.round + 1, carry["variables"]), chain_metrics(outputs, rd, order)
-
-  return SequentialAlgorithm(
-    name=name,
-    init=init,
-    begin=begin,
-    client=program,
-    handoff=default_handoff,
-    end=end,
-    batch_fn=batch_fn,
-  )
-
-
-def build(ctx, **hparams) -> SequentialAlgorithm:
-  """Registry entry for ``fedseq`` (see :mod:`fedjax_proj.algorithms.registry`)."""
-  if hparams:
-    raise ValueError(f"fedseq takes no method hyperparameters, got {sorted(hparams)}.")
-  check_no_server_optimizer(ctx.server_optimizer, "fedseq")
-  return fedseq(ctx.model, ctx.client_optimizer, ctx.batch_fn)
-
-
-SPEC = MethodSpec("fedseq", "sequential", build)
-
-
-# The registered methods of the sequential family (this module, cwc.py, sfedkd.py), read from the
+# The registered methods of the sequential family (fedseq.py, cwc.py, sfedkd.py), read from the
 # registry. They need settings of their own (paper 004's: SGD, ExDir partitions), so entry points
 # written for parallel FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
 def __getattr__(name: str):

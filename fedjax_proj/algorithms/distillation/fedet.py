@@ -2,15 +2,15 @@
 
 Cho et al., "Heterogeneous Ensemble Knowledge Transfer for Training Large Models in Federated
 Learning" (IJCAI 2022). No official code exists; the ensemble rule implemented here is documented
-in :func:`fedjax_proj.algorithms.distill.uncertainty_weighted_teacher` (per sample and class,
+in :func:`.distill.uncertainty_weighted_teacher` (per sample and class,
 confidence-weighted logits whose weights sharpen where clients agree). Everything else is FedDF's
-(:mod:`fedjax_proj.algorithms.feddf`). The heterogeneous-model part of FedET is out of scope.
+(:mod:`.feddf`). The heterogeneous-model part of FedET is out of scope.
 """
 
 from __future__ import annotations
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.feddf import ensemble_distillation
+from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
 from fedjax_proj.algorithms.registry import MethodSpec
 
 

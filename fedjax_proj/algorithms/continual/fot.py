@@ -8,7 +8,7 @@ tasks, stored zero-padded as [d, d] so the round compiles once:
 * FedProject (every round): Δ = θ_g − Σ_k (n_k/n) θ_k; for every projected kernel (conv kernels
   reshaped to (k·k·C_in) x C_out) Δ ← Δ − U Uᵀ Δ; θ_g ← θ_g − μ Δ (μ = 1). Biases, norms and heads
   are not projected; non-parameter collections take the plain average.
-* GPSE (after each task, one extra round over ALL clients; :mod:`fedjax_proj.algorithms.gpse`):
+* GPSE (after each task, one extra round over ALL clients; :mod:`.gpse`):
   clients sketch their residual layer inputs (vmap over clients, scan over batches, inside one
   jit), the server sums the sketches, picks the rank with the ε' rule and extends U. The
   threshold is ε_t = ε_0 + t·ε_inc (PMNIST 0.94–0.96 with increment 0, Split-CIFAR100 0.87 +
@@ -32,9 +32,9 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import gpse
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.continual_baselines import ContinualMethod, task_loss
+from fedjax_proj.algorithms.continual import gpse
+from fedjax_proj.algorithms.continual.base import ContinualMethod, task_loss
 from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
 from fedjax_proj.core import tree as tree_lib

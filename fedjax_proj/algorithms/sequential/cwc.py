@@ -32,7 +32,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.registry import MethodSpec
-from fedjax_proj.algorithms.sequential import (
+from fedjax_proj.algorithms.sequential.base import (
   SequentialAlgorithm,
   chain_metrics,
   check_no_server_optimizer,

@@ -4,7 +4,7 @@ Each round (paper 001, Algorithm 1, lines 4-6 and 31-42):
 1. θ_avg = Σ_k p_k θ_k (FedAvg, BatchNorm statistics included);
 2. the sampled clients' inference-mode logits on the public set, computed for all clients at once
    (one vmapped program, or a host loop on XLA:CPU), combined into the teacher (mean or FedET's
-   uncertainty weighting) and distilled into θ_avg (see :mod:`fedjax_proj.algorithms.distill`);
+   uncertainty weighting) and distilled into θ_avg (see :mod:`.distill`);
 3. FedProj's memory for the NEXT round: M public indices sampled without replacement and
    Z_ens = the plain mean of this round's client logits on them — the same logits the teacher
    used, so the memory costs no extra forward pass when distillation is on;
@@ -24,8 +24,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_proj.algorithms import distill, losses
+from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.client import split_variables
+from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import TwoForms
@@ -78,13 +79,15 @@ def distillation_server(
     teacher: ``"mean"`` (FedDF, FedProj) or ``"uncertainty"`` (FedET).
     memory_size: FedProj's M (0 = no memory buffer, FedDF/FedET); clipped to P.
   """
-  if teacher not in distill.TEACHERS:
-    raise ValueError(f"Unknown teacher {teacher!r}; choose one of {sorted(distill.TEACHERS)}.")
+  if teacher not in distill.TEACHER_COMBINERS:
+    raise ValueError(
+      f"Unknown teacher {teacher!r}; choose one of {sorted(distill.TEACHER_COMBINERS)}."
+    )
   if public_size <= 0:
     raise ValueError("The distillation family needs a public set (public_size > 0).")
   if cfg.anchor not in distill.ANCHORS:
     raise ValueError(f"Unknown divergence anchor {cfg.anchor!r}; choose one of {distill.ANCHORS}.")
-  combine = distill.TEACHERS[teacher]
+  combine = distill.TEACHER_COMBINERS[teacher]
   memory_size = min(memory_size, public_size)
   host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
   host_distill = distill.HostDistiller(model, normalize, cfg)
