@@ -244,7 +244,7 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
   from strategies import STRATEGIES
 
   from fedjax_proj.algorithms.base import make_round
-  from fedjax_proj.algorithms.chunked import make_chunked_round
+  from fedjax_proj.core.chunked import make_chunked_round
 
   rows = results.setdefault("rows", [])
   # Cohorts outer, models inner: a budget that runs out loses the largest cohorts, not a model.

@@ -10,7 +10,7 @@ its peak RSS (``resource.getrusage``) is its own: the round's buffers plus the f
 interpreter, JAX and the data (reported separately as the RSS just before the first round).
 Device memory (``peak_bytes_in_use``) is reported where the backend exposes it (GPU/TPU; not CPU).
 ``chunk`` = ``none`` is the ordinary round (:func:`fedjax_proj.algorithms.base.make_round`, every
-client's outputs materialised at once); a number is :func:`~fedjax_proj.algorithms.chunked.
+client's outputs materialised at once); a number is :func:`~fedjax_proj.core.chunked.
 make_chunked_round` with that many clients per chunk. Rounds after the first must not compile
 anything: the number of XLA compilations per round is counted with ``jax.monitoring``.
 Writes benchmarks/results/scaling.json and prints a table.
@@ -121,7 +121,7 @@ def run_config(cfg: dict) -> dict:
   import jax.numpy as jnp
 
   from fedjax_proj.algorithms.base import make_round
-  from fedjax_proj.algorithms.chunked import make_chunked_round
+  from fedjax_proj.core.chunked import make_chunked_round
   from fedjax_proj.core.types import RoundData
 
   compiles = []

@@ -31,13 +31,13 @@ import numpy as np
 import optax
 from sklearn.decomposition import PCA
 
-from fedjax_proj.algorithms.base import drive_round
 from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
 from fedjax_proj.algorithms.distillation.fedproj import fedproj
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import run_vmap_scan
+from fedjax_proj.core.rounds import drive_round
 from fedjax_proj.core.types import RoundData
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import manual

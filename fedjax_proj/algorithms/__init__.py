@@ -1,6 +1,6 @@
 """Federated algorithms, one module per method, behind the FederatedAlgorithm interface."""
 
-from fedjax_proj.algorithms.base import FederatedAlgorithm, StreamingAggregate, make_round
+from fedjax_proj.algorithms.base import FederatedAlgorithm, make_round
 from fedjax_proj.algorithms.registry import (
   BuildContext,
   MethodSpec,
@@ -8,6 +8,7 @@ from fedjax_proj.algorithms.registry import (
   methods,
   register,
 )
+from fedjax_proj.core.rounds import StreamingAggregate  # the aggregate form methods build
 
 __all__ = [
   "BuildContext",

@@ -5,7 +5,7 @@ same way. With a server optimiser (Reddi et al., 2021) the averaged change is a 
 θ − Σ_k p_k θ_k, and θ ← θ + server_opt(g). Local training: E epochs of mini-batch steps with the
 client optimiser (docs/methods.md, "FedAvg"). The aggregate is a ``StreamingAggregate``: the same
 average as sums over clients lets a large cohort run in chunks
-(:mod:`fedjax_proj.algorithms.chunked`).
+(:mod:`fedjax_proj.core.chunked`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms.base import FederatedAlgorithm, StreamingAggregate
+from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.registry import MethodSpec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.rounds import StreamingAggregate
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
 

@@ -28,10 +28,11 @@ import numpy as np
 import optax
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.algorithms.base import make_round, streaming_of
-from fedjax_proj.algorithms.chunked import auto_client_chunk, make_chunked_round, tree_bytes
+from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core import engine as engine_lib
+from fedjax_proj.core.chunked import auto_client_chunk, make_chunked_round, tree_bytes
+from fedjax_proj.core.rounds import streaming_of
 from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import parse_partition, partition
@@ -92,7 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Split each round's clients over all local devices (vmap_scan only; a no-op on one device).
   c.shard_clients = True
   # Clients per chunk for large cohorts (streaming aggregation, peak memory bounded by the chunk):
-  # "auto" chunks methods that support it when the cohort would not fit (algorithms/chunked.py),
+  # "auto" chunks methods that support it when the cohort would not fit (core/chunked.py),
   # "none" disables chunking, an integer forces that chunk size.
   c.client_chunk = "auto"
   # Several processes (jax.distributed): every process passes the same coordinator "host:port"

@@ -9,9 +9,9 @@ import optax
 import pytest
 
 from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.algorithms.chunked import auto_client_chunk, make_chunked_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.chunked import auto_client_chunk, make_chunked_round
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 

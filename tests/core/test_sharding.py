@@ -66,7 +66,7 @@ CHUNKED_SCRIPT = textwrap.dedent(
   import re
   import jax, jax.numpy as jnp, numpy as np, optax
   from fedjax_proj.algorithms.base import make_round
-  from fedjax_proj.algorithms.chunked import make_chunked_round
+  from fedjax_proj.core.chunked import make_chunked_round
   from fedjax_proj.algorithms.fedavg import fedavg
   from fedjax_proj.algorithms.fedprox import fedprox
   from fedjax_proj.core import sharding, tree as T

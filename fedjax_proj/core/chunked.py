@@ -4,7 +4,7 @@ The ordinary round (:func:`fedjax_proj.algorithms.base.make_round`) materialises
 client's outputs at once ([C, num_params] local models), so memory grows with the cohort C. Here
 the cohort is cut into chunks of ``client_chunk`` clients; each chunk's outputs are reduced to sums
 (for FedAvg: Σ n_k θ_k, Σ n_k and Σ n_k m_k) right where they are produced, the sums are added over
-chunks, and the server update runs once (:class:`~fedjax_proj.algorithms.base.StreamingAggregate`,
+chunks, and the server update runs once (:class:`~fedjax_proj.core.rounds.StreamingAggregate`,
 the method's aggregate).
 Peak memory therefore grows with the chunk, not with the cohort (measured in
 ``benchmarks/scaling.py``, docs/performance.md). FedAvg's weighted mean is associative, so any
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,9 +44,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedjax_proj.algorithms.base import FederatedAlgorithm, drive_round, host_pieces, streaming_of
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientEngine, run_vmap_scan
+from fedjax_proj.core.rounds import drive_round, host_pieces, streaming_of
 from fedjax_proj.core.sharding import CLIENT_AXIS
 from fedjax_proj.core.types import PyTree, RoundData
 
@@ -134,7 +135,7 @@ def _chunk_layout(tree: PyTree, shards: int, per_device: int, zero: bool, constr
 
 
 def make_chunked_round(
-  algorithm: FederatedAlgorithm,
+  algorithm: Any,
   strategy: str,
   client_chunk: int | str = "auto",
   unroll: int = 1,
@@ -146,7 +147,9 @@ def make_chunked_round(
   with ``client_chunk >= C`` it computes the ordinary round (up to float summation order).
 
   Args:
-    algorithm: a method whose aggregate is a ``StreamingAggregate`` (e.g. FedAvg).
+    algorithm: a method whose aggregate is a ``StreamingAggregate`` (e.g. FedAvg): any value with
+      a ``FederatedAlgorithm``'s fields (``name``, ``broadcast``, ``client``, ``batch_fn``,
+      ``aggregate``, ``global_variables``), read by attribute, so core needs no algorithm type.
     strategy: ``vmap_scan``, ``vmap_stepwise`` or ``sequential`` (resolve ``auto`` first).
     client_chunk: clients per chunk, or ``"auto"`` (:func:`auto_client_chunk`, resolved from the
       first round's state and cohort; fixed afterwards, so later rounds do not recompile). With a
