@@ -173,9 +173,9 @@ CIFAR_SMOKE = {
 FEDPROJ_METHODS = ("fedavg", "feddf", "fedet", "fedgkd", "fedntd", "fedproj")
 # FedProj has two parts, the client's projection against the memory loss and the server's
 # distillation. Without the projection it is FedDF bit for bit (same server; memory_size equals
-# public_size here; tests/algorithms/test_fedproj.py), so FedProj - FedDF is the projection's
-# paired effect and needs no ablation run; the ones below switch the distillation off, or project
-# at a random half of the steps.
+# public_size here; tests/algorithms/distillation/test_fedproj.py), so FedProj - FedDF is the
+# projection's paired effect and needs no ablation run; the ones below switch the distillation off,
+# or project at a random half of the steps.
 FEDPROJ_ABLATIONS = {
   "fedproj-nodistill": Ablation(
     "fedproj", {"distill_epochs": 0}, "no server distillation: client projection only"

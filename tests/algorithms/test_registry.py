@@ -85,3 +85,19 @@ def test_unknown_names_and_wrong_families_fail_clearly():
 def test_specs_are_frozen():
   with pytest.raises(dataclasses.FrozenInstanceError):
     registry.spec("fedavg").needs_public = True
+
+
+def test_each_family_lives_in_its_subpackage():
+  """docs/design.md, "Layout": sequential and continual methods live in their family's subpackage,
+  distillation methods in distillation/, the other FL methods at the top of algorithms/."""
+  distillation = {"feddf", "fedet", "fedgkd", "fedgkd_vote", "fedntd", "fedproj"}
+  for name, ref in registry.METHODS.items():
+    module = ref.split(":")[0]
+    family = registry.spec(name).family
+    if family == "fl":
+      sub = "distillation" if name in distillation else None
+    else:
+      sub = family
+    want = "fedjax_proj.algorithms." + (f"{sub}." if sub else "")
+    rest = module.removeprefix(want)
+    assert module.startswith(want) and "." not in rest, f"{name}: {module} is not under {want}"

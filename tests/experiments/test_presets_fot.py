@@ -140,8 +140,9 @@ def tiny_data(tmp_path_factory):
 
 # Every method at pmnist's smoke size; on split_cifar100 (an AlexNet, whose compiles dominate: EWC
 # 112 s and GPM 64 s on one loaded core) FL, ER and FOT. EWC's per-example conv Fisher and GPM's
-# conv bases run in tests/continual (test_task_loop_runs_every_method on a conv backbone), and
-# their split_cifar100 hyperparameters in test_every_method_parses_under_every_preset.
+# conv bases run in tests/algorithms/continual (test_task_loop_runs_every_method on a conv
+# backbone), and their split_cifar100 hyperparameters in
+# test_every_method_parses_under_every_preset.
 SMOKE_CASES = [("pmnist", m) for m in METHODS] + [
   ("split_cifar100", m) for m in ("fl", "er", "fot")
 ]

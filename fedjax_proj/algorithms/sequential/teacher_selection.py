@@ -14,9 +14,10 @@ Knowledge Distillation" (papers/004; docs/methods.md "SFedKD"). What this module
   (KL(kQ‖U) = k·KL(Q‖U) + k·log k at every candidate of a step), for L1/L2/JS only the mean is a
   distribution. Ties go to the lowest index.
   Greedy is exact for K = 1 and K = M. For 1 < K < M it is not in general (the problem is a
-  maximum-coverage variant, NP-hard): tests/algorithms/test_sfedkd.py holds a brute-force check
-  of the cases where it is exact and a documented counterexample where it is not. What it always
-  guarantees: K distinct clients, each the best single addition to the previous picks.
+  maximum-coverage variant, NP-hard): tests/algorithms/sequential/test_teacher_selection.py holds
+  a brute-force check of the cases where it is exact and a documented counterexample where it is
+  not. What it always guarantees: K distinct clients, each the best single addition to the
+  previous picks.
 * :func:`teacher_weights` (Eq. 5): g_k = d_k/Σ_j d_j (NCKD weights: more different → more weight)
   and h_k = (1/(d_k + ε))/Σ_j 1/(d_j + ε) (TCKD weights: more similar → more weight), with
   d_k = d(D^{T_k}, D^S), ε = 1e-4. If every d_k is 0, g is uniform (0/0 otherwise).

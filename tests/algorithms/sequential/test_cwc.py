@@ -16,7 +16,7 @@ from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
-from tests.algorithms.test_sequential import LR
+from tests.algorithms.sequential.test_base import LR
 
 
 @pytest.fixture(scope="module")

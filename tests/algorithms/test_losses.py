@@ -1,4 +1,5 @@
-"""DKD terms (losses.py): NumPy reference, the KL decomposition, masking, gradients."""
+"""Loss terms (losses.py): DKD against a NumPy reference (the KL decomposition, masking, gradients)
+and FedNTD's not-true KL."""
 
 from __future__ import annotations
 
@@ -100,3 +101,28 @@ def test_gradient_flows_to_student_only():
   assert np.all(np.asarray(gt) == 0)
   assert np.abs(np.asarray(gs)).max() > 1e-4
   assert np.all(np.isfinite(np.asarray(gs)))
+
+
+def test_not_true_kl_matches_numpy_and_masks_true_class():
+  rng = np.random.default_rng(0)
+  zt, zs = rng.normal(size=(5, 6)), rng.normal(size=(5, 6))
+  labels = rng.integers(0, 6, 5)
+  tau = 2.0
+  expected = []
+  for i in range(5):
+    keep = np.arange(6) != labels[i]
+    p, q = _softmax(zt[i, keep] / tau), _softmax(zs[i, keep] / tau)
+    expected.append(np.sum(p * np.log(p / q)))
+  got = losses.not_true_kl(jnp.asarray(zt), jnp.asarray(zs), jnp.asarray(labels), tau)
+  np.testing.assert_allclose(got, tau**2 * np.mean(expected), rtol=1e-5)
+  # moving the true-class logits of teacher and student changes nothing
+  bump = jax.nn.one_hot(labels, 6) * 7.0
+  got2 = losses.not_true_kl(
+    jnp.asarray(zt) + bump, jnp.asarray(zs) - bump, jnp.asarray(labels), tau
+  )
+  np.testing.assert_allclose(got2, got, rtol=1e-5)
+  grad = jax.grad(lambda s: losses.not_true_kl(jnp.asarray(zt), s, jnp.asarray(labels), tau))(
+    jnp.asarray(zs, jnp.float32)
+  )
+  assert np.all(np.isfinite(grad))
+  np.testing.assert_array_equal(np.asarray(grad)[np.arange(5), labels], 0.0)

@@ -1,0 +1,49 @@
+"""MOON (moon.py) against the NumPy reference; its contrastive loss; its projection head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedjax_proj.algorithms import registry
+from fedjax_proj.algorithms.moon import model_contrastive_loss
+from tests.algorithms.baselines_reference import (
+  build,
+  check_reference_is_not_fedavg,
+  check_rounds_match_reference,
+  check_unsampled_clients_state_unchanged,
+  np_cos,
+  np_log_softmax,
+)
+
+
+def test_toy_rounds_match_numpy_reference():
+  check_rounds_match_reference("moon")
+
+
+def test_reference_is_not_fedavg():
+  check_reference_is_not_fedavg("moon")
+
+
+def test_unsampled_clients_state_unchanged_in_first_round():
+  check_unsampled_clients_state_unchanged("moon")
+
+
+def test_moon_loss_matches_numpy():
+  rng = np.random.default_rng(0)
+  z, zg, zp = (rng.normal(size=(6, 5)).astype(np.float32) for _ in range(3))
+  logits = np.stack([np_cos(z, zg), np_cos(z, zp)], -1) / 0.5
+  np.testing.assert_allclose(
+    model_contrastive_loss(z, zg, zp, 0.5), -np_log_softmax(logits)[:, 0].mean(), rtol=1e-5
+  )
+
+
+def test_bad_hyperparameters_fail_clearly():
+  with pytest.raises(ValueError, match="temperature > 0"):
+    build("moon", {"temperature": 0.0}, 0.0)
+
+
+def test_moon_declares_projection_head():
+  assert registry.model_kwargs("moon") == {"projection_dim": 256}
+  for name in ("fedprox", "fednova", "feddyn", "scaffold", "moon", "fedrcl"):
+    assert not registry.needs_public(name)
