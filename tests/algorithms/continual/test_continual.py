@@ -31,7 +31,7 @@ from fedjax_proj.training.continual import (
   train_continual,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_acc_fgt_on_hand_made_matrix():

@@ -176,7 +176,7 @@ def test_experiment_configs():
   import importlib.util
   import pathlib
 
-  path = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "sequential.py"
+  path = pathlib.Path(__file__).resolve().parents[3] / "experiments" / "sequential.py"
   spec = importlib.util.spec_from_file_location("sequential_experiment", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
