@@ -70,7 +70,9 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
     calls.append(config["seed"])
     if config["seed"] == 1 and calls.count(1) == 1:
       raise FloatingPointError("task 1 round 2: non-finite train loss nan")
-    return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [{"round": 1, "global_accuracy": 0.5}]
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [
+      {"round": 1, "global_accuracy": 0.5}
+    ]
 
   monkeypatch.setitem(run.RUNNERS, "pilot", runner)
   args = [*PILOT_SMOKE, "--seeds=0,1,2", f"--results={tmp_path}", "--report"]
