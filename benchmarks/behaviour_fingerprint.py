@@ -9,7 +9,9 @@ scikit-learn's digits with an MLP, ``experiments/sequential.py`` and ``experimen
 MNIST subsets from the shared data), covering the round drivers a redesign touches: the one-program
 round (``vmap_scan``), the host-looped one (``sequential``), the chunked round with streaming
 aggregation, the server-distillation host aggregate, the sequential-FL chain and the continual task
-loop with its end-of-task hooks. Each takes seconds on 2 CPU cores.
+loop with its end-of-task hooks. Each takes seconds. Every run is pinned to one CPU: XLA:CPU's
+results depend on how many cores it may use (in the last bits, then up to 7e-4 after training), so
+two recordings compare only when both ran on one core.
 
 ``--compare`` reads both directories and exits 1 on any difference: ``metrics.jsonl`` and
 ``summary.json`` record by record with the wall-clock fields dropped (any key ending in
@@ -126,6 +128,12 @@ def record(out: Path, names: list[str]) -> int:
     print("error: the shared data folder (MNIST) was not found; set FEDJAX_PROJ_SHARED_DATA")
     return len(names)
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  # XLA:CPU sizes its thread pool from the CPUs the process may use, and the reductions it splits
+  # over threads round differently: the same commit run on 1 and on 2 cores gives parameters that
+  # differ by up to 7e-4 (MOON; measured, XLA_FLAGS thread options do not remove it). Every run is
+  # therefore pinned to one CPU, so a fingerprint does not depend on the machine's core count.
+  cpu = min(os.sched_getaffinity(0))
+  print(f"runs pinned to CPU {cpu}", flush=True)
   failed = 0
   for name in names:
     script, flags = RUNS[name]
@@ -136,7 +144,13 @@ def record(out: Path, names: list[str]) -> int:
     if script != "pmnist.py":
       cmd.append("--overwrite=true")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+      cmd,
+      capture_output=True,
+      text=True,
+      env=env,
+      preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
     status = "ok" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
     print(f"{name:<22} {time.perf_counter() - t0:6.1f} s  {status}", flush=True)
     if proc.returncode:
