@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from fedjax_proj.data import sources
-from fedjax_proj.data.sources import DataNotFoundError, UnknownDatasetError
+from fedjax_proj.data.sources import DataNotFoundError, UnknownDatasetError, image_folder, resolve
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +117,7 @@ def test_image_folder_cache_hit_returns_identical_arrays(tmp_path, monkeypatch):
   def no_decoding(path):
     raise AssertionError(f"cache miss: decoded {path}")
 
-  monkeypatch.setattr(sources, "_decode_image", no_decoding)
+  monkeypatch.setattr(image_folder, "_decode_image", no_decoding)
   second = sources.load_image_folder(tmp_path / "tree", "train")
   np.testing.assert_array_equal(first.images, second.images)
   np.testing.assert_array_equal(first.labels, second.labels)
@@ -203,7 +203,7 @@ def test_missing_data_raises_with_offline_instructions(tmp_path, monkeypatch):
   def offline_tfds(name, split, data_dir=None, *, download=True):
     raise DataNotFoundError("simulated: no network")
 
-  monkeypatch.setattr(sources, "load_tfds", offline_tfds)
+  monkeypatch.setattr(resolve, "load_tfds", offline_tfds)
   # $FEDJAX_PROJ_DATA_DIR falls back to TFDS; an explicit data_dir never does (issue 13).
   monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path))
   with pytest.raises(DataNotFoundError) as info:

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from fedjax_proj.data import sources
+from fedjax_proj.data.sources import resolve, tfds_source
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training import experiment, rundir
 from fedjax_proj.training.loop import _StopOnSignal
@@ -429,7 +430,7 @@ def test_explicit_data_dir_without_data_never_falls_back_to_tfds(tmp_path, monke
   def no_tfds(*args, **kwargs):
     raise AssertionError("TFDS was tried despite an explicit --data_dir")
 
-  monkeypatch.setattr(sources, "load_tfds", no_tfds)
+  monkeypatch.setattr(resolve, "load_tfds", no_tfds)
   empty = tmp_path / "empty"
   empty.mkdir()
   out = tmp_path / "r"
@@ -453,7 +454,7 @@ def test_tfds_offline_fails_at_once_and_writes_nothing(tmp_path, monkeypatch):
   def no_load(*args, **kwargs):
     raise AssertionError("TFDS started a download although there is no network")
 
-  monkeypatch.setattr(sources, "network_available", lambda *a, **k: False)
+  monkeypatch.setattr(tfds_source, "network_available", lambda *a, **k: False)
   monkeypatch.setattr(tfds, "data_source", data_source)
   monkeypatch.setattr(tfds, "load", no_load)
   with pytest.raises(sources.DataNotFoundError, match="no network to download it") as e:
