@@ -34,7 +34,8 @@ import numpy as np
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.data.sources import find_shared_data
-from fedjax_proj.training.experiment import base_config, run_experiment
+from fedjax_proj.training.config import base_config
+from fedjax_proj.training.experiment import run_experiment
 
 DEFAULT_METHODS = "fedavg,fedprox,fednova,feddyn,scaffold,moon,fedrcl"
 # Per-method hyperparameters that differ from the module defaults on CIFAR-10 (MOON's paper uses

@@ -28,7 +28,8 @@ import jax
 import numpy as np
 
 from fedjax_proj.data.sources import find_shared_data
-from fedjax_proj.training.experiment import base_config, run_experiment
+from fedjax_proj.training.config import base_config
+from fedjax_proj.training.experiment import run_experiment
 
 PAPER = {"fedavg": 32.48, "fedseq": 54.66, "cwc": 55.16, "sfedkd": 61.56}
 

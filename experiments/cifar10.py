@@ -37,7 +37,7 @@ import ml_collections  # noqa: E402
 
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
-from fedjax_proj.training.experiment import base_config  # noqa: E402
+from fedjax_proj.training.config import base_config  # noqa: E402
 
 PRESETS = ("paper", "paper_code", "fedgkd_paper", "cpu", "smoke")
 # MOON (Li, He and Song, CVPR 2021), Sec. 4.1: μ = 5 on CIFAR-10.

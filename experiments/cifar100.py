@@ -41,7 +41,7 @@ import fedproj_presets  # noqa: E402
 from fedjax_proj.algorithms import registry  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
-from fedjax_proj.training.experiment import base_config  # noqa: E402
+from fedjax_proj.training.config import base_config  # noqa: E402
 
 # Methods with server-side ensemble distillation: the paper distils 3 epochs on CIFAR-100.
 DISTILL_METHODS = ("fedproj", "feddf", "fedet")

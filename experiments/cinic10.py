@@ -36,7 +36,7 @@ import fedproj_presets  # noqa: E402
 
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
-from fedjax_proj.training.experiment import base_config  # noqa: E402
+from fedjax_proj.training.config import base_config  # noqa: E402
 
 
 def get_config(preset: str = "paper"):

@@ -139,7 +139,7 @@ HELP = {
 
 def method_kwargs_help(methods) -> str:
   """--method_kwargs' help: the syntax and every method's keys with their defaults."""
-  from fedjax_proj.training.experiment import describe_method_hparams
+  from fedjax_proj.training.config import describe_method_hparams
 
   lines = [
     "method hyperparameters as comma-separated key=value pairs, e.g. --method_kwargs=mu=0.01 or "
@@ -228,7 +228,7 @@ def parse_config(
       continue
     config[key] = value
   if args.preset == "smoke":
-    from fedjax_proj.training.experiment import method_hparams
+    from fedjax_proj.training.config import method_hparams
 
     accepted = method_hparams(config.method) or {}
     for key, value in SMOKE_METHOD_KWARGS.items():
@@ -241,7 +241,7 @@ def parse_config(
       k, v = pair.split("=", 1)
       config.method_kwargs[k.strip()] = _parse_value(v.strip())
   try:
-    from fedjax_proj.training.experiment import validate_config
+    from fedjax_proj.training.config import validate_config
 
     validate_config(config)
   except ValueError as e:

@@ -197,7 +197,7 @@ def main(argv) -> int:
   from fedjax_proj.data.sources import DataNotFoundError, load_dataset
   from fedjax_proj.models import mlp, multi_head
   from fedjax_proj.training.continual import run_continual_experiment
-  from fedjax_proj.training.experiment import check_dataset
+  from fedjax_proj.training.inputs import check_dataset
 
   try:
     train = load_dataset("mnist", "train", c.data_dir or None)

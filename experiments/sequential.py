@@ -37,7 +37,7 @@ import common  # noqa: E402
 from fedjax_proj.algorithms.sequential.sfedkd import cap_num_teachers  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.models import MODELS  # noqa: E402
-from fedjax_proj.training.experiment import base_config  # noqa: E402
+from fedjax_proj.training.config import base_config  # noqa: E402
 
 METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
 # dataset -> (paper network, paper partition); paper 004 Sect. 4.1.

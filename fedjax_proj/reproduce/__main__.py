@@ -124,7 +124,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   if claim.kind == "image":  # every run's config is valid before the first one starts
     import ml_collections
 
-    from fedjax_proj.training.experiment import validate_config
+    from fedjax_proj.training.config import validate_config
 
     for _, _, config, _, _ in plan:
       validate_config(ml_collections.ConfigDict(run.substitute_data(config, root)))

@@ -34,8 +34,8 @@ from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
 from fedjax_proj.data.sources import find_shared_data, load_npz
 from fedjax_proj.models import get_model
+from fedjax_proj.training.config import base_config
 from fedjax_proj.training.evaluate import make_evaluator
-from fedjax_proj.training.experiment import base_config
 
 NUM_TRAIN, NUM_PUBLIC, NUM_TEST = 2000, 64, 1000
 NUM_CLIENTS, CLIENTS_PER_ROUND, BATCH = 10, 5, 50

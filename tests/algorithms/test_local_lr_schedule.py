@@ -17,7 +17,8 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.core.engine import ClientEngine
 from fedjax_proj.core.types import Batch
 from fedjax_proj.data.federated import FederatedData
-from fedjax_proj.training import experiment
+from fedjax_proj.training.config import base_config, validate_config
+from fedjax_proj.training.optimizers import client_optimizer
 
 LR, GAMMA, EPOCHS, STEP_EPOCHS, BATCH = 0.5, 0.1, 4, 2, 4
 SIZES = (5, 12)  # ceil(n / B) = 2 and 3 steps per epoch; the step axis is padded to 12
@@ -37,13 +38,13 @@ def _record(grads, params, batch, ctx):
 
 
 def _program(num_steps: int):
-  c = ml_collections.ConfigDict(experiment.base_config().to_dict())
+  c = ml_collections.ConfigDict(base_config().to_dict())
   c.optimizer, c.lr, c.momentum, c.local_epochs = "sgd", LR, 0.0, EPOCHS
   c.lr_schedule, c.lr_step_epochs, c.lr_step_gamma = "step", STEP_EPOCHS, GAMMA
-  experiment.validate_config(c)
+  validate_config(c)
   return client_lib.local_training_client(
     None,
-    experiment.client_optimizer(c),
+    client_optimizer(c),
     _linear_loss,
     init_extra=lambda shared, ci, key: (jnp.zeros(num_steps + 1), 0),
     transform_grads=_record,
@@ -80,17 +81,17 @@ def test_step_lr_per_client_epoch_and_restarts_each_round(strategy):
 
 
 def test_step_schedule_needs_a_positive_step():
-  c = experiment.base_config()
+  c = base_config()
   c.lr_schedule, c.local_epochs = "step", 1
   with pytest.raises(ValueError, match="--lr_step_epochs >= 1"):
-    experiment.validate_config(c)
+    validate_config(c)
   c.lr_schedule = "cosine"
   with pytest.raises(ValueError, match="Unknown --lr_schedule 'cosine'"):
-    experiment.validate_config(c)
+    validate_config(c)
 
 
 def test_fednova_refuses_the_step_schedule():
-  c = experiment.base_config()
+  c = base_config()
   c.method, c.lr_schedule = "fednova", "step"
   with pytest.raises(ValueError, match="fednova.*--lr_schedule=constant"):
-    experiment.validate_config(c)
+    validate_config(c)

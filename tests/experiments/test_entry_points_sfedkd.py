@@ -26,7 +26,8 @@ from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.data.sources import find_shared_data
-from fedjax_proj.training.experiment import run_experiment, validate_config
+from fedjax_proj.training.config import validate_config
+from fedjax_proj.training.experiment import run_experiment
 from tests.experiments.test_presets_sfedkd import load_experiment
 
 sequential = load_experiment("sequential")

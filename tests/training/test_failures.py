@@ -19,8 +19,9 @@ from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import PartitionError
 from fedjax_proj.data.sources import load_dataset
-from fedjax_proj.training import experiment
+from fedjax_proj.training import experiment, placement
 from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
+from fedjax_proj.training.config import base_config, validate_config
 from fedjax_proj.training.loop import NonFiniteError, train
 from fedjax_proj.training.metrics import read_metrics
 from tests import helpers
@@ -106,11 +107,11 @@ def no_compute(monkeypatch):
     raise AssertionError("the model was built / the round compiled before the config was checked")
 
   monkeypatch.setattr(experiment, "get_model", fail)
-  monkeypatch.setattr(experiment, "make_round", fail)
+  monkeypatch.setattr(placement, "make_round", fail)
 
 
 def _config(**overrides):
-  c = experiment.base_config()
+  c = base_config()
   c.update(
     dataset="digits",
     model="mlp",
@@ -162,7 +163,7 @@ def test_invalid_configuration_rejected_before_compute(
 def test_missing_tensorboardx_names_the_extra(monkeypatch, no_compute):
   monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails as if not installed
   with pytest.raises(ValueError, match=r"pip install 'fedjax_proj\[tensorboard\]'"):
-    experiment.validate_config(_config(tensorboard=True))
+    validate_config(_config(tensorboard=True))
 
 
 def test_resume_refuses_other_flags_and_a_new_run_replaces_a_finished_one(tmp_path, capsys):
@@ -203,7 +204,7 @@ def _entry_point(name):
 def test_paper_presets_are_valid_and_match_the_paper(name, expected):
   module = _entry_point(name)
   for preset in ("paper", "cpu", "smoke"):
-    experiment.validate_config(module.get_config(preset))
+    validate_config(module.get_config(preset))
   paper = module.get_config("paper")
   assert {k: paper[k] for k in expected} == expected
   assert paper.local_epochs == 20 and paper.partition == "dirichlet:0.3"

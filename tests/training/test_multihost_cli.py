@@ -21,9 +21,10 @@ import pytest
 
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.data.federated import FederatedData
-from fedjax_proj.training import experiment
 from fedjax_proj.training.checkpoint import MANIFEST, comparable_metrics, load_variables
+from fedjax_proj.training.config import base_config, validate_config
 from fedjax_proj.training.loop import train
+from fedjax_proj.training.placement import client_mesh_for
 from tests import helpers
 from tests.core.multiprocess import ROOT, cpu_env, free_port, run_processes
 
@@ -150,7 +151,7 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
 
 
 def _config(**overrides) -> ml_collections.ConfigDict:
-  c = experiment.base_config()
+  c = base_config()
   c.dataset, c.output_dir = "digits", "/tmp/unused"
   c.update(overrides)
   return c
@@ -173,16 +174,16 @@ def _config(**overrides) -> ml_collections.ConfigDict:
 )
 def test_bad_process_flags_are_refused(overrides, message):
   with pytest.raises(ValueError, match=message):
-    experiment.validate_config(_config(**overrides))
+    validate_config(_config(**overrides))
 
 
 def test_cohort_must_split_over_all_processes_devices(monkeypatch):
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "device_count", lambda: 4)
   with pytest.raises(ValueError, match="multiple of 4 clients per round"):
-    experiment._client_mesh(_config(clients_per_round=6), "vmap_scan", print)
+    client_mesh_for(_config(clients_per_round=6), "vmap_scan", print)
   with pytest.raises(ValueError, match="--strategy=vmap_scan"):
-    experiment._client_mesh(_config(clients_per_round=8), "sequential", print)
+    client_mesh_for(_config(clients_per_round=8), "sequential", print)
 
 
 def test_process_flags_reach_the_config_and_not_the_fingerprint():

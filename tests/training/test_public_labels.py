@@ -2,11 +2,12 @@
 
 import numpy as np
 
-from fedjax_proj.training import experiment
+from fedjax_proj.training.config import base_config
+from fedjax_proj.training.inputs import public_inputs, same_label_space
 
 
 def _config(public_path):
-  c = experiment.base_config()
+  c = base_config()
   c.method = "fedproj"
   c.public_data = str(public_path)
   c.memory_size = 8
@@ -21,10 +22,10 @@ def _write(path, num_classes):
 
 
 def test_same_label_space_is_by_dataset_name_not_class_count():
-  assert experiment.same_label_space("cifar10", "cifar10")
-  assert experiment.same_label_space("CIFAR-100", "cifar100")
-  assert not experiment.same_label_space("imagenet100", "cifar100")  # both 100 classes
-  assert not experiment.same_label_space("", "cifar10")
+  assert same_label_space("cifar10", "cifar10")
+  assert same_label_space("CIFAR-100", "cifar100")
+  assert not same_label_space("imagenet100", "cifar100")  # both 100 classes
+  assert not same_label_space("", "cifar10")
 
 
 def test_public_labels_only_for_the_private_datasets_label_space(tmp_path):
@@ -32,10 +33,10 @@ def test_public_labels_only_for_the_private_datasets_label_space(tmp_path):
   # 100 classes like CIFAR-100, but another dataset (e.g. ImageNet-100): no labels.
   other = tmp_path / "imagenet100.npz"
   _write(other, 100)
-  inputs, size = experiment._public_inputs(_config(other), train_x, 100, "cifar100")
+  inputs, size = public_inputs(_config(other), train_x, 100, "cifar100")
   assert size == 16 and "public_labels" not in inputs
   # The private dataset itself (a held-out part of CIFAR-100): labels are passed.
   same = tmp_path / "cifar100.npz"
   _write(same, 100)
-  inputs, _ = experiment._public_inputs(_config(same), train_x, 100, "cifar100")
+  inputs, _ = public_inputs(_config(same), train_x, 100, "cifar100")
   np.testing.assert_array_equal(inputs["public_labels"], np.arange(16) % 100)

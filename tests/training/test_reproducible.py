@@ -14,10 +14,11 @@ import numpy as np
 from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.training import experiment
 from fedjax_proj.training.checkpoint import comparable_metrics, load_variables
+from fedjax_proj.training.config import base_config
 
 
 def _run(tmp_path, name, public, **overrides):
-  c = experiment.base_config()
+  c = base_config()
   c.update(
     method="fedproj",
     dataset="digits",

@@ -26,6 +26,8 @@ from fedjax_proj.data import sources
 from fedjax_proj.data.sources import resolve, tfds_source
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training import experiment, rundir
+from fedjax_proj.training.config import method_hparams, validate_method_kwargs
+from fedjax_proj.training.estimate import estimate_run
 from fedjax_proj.training.loop import _StopOnSignal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -380,14 +382,14 @@ def test_method_kwargs_list_the_methods_keys_and_defaults(kwargs, message, tmp_p
 
 
 def test_method_hparams_come_from_the_factories():
-  assert experiment.method_hparams("fedprox") == {"mu": 0.01}
-  assert experiment.method_hparams("fedavg") == {} == experiment.method_hparams("fedseq")
-  assert experiment.method_hparams("sfedkd")["num_teachers"] == 5
-  fedproj = experiment.method_hparams("fedproj")
+  assert method_hparams("fedprox") == {"mu": 0.01}
+  assert method_hparams("fedavg") == {} == method_hparams("fedseq")
+  assert method_hparams("sfedkd")["num_teachers"] == 5
+  fedproj = method_hparams("fedproj")
   assert fedproj["memory_batch_size"] == 256 and "public_size" not in fedproj
-  experiment.validate_method_kwargs("fedproj", {"tau": 1, "max_coef": 0.5})  # int for float: ok
+  validate_method_kwargs("fedproj", {"tau": 1, "max_coef": 0.5})  # int for float: ok
   with pytest.raises(ValueError, match="takes a int"):
-    experiment.validate_method_kwargs("fedgkd", {"buffer_size": 2.5})
+    validate_method_kwargs("fedgkd", {"buffer_size": 2.5})
 
 
 def test_missing_public_data_path_names_the_flag(tmp_path, capsys):
@@ -504,12 +506,12 @@ def test_estimate_over_an_hour_on_cpu_suggests_the_cpu_preset():
     num_steps = 50
 
   c = CIFAR10.get_config("paper")  # 100 rounds x 10 clients x 50 steps = 50,000 steps
-  text = experiment.estimate_run(c, Fed(), step_seconds=0.36)
+  text = estimate_run(c, Fed(), step_seconds=0.36)
   assert "about 5.0 h for 100 rounds (50,000 local steps of batch 64 at 360.0 ms each" in text
   assert "more than an hour on CPU" in text and "--preset=cpu" in text
-  assert "warning" not in experiment.estimate_run(c, Fed(), step_seconds=0.036)  # 30 min
+  assert "warning" not in estimate_run(c, Fed(), step_seconds=0.036)  # 30 min
   Fed.sizes, Fed.steps_for = (10, 30), staticmethod(lambda n: n)  # unpadded: the mean client
-  assert "(20,000 local steps" in experiment.estimate_run(c, Fed(), 0.36, padded=False)
+  assert "(20,000 local steps" in estimate_run(c, Fed(), 0.36, padded=False)
 
 
 def test_smoke_preset_caps_the_public_set_and_fedprojs_memory_batch():

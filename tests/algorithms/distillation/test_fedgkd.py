@@ -19,7 +19,8 @@ from fedjax_proj.core import tree as T
 from fedjax_proj.core.types import Batch
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import normalizer
-from fedjax_proj.training.experiment import _subset, base_config, held_out, validate_config
+from fedjax_proj.training.config import base_config, validate_config
+from fedjax_proj.training.inputs import held_out, subset
 from tests import helpers
 
 
@@ -202,7 +203,7 @@ def test_fedgkd_vote_server_refuses_without_held_out_data():
 
 def test_held_out_is_what_train_subset_leaves_out():
   ds = SimpleNamespace(images=np.arange(50)[:, None], labels=np.arange(50) % 7)
-  kept, _ = _subset(ds, 45, 3)
+  kept, _ = subset(ds, 45, 3)
   val_x, val_y = held_out(ds, 45, 3)
   assert len(val_y) == 5 and val_y.dtype == np.int32
   assert sorted(np.concatenate([kept[:, 0], val_x[:, 0]]).tolist()) == list(range(50))

@@ -143,7 +143,8 @@ def test_registry_and_errors(setup):
 
 def test_run_experiment_end_to_end(tmp_path):
   """The config-driven runner (registry -> base.make_round dispatch -> train) runs SFedKD."""
-  from fedjax_proj.training.experiment import base_config, run_experiment
+  from fedjax_proj.training.config import base_config
+  from fedjax_proj.training.experiment import run_experiment
 
   for method, kwargs in (("sfedkd", {"num_teachers": 2}),):
     c = base_config()

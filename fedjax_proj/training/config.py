@@ -1,0 +1,288 @@
+"""The experiment config: its defaults (:func:`base_config`) and its checks, before any compute.
+
+Experiments (``experiments/*.py``) own a ``get_config(preset)`` built on :func:`base_config` and
+parse flags into it. :func:`validate_config` rejects impossible settings with an error naming the
+fix before any data is loaded; the ``--method_kwargs`` a method accepts are read from its factory's
+signature (:func:`method_hparams`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import ml_collections
+
+from fedjax_proj.algorithms import registry
+from fedjax_proj.core import engine as engine_lib
+from fedjax_proj.data.partition import parse_partition
+from fedjax_proj.data.sources import KNOWN_NUM_CLASSES, canonical_name, looks_like_path
+from fedjax_proj.training.optimizers import (
+  LR_SCHEDULES,
+  OPTIMIZERS,
+  SERVER_OPTIMIZERS,
+  lr_step_epochs,
+)
+from fedjax_proj.training.processes import validate_processes
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Defaults shared by every image-classification experiment (override per experiment)."""
+  c = ml_collections.ConfigDict()
+  c.method = "fedavg"
+  c.dataset = "cifar10"
+  c.data_dir = ""
+  c.model = "resnet8"
+  c.num_clients = 100
+  c.clients_per_round = 10
+  c.rounds = 100
+  c.local_epochs = 20
+  c.batch_size = 64
+  c.partition = "dirichlet:0.3"
+  c.seed = 0
+  c.strategy = "auto"
+  c.optimizer = "adam"
+  c.lr = 1e-3
+  c.momentum = 0.9
+  c.weight_decay = 0.0
+  # Local learning-rate schedule, restarted every round: "constant", or "step" (torch StepLR per
+  # local epoch: lr · lr_step_gamma^floor(epoch / lr_step_epochs); client.epoch_step_lr).
+  c.lr_schedule = "constant"
+  c.lr_step_epochs = 0  # 0 = local_epochs // 2 (the FedProj code's step_size)
+  c.lr_step_gamma = 0.1
+  c.server_optimizer = "none"
+  c.server_lr = 1.0
+  c.server_momentum = 0.0
+  c.augment = False
+  c.eval_every = 5
+  c.eval_batch_size = 500
+  c.train_subset = 0  # 0 = all
+  c.test_subset = 0
+  c.output_dir = ""
+  c.progress = True
+  # Split each round's clients over all local devices (vmap_scan only; a no-op on one device).
+  c.shard_clients = True
+  # Clients per chunk for large cohorts (streaming aggregation, peak memory bounded by the chunk):
+  # "auto" chunks methods that support it when the cohort would not fit (algorithms/chunked.py),
+  # "none" disables chunking, an integer forces that chunk size.
+  c.client_chunk = "auto"
+  # Several processes (jax.distributed): every process passes the same coordinator "host:port"
+  # (process 0's) and num_processes, and its own process_id. num_processes=0 lets JAX detect a
+  # Cloud TPU / Slurm / Open MPI job. cpu_collectives="gloo" for CPU-only jobs ("" = JAX default).
+  c.coordinator_address = ""
+  c.num_processes = 1
+  c.process_id = 0
+  c.cpu_collectives = ""
+  c.public_data = ""  # name (e.g. cifar100) or path (npz / image folder); "" = none
+  c.public_size = 0  # use only this many public examples (0 = all)
+  c.memory_size = 10000
+  c.method_kwargs = ml_collections.ConfigDict()
+  # Run management: not part of the config fingerprint a resumed run must match.
+  c.resume = False  # continue from output_dir's newest valid checkpoint
+  c.overwrite = False  # a new run may replace the run output_dir holds
+  c.checkpoint_every = 10  # rounds between checkpoints (0: only on SIGINT/SIGTERM)
+  c.keep_checkpoints = 3
+  c.tensorboard = False  # also write TensorBoard events (needs the tensorboard extra)
+  return c
+
+
+def validate_config(c: ml_collections.ConfigDict) -> None:
+  """Rejects invalid settings with an error naming the fix, before any compute."""
+  if c.method not in registry.methods():
+    raise ValueError(
+      f"Unknown method {c.method!r}. Valid methods: {', '.join(registry.methods())}."
+    )
+  engine_lib.validate_strategy(c.strategy)
+  parse_partition(c.partition)
+  _validate_dataset_name(c.dataset)
+  for field in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size"):
+    if int(c[field]) < 1:
+      raise ValueError(f"--{field} must be >= 1, got {c[field]}.")
+  if c.clients_per_round > c.num_clients:
+    raise ValueError(
+      f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}; "
+      "lower clients_per_round or raise num_clients."
+    )
+  if c.optimizer not in OPTIMIZERS:
+    raise ValueError(f"Unknown --optimizer {c.optimizer!r}; choose one of {OPTIMIZERS}.")
+  if c.get("lr_schedule", "constant") not in LR_SCHEDULES:
+    raise ValueError(f"Unknown --lr_schedule {c.lr_schedule!r}; choose one of {LR_SCHEDULES}.")
+  if c.get("lr_schedule", "constant") == "step" and lr_step_epochs(c) < 1:
+    raise ValueError(
+      f"--lr_schedule=step needs --lr_step_epochs >= 1 (0 means local_epochs // 2 = "
+      f"{c.local_epochs // 2}); set --lr_step_epochs or use --local_epochs >= 2."
+    )
+  if c.get("lr_schedule", "constant") == "step" and c.method == "fednova":
+    # FedNova's a_k probes the optimiser with one step table for every client (fednova.py); a
+    # per-client epoch schedule would need a table per client size.
+    raise ValueError(
+      "--method=fednova derives its normalisation from a constant-lr client optimiser; drop "
+      "--lr_schedule=step (use --lr_schedule=constant)."
+    )
+  if c.server_optimizer not in SERVER_OPTIMIZERS:
+    raise ValueError(
+      f"Unknown --server_optimizer {c.server_optimizer!r}; choose one of {SERVER_OPTIMIZERS}."
+    )
+  chunk = str(c.get("client_chunk", "auto")).lower()
+  if chunk not in ("auto", "none") and not (chunk.isdigit() and int(chunk) >= 1):
+    raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
+  if c.eval_every < 1:
+    raise ValueError("--eval_every must be >= 1.")
+  if not c.lr > 0:
+    raise ValueError(f"--lr must be > 0, got {c.lr}; e.g. --lr=0.001 (Adam) or --lr=0.01 (SGD).")
+  for field in ("train_subset", "test_subset", "public_size"):
+    if int(c.get(field, 0)) < 0:
+      raise ValueError(
+        f"--{field} must be >= 0 (0 uses the whole set), got {c[field]}; pass a number of "
+        "examples or 0."
+      )
+  if c.public_data and looks_like_path(c.public_data) and not Path(c.public_data).exists():
+    raise ValueError(
+      f"--public_data={c.public_data} does not exist; pass an existing npz file or image folder, "
+      "or a dataset name such as cifar100."
+    )
+  validate_method_kwargs(c.method, dict(c.method_kwargs))
+  if registry.needs_validation(c.method, resolved_hparams(c)) and not int(c.train_subset):
+    raise ValueError(
+      f"{c.method} with vote_validation=server needs held-out validation data, but "
+      "--train_subset=0 trains on the whole training set; " + no_validation_fix(c.method) + "."
+    )
+  if c.get("checkpoint_every", 0) < 0:
+    raise ValueError("--checkpoint_every must be >= 0 (0 saves only on SIGINT/SIGTERM).")
+  if c.get("keep_checkpoints", 1) < 1:
+    raise ValueError("--keep_checkpoints must be >= 1.")
+  if c.get("resume", False) and not c.output_dir:
+    raise ValueError("--resume needs --output_dir=<the interrupted run's directory>.")
+  memory_size = c.method_kwargs.get("memory_size", c.memory_size)
+  if (
+    c.public_data
+    and c.public_size
+    and "memory_size" in registry.config_kwargs(c.method)
+    and memory_size > c.public_size
+  ):
+    raise ValueError(
+      f"--memory_size={memory_size} exceeds --public_size={c.public_size}; lower --memory_size "
+      "or raise --public_size (0 uses the whole public set)."
+    )
+  validate_processes(c)
+  if c.get("tensorboard", False):
+    from fedjax_proj.training.tensorboard import require_tensorboardx
+
+    try:
+      require_tensorboardx()
+    except ImportError as e:
+      raise ValueError(str(e)) from e
+
+
+def resolved_hparams(c: ml_collections.ConfigDict) -> dict:
+  """The method's hyperparameters from the config: a preset's ``method_defaults`` for it, under
+  explicit ``method_kwargs``."""
+  return {**dict(c.get("method_defaults", {}).get(c.method, {})), **dict(c.method_kwargs)}
+
+
+def no_validation_fix(method: str) -> str:
+  """How to give ``method`` the held-out validation data it needs (its registry spec says)."""
+  return registry.spec(method).validation_fix
+
+
+def _validate_dataset_name(name: str) -> None:
+  """A dataset is a known name (checked against its data later) or a path to the data itself."""
+  if looks_like_path(name) or canonical_name(name) in KNOWN_NUM_CLASSES:
+    return
+  raise ValueError(
+    f"Unknown --dataset {name!r}; known names: {', '.join(sorted(KNOWN_NUM_CLASSES))}. For other "
+    "data pass its location as --dataset=<folder or .npz path>."
+  )
+
+
+def method_hparams(method: str) -> dict[str, object] | None:
+  """The hyperparameters ``--method_kwargs`` may set for ``method``, with their defaults.
+
+  Read from the factory the method's registry ``build`` forwards its ``**hparams`` to (its
+  signature is the single source of truth), plus the config fields the method consumes
+  (``MethodSpec.config_kwargs``). None when that cannot be determined (e.g. a user-registered
+  method).
+  """
+  import ast  # noqa: PLC0415
+  import importlib  # noqa: PLC0415
+  import textwrap  # noqa: PLC0415
+
+  if method not in registry.METHODS:
+    return None
+  build = registry.spec(method).build
+  build = getattr(build, "func", build)  # a functools.partial (one build serving two names)
+  module = importlib.import_module(build.__module__)
+  try:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(build)))
+  except (OSError, TypeError, SyntaxError):
+    return None
+  rest = next((p.name for p in inspect.signature(build).parameters.values() if p.kind == 4), None)
+  for node in ast.walk(tree):
+    if not isinstance(node, ast.Call):
+      continue
+    forwards = any(
+      k.arg is None and isinstance(k.value, ast.Name) and k.value.id == rest for k in node.keywords
+    )
+    if not forwards or not isinstance(node.func, ast.Name):
+      continue
+    factory = getattr(module, node.func.id, None)
+    if factory is None:
+      return None
+    explicit = {k.arg for k in node.keywords if k.arg is not None} | {"method"}
+    params = list(inspect.signature(factory).parameters.values())[len(node.args) :]
+    out = {
+      p.name: p.default
+      for p in params
+      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in explicit
+    }
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+      return None  # the factory forwards further: accept anything
+    return out
+  # ``**hparams`` is never forwarded to a factory (e.g. fedseq, which refuses any): none accepted.
+  return {} if rest is not None else None
+
+
+def _type_ok(value, default) -> bool:
+  if default is None or isinstance(default, tuple | list | dict):
+    return True
+  if isinstance(default, bool):
+    return isinstance(value, bool)
+  if isinstance(default, float):
+    return isinstance(value, int | float) and not isinstance(value, bool)
+  if isinstance(default, int):
+    return isinstance(value, int) and not isinstance(value, bool)
+  return isinstance(value, type(default))
+
+
+def describe_method_hparams(method: str) -> str:
+  """``key=default, ...`` of :func:`method_hparams`, for help texts and errors."""
+  hparams = method_hparams(method)
+  if hparams is None:
+    return "(not introspectable)"
+  if not hparams:
+    return "(none)"
+  return ", ".join(
+    f"{k}={'<required>' if v is inspect.Parameter.empty else v!r}" for k, v in hparams.items()
+  )
+
+
+def validate_method_kwargs(method: str, kwargs: dict) -> None:
+  """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones."""
+  if not kwargs or method not in registry.METHODS:
+    return
+  hparams = method_hparams(method)
+  if hparams is None:
+    return
+  accepted = f"{method} accepts: {describe_method_hparams(method)}"
+  unknown = sorted(set(kwargs) - set(hparams))
+  if unknown:
+    raise ValueError(
+      f"--method_kwargs: unknown key(s) {', '.join(unknown)} for --method={method}; {accepted}."
+    )
+  for key, value in kwargs.items():
+    default = hparams[key]
+    if default is not inspect.Parameter.empty and not _type_ok(value, default):
+      raise ValueError(
+        f"--method_kwargs: {key}={value!r} is a {type(value).__name__} but {method}'s {key} "
+        f"takes a {type(default).__name__} (default {default!r}); {accepted}."
+      )

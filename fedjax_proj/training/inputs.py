@@ -1,0 +1,96 @@
+"""The run's inputs besides the partition: train/test subsets, held-out data, the public set.
+
+Also checks that data loaded for a known ``--dataset`` name is that dataset.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from fedjax_proj.algorithms import registry
+from fedjax_proj.data.sources import expected_format, load_dataset
+
+
+def check_dataset(ds, name: str, where: str) -> None:
+  """Checks data loaded for a known ``--dataset`` name has that dataset's image shape and classes.
+
+  Raises:
+    ValueError: naming what the data is, what the name expects, and the two ways to fix it.
+  """
+  expected = expected_format(name)
+  if expected is None:
+    return
+  shape, classes = expected
+  got = (tuple(ds.images.shape[1:]), int(ds.num_classes))
+  if got != (shape, classes):
+    fmt = lambda s, k: f"examples of shape {'x'.join(map(str, s))} and {k} classes"
+    raise ValueError(
+      f"--dataset={name} expects {fmt(shape, classes)}, but the data from {where} has "
+      f"{fmt(*got)}. Point --data_dir at {name}'s data, or pass the --dataset this data is."
+    )
+
+
+def _subset_indices(size: int, n: int, seed: int) -> np.ndarray:
+  """The sorted indices a ``train_subset``/``test_subset`` of ``n`` keeps (all when n is 0)."""
+  if not n or n >= size:
+    return np.arange(size)
+  return np.sort(np.random.default_rng(seed).choice(size, n, replace=False))
+
+
+def subset(ds, n: int, seed: int):
+  """(images, labels) of a seeded random ``n`` of ``ds`` in their original order (all when 0)."""
+  if not n or n >= len(ds.labels):
+    return ds.images, ds.labels
+  keep = _subset_indices(len(ds.labels), n, seed)
+  return ds.images[keep], ds.labels[keep]
+
+
+def held_out(ds, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """The examples :func:`subset` ``(ds, n, seed)`` leaves out, in their original order.
+
+  FedGKD-VOTE's server validation split: paper 002 trains on 90% of the data, so
+  ``train_subset=45000`` of CIFAR-10 leaves these 5,000 for validation (docs/reproduction.md).
+  """
+  out = np.setdiff1d(np.arange(len(ds.labels)), _subset_indices(len(ds.labels), n, seed))
+  return ds.images[out], np.asarray(ds.labels[out], np.int32)
+
+
+def same_label_space(public_name: str, private_name: str) -> bool:
+  """Whether a public set's labels are the private task's labels: the same dataset by name.
+
+  Equal class counts are not enough (ImageNet-100 and CIFAR-100 both have 100 classes).
+  """
+  canon = lambda n: n.strip().lower().replace("-", "").replace("_", "")
+  return bool(public_name) and canon(public_name) == canon(private_name)
+
+
+def public_inputs(
+  c, train_x: np.ndarray, num_classes: int, private_name: str = ""
+) -> tuple[dict, int]:
+  """Loads the public set for methods that need one; validates it before any compute."""
+  if not c.public_data:
+    if registry.needs_public(c.method):
+      raise ValueError(
+        f"Method {c.method!r} needs public data: pass --public_data=cifar100 or a path, e.g. "
+        "--public_data=../shared/data/cifar100/public_20k.npz"
+      )
+    return {}, 0
+  public = load_dataset(c.public_data, "train")
+  images, labels = subset(public, c.public_size, c.seed + 2)
+  if images.shape[1:] != train_x.shape[1:] or images.dtype != train_x.dtype:
+    raise ValueError(
+      f"Public data {c.public_data!r} has examples {images.shape[1:]} {images.dtype} but the "
+      f"private data has {train_x.shape[1:]} {train_x.dtype}; use a public set of the same format."
+    )
+  memory_size = c.method_kwargs.get("memory_size", c.memory_size)
+  if "memory_size" in registry.config_kwargs(c.method) and memory_size > len(labels):
+    raise ValueError(
+      f"--memory_size={memory_size} exceeds the public set ({len(labels)} examples); lower "
+      "--memory_size or use more public data (--public_size=0 uses all of it)."
+    )
+  inputs = {"public_images": jax.device_put(images)}
+  # FedProj's round-0 CE (001, Algorithm 1, line 16) reads public labels as private ones.
+  if public.num_classes == num_classes and same_label_space(public.name, private_name):
+    inputs["public_labels"] = jax.device_put(np.asarray(labels, np.int32))
+  return inputs, len(labels)
