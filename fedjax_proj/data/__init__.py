@@ -19,7 +19,7 @@ shadow the :mod:`~fedjax_proj.data.partition` module (``from fedjax_proj.data im
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import (
   PartitionError,
-  PartitionSpec,
+  PartitionScheme,
   dirichlet,
   exdir,
   iid,
@@ -54,7 +54,7 @@ __all__ = [
   "DataNotFoundError",
   "FederatedData",
   "PartitionError",
-  "PartitionSpec",
+  "PartitionScheme",
   "UnknownDatasetError",
   "default_cache_dir",
   "dirichlet",

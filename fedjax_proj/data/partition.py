@@ -402,8 +402,11 @@ def manual(labels: np.ndarray, counts: np.ndarray, seed: int) -> list[np.ndarray
 # Flag syntax.
 
 
-class PartitionSpec(NamedTuple):
-  """A parsed partition flag; ``str(spec)`` gives back its canonical flag form.
+class PartitionScheme(NamedTuple):
+  """A parsed partition flag: how the clients get their samples.
+
+  ``str(scheme)`` gives back its canonical flag form. Not to be confused with
+  ``jax.sharding.PartitionSpec``, which places arrays on devices.
 
   Attributes:
     kind: ``"iid"``, ``"dirichlet"``, ``"shards"`` or ``"exdir"``.
@@ -429,7 +432,7 @@ class PartitionSpec(NamedTuple):
     return self.kind
 
 
-def parse_partition(spec: str) -> PartitionSpec:
+def parse_partition(spec: str) -> PartitionScheme:
   """Parses a partition flag such as ``"dirichlet:0.5"`` or ``"exdir:2:0.5"``.
 
   Syntax: ``iid``; ``dirichlet:<beta>[:<min_size>]``; ``shards:<shards_per_client>``;
@@ -458,18 +461,18 @@ def parse_partition(spec: str) -> PartitionSpec:
     return value
 
   if kind == "iid" and not args:
-    return PartitionSpec("iid")
+    return PartitionScheme("iid")
   if kind == "dirichlet" and len(args) in (1, 2):
     beta = number(args[0], "beta", integer=False)
     min_size = number(args[1], "min_size", integer=True) if len(args) == 2 else 10
-    return PartitionSpec("dirichlet", concentration=beta, min_size=min_size)
+    return PartitionScheme("dirichlet", concentration=beta, min_size=min_size)
   if kind == "shards" and len(args) == 1:
-    return PartitionSpec("shards", shards_per_client=number(args[0], "shards_per_client", True))
+    return PartitionScheme("shards", shards_per_client=number(args[0], "shards_per_client", True))
   if kind == "exdir" and len(args) in (2, 3):
     classes = number(args[0], "classes_per_client", integer=True)
     alpha = number(args[1], "alpha", integer=False)
     min_size = number(args[2], "min_size", integer=True) if len(args) == 3 else 10
-    return PartitionSpec(
+    return PartitionScheme(
       "exdir", concentration=alpha, min_size=min_size, classes_per_client=classes
     )
   if kind in ("iid", "dirichlet", "shards", "exdir"):
@@ -478,13 +481,13 @@ def parse_partition(spec: str) -> PartitionSpec:
 
 
 def partition(
-  labels: np.ndarray, spec: str | PartitionSpec, num_clients: int, seed: int
+  labels: np.ndarray, spec: str | PartitionScheme, num_clients: int, seed: int
 ) -> list[np.ndarray]:
   """Partitions ``labels`` over ``num_clients`` clients as ``spec`` says.
 
   Args:
     labels: int [N] class ids.
-    spec: a flag string (see :func:`parse_partition`) or a :class:`PartitionSpec`.
+    spec: a flag string (see :func:`parse_partition`) or a :class:`PartitionScheme`.
     num_clients: number of clients.
     seed: RNG seed.
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_proj.data import partition as P
-from fedjax_proj.data.partition import PartitionError, PartitionSpec
+from fedjax_proj.data.partition import PartitionError, PartitionScheme
 
 
 def balanced_labels(num_classes: int = 10, per_class: int = 100, seed: int = 0) -> np.ndarray:
@@ -190,15 +190,15 @@ def test_label_histogram():
 @pytest.mark.parametrize(
   "text, expected",
   [
-    ("iid", PartitionSpec("iid")),
-    (" IID ", PartitionSpec("iid")),
-    ("dirichlet:0.5", PartitionSpec("dirichlet", concentration=0.5, min_size=10)),
-    ("dirichlet:0.1:15", PartitionSpec("dirichlet", concentration=0.1, min_size=15)),
-    ("shards:2", PartitionSpec("shards", shards_per_client=2)),
-    ("exdir:2:0.5", PartitionSpec("exdir", concentration=0.5, classes_per_client=2)),
+    ("iid", PartitionScheme("iid")),
+    (" IID ", PartitionScheme("iid")),
+    ("dirichlet:0.5", PartitionScheme("dirichlet", concentration=0.5, min_size=10)),
+    ("dirichlet:0.1:15", PartitionScheme("dirichlet", concentration=0.1, min_size=15)),
+    ("shards:2", PartitionScheme("shards", shards_per_client=2)),
+    ("exdir:2:0.5", PartitionScheme("exdir", concentration=0.5, classes_per_client=2)),
     (
       "exdir:20:1.0:5",
-      PartitionSpec("exdir", concentration=1.0, min_size=5, classes_per_client=20),
+      PartitionScheme("exdir", concentration=1.0, min_size=5, classes_per_client=20),
     ),
   ],
 )
