@@ -20,7 +20,7 @@ im2col convolution as a matrix product is the classic formulation of Chellapilla
 "High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
 
 All three implementations agree with ``nn.Conv`` to float32 round-off (forward and gradients);
-``tests/models/test_models_conv.py`` checks stride 1 and 2, SAME, VALID and explicit padding.
+``tests/models/test_conv.py`` checks stride 1 and 2, SAME, VALID and explicit padding.
 """
 
 from __future__ import annotations

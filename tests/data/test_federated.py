@@ -1,14 +1,11 @@
-"""Round layout: every client example appears exactly once per epoch; sampling is reproducible."""
+"""data.federated: every client example appears exactly once per epoch; sampling is reproducible."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fedjax_proj.data.federated import FederatedData
-from fedjax_proj.data.pipeline import flip_and_crop, make_batch_fn, normalizer
 
 
 def _clients():
@@ -53,26 +50,3 @@ def test_bad_inputs():
   fd = FederatedData(_clients(), batch_size=2)
   with pytest.raises(ValueError, match="clients_per_round"):
     fd.sample_clients(0, 4, 0)
-
-
-def test_batch_fn_normalises_and_masks():
-  images = jnp.arange(2 * 4 * 4 * 3, dtype=jnp.uint8).reshape(2, 4, 4, 3)
-  labels = jnp.array([3, 1])
-  fn = make_batch_fn(normalizer((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
-  b = fn(images, labels, jnp.array([1, 0]), jnp.array([True, False]), jax.random.key(0))
-  np.testing.assert_allclose(b.x[0], (images[1] / 255.0 - 0.5) / 0.25, rtol=1e-6)
-  np.testing.assert_array_equal(b.y, [1, 3])
-  np.testing.assert_array_equal(b.mask, [1.0, 0.0])
-
-
-def test_flip_and_crop_preserves_content_statistics():
-  x = jax.random.uniform(jax.random.key(0), (64, 8, 8, 3))
-  y = flip_and_crop(jax.random.key(1), x, padding=2)
-  assert y.shape == x.shape
-  assert not np.allclose(x, y)
-  # zero padding means crops only remove mass, never add it
-  assert float(jnp.sum(y)) <= float(jnp.sum(x)) + 1e-3
-  # padding=0 leaves only flips: each image equals itself or its mirror
-  z = flip_and_crop(jax.random.key(2), x, padding=0)
-  same = jnp.all(z == x, axis=(1, 2, 3)) | jnp.all(z == x[:, :, ::-1], axis=(1, 2, 3))
-  assert bool(jnp.all(same))

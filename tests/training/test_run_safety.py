@@ -22,11 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedjax_proj.data import sources
-from fedjax_proj.data.sources import resolve, tfds_source
+from fedjax_proj.data.sources import resolve
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training import experiment, rundir
-from fedjax_proj.training.config import method_hparams, validate_method_kwargs
 from fedjax_proj.training.estimate import estimate_run
 from fedjax_proj.training.loop import _StopOnSignal
 
@@ -381,17 +379,6 @@ def test_method_kwargs_list_the_methods_keys_and_defaults(kwargs, message, tmp_p
   assert message in capsys.readouterr().err
 
 
-def test_method_hparams_come_from_the_factories():
-  assert method_hparams("fedprox") == {"mu": 0.01}
-  assert method_hparams("fedavg") == {} == method_hparams("fedseq")
-  assert method_hparams("sfedkd")["num_teachers"] == 5
-  fedproj = method_hparams("fedproj")
-  assert fedproj["memory_batch_size"] == 256 and "public_size" not in fedproj
-  validate_method_kwargs("fedproj", {"tau": 1, "max_coef": 0.5})  # int for float: ok
-  with pytest.raises(ValueError, match="takes a int"):
-    validate_method_kwargs("fedgkd", {"buffer_size": 2.5})
-
-
 def test_missing_public_data_path_names_the_flag(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     run(
@@ -440,29 +427,6 @@ def test_explicit_data_dir_without_data_never_falls_back_to_tfds(tmp_path, monke
   err = capsys.readouterr().err
   assert f"--data_dir={empty} holds no data for 'cifar10'" in err and "train.npz" in err
   assert not out.exists() and list(empty.iterdir()) == []
-
-
-def test_tfds_offline_fails_at_once_and_writes_nothing(tmp_path, monkeypatch):
-  tfds = pytest.importorskip("tensorflow_datasets")
-
-  calls = []
-
-  def data_source(*args, download, **kwargs):
-    calls.append(download)
-    if download:
-      raise AssertionError("TFDS started a download although there is no network")
-    raise FileNotFoundError("not prepared")  # what TFDS says for data it has not prepared
-
-  def no_load(*args, **kwargs):
-    raise AssertionError("TFDS started a download although there is no network")
-
-  monkeypatch.setattr(tfds_source, "network_available", lambda *a, **k: False)
-  monkeypatch.setattr(tfds, "data_source", data_source)
-  monkeypatch.setattr(tfds, "load", no_load)
-  with pytest.raises(sources.DataNotFoundError, match="no network to download it") as e:
-    sources.load_tfds("cifar10", "train", data_dir=tmp_path)
-  assert "not prepared" in str(e.value) and calls == [False]
-  assert list(tmp_path.iterdir()) == []
 
 
 def test_pmnist_zero_tasks_and_contradictory_split_flags(capsys):
@@ -559,30 +523,3 @@ def test_every_flag_says_what_it_does_and_its_default(capsys):
   assert "fedprox: mu=0.01" in helps["method_kwargs"] and "key=value" in helps["method_kwargs"]
   readme = (ROOT / "README.md").read_text()
   assert "--method_kwargs" in readme and "--overwrite" in readme
-
-
-def test_plot_labels_axes_one_legend_integer_rounds_and_a_title(tmp_path):
-  from fedjax_proj import plot
-
-  for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-    (tmp_path / name).mkdir()
-    lines = [{"round": r, "test_accuracy": 0.1 * r, "train_loss": 1.0 / r} for r in (1, 2, 3)]
-    (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    (tmp_path / name / "summary.json").write_text(json.dumps({"method": "fedavg", "seed": seed}))
-  runs = [tmp_path / n for n in "abc"]
-  labels = plot.run_labels(runs)
-  assert labels == {
-    runs[0]: "fedavg (seed 0) [a]",  # ambiguous: the directory tells them apart
-    runs[1]: "fedavg (seed 0) [b]",
-    runs[2]: "fedavg (seed 1)",
-  }
-  fig = plot.figure(runs)
-  axes = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
-  assert [ax.get_ylabel() for ax in axes] == ["test accuracy", "training loss"]
-  for ax in axes:
-    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
-    assert ticks and all(float(t).is_integer() for t in ticks)
-    assert ax.get_legend() is None
-  assert len(fig.legends) == 1
-  assert [t.get_text() for t in fig.legends[0].get_texts()] == list(labels.values())
-  assert fig._suptitle.get_text() == "fedavg: 3 runs"
