@@ -67,6 +67,11 @@ def estimate_run(
 ) -> str:
   """The pre-round-1 estimate line(s) for ``c`` given a measured time per local step.
 
+  The step timed is a plain cross-entropy step, so the estimate is a lower bound for methods with
+  more local or server work: at the cpu budget of ``fedproj-cifar10-dir0.3`` FedProj's line said
+  "about 5 min" and the run took 14 (FedAvg: 4 min estimated, 5 taken; docs/reproduction.md).
+  The progress bar's ETA, timed from whole rounds, includes everything.
+
   ``padded``: every client runs the longest client's step count (vmap_scan's fixed shapes);
   otherwise each runs its own, and the mean client's count is used.
   """
@@ -78,7 +83,8 @@ def estimate_run(
   text = (
     f"estimated time: about {_format_duration(total)} for {c.rounds - start_round} rounds "
     f"({steps:,} local steps of batch {c.batch_size} at {step_seconds * 1e3:.1f} ms each, "
-    f"timed now on {jax.default_backend()}; {c.method}'s extra local and server work comes on top)"
+    f"timed now on {jax.default_backend()}; {c.method}'s extra local and server work comes on "
+    "top, so this is a lower bound; the progress bar's ETA is timed from whole rounds)"
   )
   if total > 3600 and jax.default_backend() == "cpu":
     text += (
