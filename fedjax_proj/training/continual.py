@@ -277,7 +277,7 @@ def rounds_schedule(method: str, rounds_per_task: int, num_tasks: int, fl_later_
   return [rounds_per_task] * num_tasks
 
 
-def client_optimizer(lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+def torch_sgd(lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
   """SGD with optional momentum and L2 weight decay added to the gradient (as torch's SGD)."""
   import optax
 
@@ -322,7 +322,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
   strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
-  optimizer = client_optimizer(c.lr, c.momentum, c.get("weight_decay", 0.0))
+  optimizer = torch_sgd(c.lr, c.momentum, c.get("weight_decay", 0.0))
   num_tasks = c.num_tasks or bench.num_tasks
   rounds = rounds_schedule(c.method, c.rounds_per_task, num_tasks, c.get("fl_later_rounds", 0))
   method = build_continual_method(
