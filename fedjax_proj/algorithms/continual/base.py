@@ -72,8 +72,8 @@ def task_of(rd: RoundData) -> Array:
   return jnp.asarray(rd.extra["task"], jnp.int32)
 
 
-def task_algorithm(name, init_method, broadcast_extra, program, batch_fn, post_avg=None):
-  """A FedAvg-shaped algorithm with method state; ``post_avg`` may rewrite the average."""
+def task_algorithm(name, init_method, broadcast_extra, program, batch_fn):
+  """A FedAvg-shaped algorithm (n_k-weighted average) that carries method state."""
 
   def init(variables, key):
     del key
@@ -91,8 +91,6 @@ def task_algorithm(name, init_method, broadcast_extra, program, batch_fn, post_a
   def aggregate(state, rd, outputs, key):
     del key
     averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    if post_avg is not None:
-      averaged = post_avg(state, averaged)
     return ContinualState(state.round + 1, averaged, state.method), client_metrics(outputs, rd)
 
   return FederatedAlgorithm(name, init, broadcast, program, aggregate, batch_fn)
