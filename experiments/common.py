@@ -139,14 +139,14 @@ HELP = {
 
 def method_kwargs_help(methods) -> str:
   """--method_kwargs' help: the syntax and every method's keys with their defaults."""
-  from fedjax_proj.training.config import describe_method_hparams
+  from fedjax_proj.algorithms.registry import describe_hparams
 
   lines = [
     "method hyperparameters as comma-separated key=value pairs, e.g. --method_kwargs=mu=0.01 or "
     "--method_kwargs=temperature=2,beta=0.5 (numbers, true/false or text). Keys per method "
     "(with defaults): "
   ]
-  return lines[0] + "; ".join(f"{m}: {describe_method_hparams(m)}" for m in methods)
+  return lines[0] + "; ".join(f"{m}: {describe_hparams(m)}" for m in methods)
 
 
 def _bool(text: str) -> bool:
@@ -228,9 +228,9 @@ def parse_config(
       continue
     config[key] = value
   if args.preset == "smoke":
-    from fedjax_proj.training.config import method_hparams
+    from fedjax_proj.algorithms.registry import declared_hparams
 
-    accepted = method_hparams(config.method) or {}
+    accepted = declared_hparams(config.method) or {}
     for key, value in SMOKE_METHOD_KWARGS.items():
       if key in accepted and key not in config.method_kwargs:
         config.method_kwargs[key] = value

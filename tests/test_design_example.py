@@ -71,6 +71,7 @@ def test_design_example_builds_through_the_registry():
   registry.register(ex.SPEC)
   try:
     assert "l2_fedavg" in registry.methods()
+    assert registry.declared_hparams("l2_fedavg") == {"wd": 1e-4}
     alg = registry.build_algorithm("l2_fedavg", ctx, wd=0.5)
     assert alg.name == "l2_fedavg"
     assert not registry.needs_public("l2_fedavg")

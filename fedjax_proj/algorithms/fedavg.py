@@ -18,7 +18,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.rounds import StreamingAggregate
@@ -159,4 +159,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   return fedavg(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hparams)
 
 
-SPEC = MethodSpec("fedavg", "fl", build)
+SPEC = MethodSpec(
+  "fedavg", "fl", build, hparams=factory_hparams(fedavg, context=("server_optimizer",))
+)

@@ -28,7 +28,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -139,4 +139,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("feddyn", "fl", build)
+SPEC = MethodSpec(
+  "feddyn", "fl", build, hparams=factory_hparams(feddyn, context=("server_optimizer",))
+)

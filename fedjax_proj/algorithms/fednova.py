@@ -37,7 +37,7 @@ import optax
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, client_metrics, fedavg, server_update
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
@@ -118,4 +118,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("fednova", "fl", build)
+SPEC = MethodSpec(
+  "fednova", "fl", build, hparams=factory_hparams(fednova, context=("server_optimizer",))
+)

@@ -15,7 +15,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Batch, Model
@@ -63,4 +63,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("fedprox", "fl", build)
+SPEC = MethodSpec(
+  "fedprox", "fl", build, hparams=factory_hparams(fedprox, context=("server_optimizer",))
+)

@@ -40,7 +40,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model
@@ -160,4 +160,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("fedrcl", "fl", build)
+SPEC = MethodSpec(
+  "fedrcl", "fl", build, hparams=factory_hparams(fedrcl, context=("server_optimizer",))
+)

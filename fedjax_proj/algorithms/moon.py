@@ -30,7 +30,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
@@ -150,4 +150,10 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("moon", "fl", build, model_kwargs=MODEL_KWARGS)
+SPEC = MethodSpec(
+  "moon",
+  "fl",
+  build,
+  model_kwargs=MODEL_KWARGS,
+  hparams=factory_hparams(moon, context=("server_optimizer",)),
+)

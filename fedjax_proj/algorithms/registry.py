@@ -2,8 +2,11 @@
 (``--method``).
 
 Each method module declares one :class:`MethodSpec` (a module serving several names declares one
-per name): its family, its ``build(ctx: BuildContext, **hparams)``, whether it reads a public set,
-the model options and config fields it needs and the client optimisers it is defined for. The
+per name): its family, its ``build(ctx: BuildContext, **hparams)``, the hyperparameters that build
+accepts with their defaults (:func:`factory_hparams` reads them from the factory's signature),
+whether it reads a public set, the model options and config fields it needs and the client
+optimisers it is defined for. :func:`build_algorithm` checks the given hyperparameters against the
+declared ones (names and types) before building. The
 registry is the table :data:`METHODS` of name -> ``"module:ATTRIBUTE"`` of that spec; modules are
 imported only when a method is looked up, so adding a method never slows start-up
 (docs/design.md, "The method registry").
@@ -14,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import optax
@@ -82,6 +86,9 @@ class MethodSpec:
     needs_validation: ``needs_validation(hparams) -> bool``: with these hyperparameters the
       method reads a held-out validation split from ``RoundData.extra`` (None: never).
     validation_fix: what to pass when that split is empty (printed in the error).
+    hparams: the hyperparameters ``build`` accepts, name -> default (``REQUIRED`` for one without
+      a default), usually :func:`factory_hparams` of the factory ``build`` forwards them to. None
+      leaves them undeclared: any are passed through unchecked (e.g. a quick user method).
   """
 
   name: str
@@ -94,12 +101,44 @@ class MethodSpec:
   client_optimizer_note: str = "expect it to train poorly."
   needs_validation: Callable[[Mapping[str, Any]], bool] | None = None
   validation_fix: str = "pass --train_subset below the training set's size"
+  hparams: Mapping[str, Any] | None = None
 
   def __post_init__(self):
     if self.family not in FAMILIES:
       raise ValueError(
         f"MethodSpec {self.name!r}: unknown family {self.family!r}; choose one of {FAMILIES}."
       )
+
+
+# The default of a hyperparameter that has none: the method requires it.
+REQUIRED = inspect.Parameter.empty
+
+
+def factory_hparams(factory: Callable, *, context: Iterable[str] = ()) -> dict[str, Any]:
+  """The hyperparameters of a method factory, name -> default, from its signature.
+
+  They are the factory's parameters that have a default, minus ``context``: the ones its registry
+  ``build`` fills itself (from the :class:`BuildContext`, or fixed per registered name, like
+  FedET's ``teacher``). The factory's signature stays the single source of the defaults.
+
+  Raises:
+    ValueError: a ``context`` name is not a parameter of the factory (a typo would otherwise
+      expose that parameter as a hyperparameter).
+  """
+  params = inspect.signature(factory).parameters
+  context = tuple(context)
+  unknown = [c for c in context if c not in params]
+  if unknown:
+    raise ValueError(f"{factory.__name__} has no parameter(s) {unknown}; fix `context`.")
+  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    raise ValueError(f"{factory.__name__} takes **kwargs; declare its hyperparameters explicitly.")
+  return {
+    n: p.default
+    for n, p in params.items()
+    if p.default is not p.empty
+    and n not in context
+    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+  }
 
 
 # name -> "module:ATTRIBUTE" of the method's MethodSpec, one line per method, in the order
@@ -195,6 +234,61 @@ def optimizer_caveat(name: str, optimizer: str) -> str | None:
   )
 
 
+def declared_hparams(name: str) -> dict[str, Any] | None:
+  """The hyperparameters method ``name`` accepts, name -> default; None if undeclared."""
+  declared = spec(name).hparams
+  return None if declared is None else dict(declared)
+
+
+def describe_hparams(name: str) -> str:
+  """``key=default, ...`` of :func:`declared_hparams`, for help texts and errors."""
+  declared = declared_hparams(name)
+  if declared is None:
+    return "(undeclared)"
+  if not declared:
+    return "(none)"
+  return ", ".join(f"{k}={'<required>' if v is REQUIRED else v!r}" for k, v in declared.items())
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+  if default is None or default is REQUIRED or isinstance(default, tuple | list | dict):
+    return True
+  if isinstance(default, bool):
+    return isinstance(value, bool)
+  if isinstance(default, float):
+    return isinstance(value, int | float) and not isinstance(value, bool)
+  if isinstance(default, int):
+    return isinstance(value, int) and not isinstance(value, bool)
+  return isinstance(value, type(default))
+
+
+def check_hparams(
+  name: str, given: Mapping[str, Any], flag: str = "method hyperparameters"
+) -> None:
+  """Raises a ValueError, listing what ``name`` accepts, for an unknown hyperparameter, a value
+  whose type does not match its default's (an int for a float is fine) or a missing required one.
+  ``flag`` names where the values came from in the message (e.g. ``--method_kwargs``)."""
+  declared = declared_hparams(name)
+  if declared is None:
+    return
+  accepted = f"{name} accepts: {describe_hparams(name)}"
+  unknown = sorted(set(given) - set(declared))
+  if unknown:
+    raise ValueError(
+      f"{flag}: unknown key(s) {', '.join(unknown)} for --method={name}; {accepted}."
+    )
+  for key, value in given.items():
+    default = declared[key]
+    if not _type_ok(value, default):
+      raise ValueError(
+        f"{flag}: {key}={value!r} is a {type(value).__name__} but {name}'s {key} "
+        f"takes a {type(default).__name__} (default {default!r}); {accepted}."
+      )
+  missing = sorted(k for k, v in declared.items() if v is REQUIRED and k not in given)
+  if missing:
+    raise ValueError(f"{flag}: {name} requires {', '.join(missing)}; {accepted}.")
+
+
 def needs_public(name: str) -> bool:
   """Whether method ``name`` reads a public set from ``RoundData.extra``."""
   return spec(name).needs_public
@@ -213,11 +307,13 @@ def build_algorithm(name: str, ctx: BuildContext, **hparams: Any):
   """Builds method ``name``, a value of its family's Protocol (:mod:`.families`).
 
   Raises:
-    ValueError: an unknown name (the error lists the valid ones), or a method that needs a public
+    ValueError: an unknown name (the error lists the valid ones), a hyperparameter the method does
+      not declare or of the wrong type (:func:`check_hparams`), or a method that needs a public
       set and a context without one.
     TypeError: the build returned something that does not meet the spec's family.
   """
   s = spec(name)
+  check_hparams(name, hparams)
   if s.needs_public and ctx.public_size <= 0:
     raise ValueError(
       f"Method {name!r} needs a public dataset: pass --public_data (e.g. cifar100 or a path to "

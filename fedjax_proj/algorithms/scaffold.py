@@ -32,7 +32,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
 from fedjax_proj.algorithms.fednova import unit_gradient_displacement
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -151,5 +151,10 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
 
 
 SPEC = MethodSpec(
-  "scaffold", "fl", build, client_optimizers=("sgd",), client_optimizer_note=_CLIENT_OPTIMIZER_NOTE
+  "scaffold",
+  "fl",
+  build,
+  client_optimizers=("sgd",),
+  client_optimizer_note=_CLIENT_OPTIMIZER_NOTE,
+  hparams=factory_hparams(scaffold, context=("server_optimizer",)),
 )

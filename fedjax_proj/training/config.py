@@ -2,13 +2,12 @@
 
 Experiments (``experiments/*.py``) own a ``get_config(preset)`` built on :func:`base_config` and
 parse flags into it. :func:`validate_config` rejects impossible settings with an error naming the
-fix before any data is loaded; the ``--method_kwargs`` a method accepts are read from its factory's
-signature (:func:`method_hparams`).
+fix before any data is loaded; the ``--method_kwargs`` a method accepts are the hyperparameters its
+registry spec declares (``MethodSpec.hparams``).
 """
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import ml_collections
@@ -195,94 +194,8 @@ def _validate_dataset_name(name: str) -> None:
   )
 
 
-def method_hparams(method: str) -> dict[str, object] | None:
-  """The hyperparameters ``--method_kwargs`` may set for ``method``, with their defaults.
-
-  Read from the factory the method's registry ``build`` forwards its ``**hparams`` to (its
-  signature is the single source of truth), plus the config fields the method consumes
-  (``MethodSpec.config_kwargs``). None when that cannot be determined (e.g. a user-registered
-  method).
-  """
-  import ast  # noqa: PLC0415
-  import importlib  # noqa: PLC0415
-  import textwrap  # noqa: PLC0415
-
-  if method not in registry.METHODS:
-    return None
-  build = registry.spec(method).build
-  build = getattr(build, "func", build)  # a functools.partial (one build serving two names)
-  module = importlib.import_module(build.__module__)
-  try:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(build)))
-  except (OSError, TypeError, SyntaxError):
-    return None
-  rest = next((p.name for p in inspect.signature(build).parameters.values() if p.kind == 4), None)
-  for node in ast.walk(tree):
-    if not isinstance(node, ast.Call):
-      continue
-    forwards = any(
-      k.arg is None and isinstance(k.value, ast.Name) and k.value.id == rest for k in node.keywords
-    )
-    if not forwards or not isinstance(node.func, ast.Name):
-      continue
-    factory = getattr(module, node.func.id, None)
-    if factory is None:
-      return None
-    explicit = {k.arg for k in node.keywords if k.arg is not None} | {"method"}
-    params = list(inspect.signature(factory).parameters.values())[len(node.args) :]
-    out = {
-      p.name: p.default
-      for p in params
-      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in explicit
-    }
-    if any(p.kind == p.VAR_KEYWORD for p in params):
-      return None  # the factory forwards further: accept anything
-    return out
-  # ``**hparams`` is never forwarded to a factory (e.g. fedseq, which refuses any): none accepted.
-  return {} if rest is not None else None
-
-
-def _type_ok(value, default) -> bool:
-  if default is None or isinstance(default, tuple | list | dict):
-    return True
-  if isinstance(default, bool):
-    return isinstance(value, bool)
-  if isinstance(default, float):
-    return isinstance(value, int | float) and not isinstance(value, bool)
-  if isinstance(default, int):
-    return isinstance(value, int) and not isinstance(value, bool)
-  return isinstance(value, type(default))
-
-
-def describe_method_hparams(method: str) -> str:
-  """``key=default, ...`` of :func:`method_hparams`, for help texts and errors."""
-  hparams = method_hparams(method)
-  if hparams is None:
-    return "(not introspectable)"
-  if not hparams:
-    return "(none)"
-  return ", ".join(
-    f"{k}={'<required>' if v is inspect.Parameter.empty else v!r}" for k, v in hparams.items()
-  )
-
-
 def validate_method_kwargs(method: str, kwargs: dict) -> None:
-  """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones."""
-  if not kwargs or method not in registry.METHODS:
-    return
-  hparams = method_hparams(method)
-  if hparams is None:
-    return
-  accepted = f"{method} accepts: {describe_method_hparams(method)}"
-  unknown = sorted(set(kwargs) - set(hparams))
-  if unknown:
-    raise ValueError(
-      f"--method_kwargs: unknown key(s) {', '.join(unknown)} for --method={method}; {accepted}."
-    )
-  for key, value in kwargs.items():
-    default = hparams[key]
-    if default is not inspect.Parameter.empty and not _type_ok(value, default):
-      raise ValueError(
-        f"--method_kwargs: {key}={value!r} is a {type(value).__name__} but {method}'s {key} "
-        f"takes a {type(default).__name__} (default {default!r}); {accepted}."
-      )
+  """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones
+  (the method's declared hyperparameters, :func:`fedjax_proj.algorithms.registry.check_hparams`)."""
+  if method in registry.METHODS:
+    registry.check_hparams(method, kwargs, flag="--method_kwargs")

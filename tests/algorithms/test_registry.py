@@ -12,6 +12,7 @@ import pytest
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.families import ContinualFamily, FLFamily, SequentialFamily
 from fedjax_proj.algorithms.fedavg import build as build_fedavg
+from fedjax_proj.models.multihead import multi_head
 from tests import helpers
 
 
@@ -62,6 +63,58 @@ def test_builds_meet_their_family_protocol(name, protocol, not_protocol):
   built = registry.build_algorithm(name, _ctx())
   assert isinstance(built, protocol)
   assert not isinstance(built, not_protocol)
+
+
+@pytest.mark.parametrize("name", sorted(registry.METHODS))
+def test_every_declared_hyperparameter_is_accepted_by_the_build(name):
+  # Passing each declared hyperparameter explicitly (at its default) builds the method: a
+  # declaration naming a keyword the factory lacks would raise a TypeError here.
+  declared = registry.declared_hparams(name)
+  assert declared is not None, f"{name} declares no hyperparameters"
+  assert registry.REQUIRED not in declared.values()
+  ctx = _ctx(public_size=8, validation_size=4)
+  if registry.spec(name).family == "continual":
+    model = multi_head("mlp", num_tasks=2, classes_per_task=3, hidden=(8,))
+    ctx = ctx._replace(model=model, variables=model.init(jax.random.key(0), ctx.sample_x))
+  built = registry.build_algorithm(name, ctx, **declared)
+  assert built is not None
+
+
+def test_hyperparameters_come_from_the_factory_signature_minus_the_context():
+  from fedjax_proj.algorithms.distillation.fedgkd import fedgkd
+  from fedjax_proj.algorithms.fedprox import fedprox
+
+  assert registry.declared_hparams("fedprox") == {"mu": 0.01}
+  assert registry.factory_hparams(fedprox) == {"mu": 0.01, "server_optimizer": None}
+  assert registry.declared_hparams("fedavg") == {} == registry.declared_hparams("fedseq")
+  # What the build fixes per registered name is not a hyperparameter: FedDF cannot be turned
+  # into FedET by --method_kwargs, and FedGKD has none of VOTE's weighting knobs.
+  assert {"teacher", "name"}.isdisjoint(registry.declared_hparams("feddf"))
+  assert "lam" not in registry.declared_hparams("fedgkd")
+  assert registry.declared_hparams("fedgkd_vote")["lam"] == 0.1
+  assert registry.declared_hparams("sfedkd")["num_teachers"] == 5
+  fedproj = registry.declared_hparams("fedproj")
+  assert fedproj["memory_batch_size"] == 256 and "public_size" not in fedproj
+  with pytest.raises(ValueError, match=r"no parameter\(s\) \['severs_optimizer'\]; fix"):
+    registry.factory_hparams(fedgkd, context=("severs_optimizer",))
+
+
+def test_undeclared_or_mistyped_hyperparameters_fail_before_building():
+  with pytest.raises(ValueError, match="unknown key.s. lam for --method=fedgkd; fedgkd accepts: "):
+    registry.build_algorithm("fedgkd", _ctx(), lam=0.3)
+  with pytest.raises(ValueError, match="buffer_size=2.5 is a float but fedgkd's buffer_size takes"):
+    registry.build_algorithm("fedgkd", _ctx(), buffer_size=2.5)
+  registry.check_hparams("fedproj", {"tau": 1, "max_coef": 0.5})  # an int for a float: fine
+  with pytest.raises(ValueError, match="unknown key.s. beta for --method=cwc; cwc accepts: lam="):
+    registry.build_algorithm("cwc", _ctx(), beta=1.0)
+  # A spec with undeclared hyperparameters passes them through unchecked.
+  spec = registry.MethodSpec("anything_goes", "fl", lambda ctx, **hp: build_fedavg(ctx))
+  registry.register(spec)
+  try:
+    assert registry.declared_hparams("anything_goes") is None
+    registry.build_algorithm("anything_goes", _ctx(), whatever=1)
+  finally:
+    registry.unregister("anything_goes")
 
 
 def test_unknown_names_and_wrong_families_fail_clearly():

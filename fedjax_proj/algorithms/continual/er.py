@@ -31,7 +31,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.continual.base import ContinualMethod, task_algorithm, task_forward
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
@@ -152,4 +152,4 @@ def _build_er(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("er", "continual", _build_er)
+SPEC = MethodSpec("er", "continual", _build_er, hparams=factory_hparams(er))

@@ -30,7 +30,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_forward,
   task_loss,
 )
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Model
@@ -173,4 +173,4 @@ def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("ewc", "continual", _build_ewc)
+SPEC = MethodSpec("ewc", "continual", _build_ewc, hparams=factory_hparams(ewc))

@@ -17,7 +17,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_algorithm,
   task_loss,
 )
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
 
@@ -32,4 +32,4 @@ def _build_fl(ctx: BuildContext, **hparams) -> ContinualMethod:
   return fl(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
 
 
-SPEC = MethodSpec("fl", "continual", _build_fl)
+SPEC = MethodSpec("fl", "continual", _build_fl, hparams=factory_hparams(fl))

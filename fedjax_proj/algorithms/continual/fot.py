@@ -36,7 +36,7 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.continual import gpse
 from fedjax_proj.algorithms.continual.base import ContinualMethod, task_loss
 from fedjax_proj.algorithms.fedavg import client_metrics
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, RoundData
@@ -244,4 +244,4 @@ def build(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("fot", "continual", build)
+SPEC = MethodSpec("fot", "continual", build, hparams=factory_hparams(fot))

@@ -25,7 +25,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_algorithm,
   task_loss,
 )
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec
+from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
@@ -125,4 +125,4 @@ def _build_gpm(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("gpm", "continual", _build_gpm)
+SPEC = MethodSpec("gpm", "continual", _build_gpm, hparams=factory_hparams(gpm))

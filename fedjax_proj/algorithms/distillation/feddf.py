@@ -14,7 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.distillation.distill_server import distillation_server
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
 
@@ -65,4 +65,10 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("feddf", "fl", build, needs_public=True)
+SPEC = MethodSpec(
+  "feddf",
+  "fl",
+  build,
+  needs_public=True,
+  hparams=factory_hparams(ensemble_distillation, context=("teacher", "name")),
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
@@ -28,4 +28,10 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("fedet", "fl", build, needs_public=True)
+SPEC = MethodSpec(
+  "fedet",
+  "fl",
+  build,
+  needs_public=True,
+  hparams=factory_hparams(ensemble_distillation, context=("teacher", "name")),
+)

@@ -36,7 +36,7 @@ from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, TwoForms
 from fedjax_proj.core.types import Array, Model
@@ -238,11 +238,21 @@ def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("fedgkd", "fl", build)
+_CONTEXT = ("server_optimizer", "vote", "normalize")
+# lam, vote_validation and validation_batch_size only shape FedGKD-VOTE's weights.
+SPEC = MethodSpec(
+  "fedgkd",
+  "fl",
+  build,
+  hparams=factory_hparams(
+    fedgkd, context=(*_CONTEXT, "lam", "vote_validation", "validation_batch_size")
+  ),
+)
 VOTE_SPEC = MethodSpec(
   "fedgkd_vote",
   "fl",
   functools.partial(build, method="fedgkd_vote"),
   needs_validation=functools.partial(needs_validation, "fedgkd_vote"),
   validation_fix=NO_VALIDATION_FIX,
+  hparams=factory_hparams(fedgkd, context=_CONTEXT),
 )

@@ -14,7 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Batch, Model
 
@@ -53,4 +53,6 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   return fedntd(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hp)
 
 
-SPEC = MethodSpec("fedntd", "fl", build)
+SPEC = MethodSpec(
+  "fedntd", "fl", build, hparams=factory_hparams(fedntd, context=("server_optimizer",))
+)

@@ -36,7 +36,7 @@ from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.distillation.distill_server import distillation_server
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -285,4 +285,11 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec("fedproj", "fl", build, needs_public=True, config_kwargs=("memory_size",))
+SPEC = MethodSpec(
+  "fedproj",
+  "fl",
+  build,
+  needs_public=True,
+  config_kwargs=("memory_size",),
+  hparams=factory_hparams(fedproj),
+)

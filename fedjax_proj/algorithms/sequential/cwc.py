@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.algorithms.sequential.base import (
   SequentialAlgorithm,
   chain_metrics,
@@ -146,11 +146,8 @@ def cwc(
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry; hyperparameters ``lam`` (λ) and ``decay`` (σ)."""
-  unknown = set(hparams) - {"lam", "decay"}
-  if unknown:
-    raise ValueError(f"Unknown CWC hyperparameters {sorted(unknown)}; valid: lam, decay.")
   check_no_server_optimizer(ctx.server_optimizer, "cwc")
   return cwc(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
 
 
-SPEC = MethodSpec("cwc", "sequential", build)
+SPEC = MethodSpec("cwc", "sequential", build, hparams=factory_hparams(cwc))

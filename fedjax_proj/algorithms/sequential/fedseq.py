@@ -72,12 +72,10 @@ def fedseq(
   )
 
 
-def build(ctx, **hparams) -> SequentialAlgorithm:
-  """Registry entry for ``fedseq`` (see :mod:`fedjax_proj.algorithms.registry`)."""
-  if hparams:
-    raise ValueError(f"fedseq takes no method hyperparameters, got {sorted(hparams)}.")
+def build(ctx) -> SequentialAlgorithm:
+  """Registry entry for ``fedseq``; it has no hyperparameters."""
   check_no_server_optimizer(ctx.server_optimizer, "fedseq")
   return fedseq(ctx.model, ctx.client_optimizer, ctx.batch_fn)
 
 
-SPEC = MethodSpec("fedseq", "sequential", build)
+SPEC = MethodSpec("fedseq", "sequential", build, hparams={})

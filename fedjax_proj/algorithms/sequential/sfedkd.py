@@ -258,15 +258,10 @@ def sfedkd(
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry; ``hparams`` are :class:`SFedKDConfig` fields."""
-  unknown = set(hparams) - set(SFedKDConfig._fields)
-  if unknown:
-    raise ValueError(
-      f"Unknown SFedKD hyperparameters {sorted(unknown)}; valid: {', '.join(SFedKDConfig._fields)}."
-    )
   check_no_server_optimizer(ctx.server_optimizer, "sfedkd")
   return sfedkd(
     ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.num_classes, SFedKDConfig(**hparams)
   )
 
 
-SPEC = MethodSpec("sfedkd", "sequential", build)
+SPEC = MethodSpec("sfedkd", "sequential", build, hparams=SFedKDConfig._field_defaults)

@@ -135,7 +135,9 @@ def test_registry_and_errors(setup):
   assert registry.build_algorithm("fedseq", ctx).name == "fedseq"
   with pytest.raises(ValueError, match="server_optimizer=none"):
     registry.build_algorithm("fedseq", ctx._replace(server_optimizer=optax.sgd(1.0)))
-  with pytest.raises(ValueError, match="no method hyperparameters"):
+  with pytest.raises(
+    ValueError, match=r"unknown key\(s\) mu for --method=fedseq; fedseq accepts: \(none\)"
+  ):
     registry.build_algorithm("fedseq", ctx, mu=0.1)
   with pytest.raises(ValueError, match="auto"):
     make_round(registry.build_algorithm("fedseq", ctx), "auto")

@@ -133,6 +133,6 @@ def test_bad_hyperparameters(setup):
     num_clients=4,
     num_classes=3,
   )
-  with pytest.raises(ValueError, match="valid: lam, decay"):
+  with pytest.raises(ValueError, match="cwc accepts: lam=1.0, decay=0.5"):
     registry.build_algorithm("cwc", ctx, mu=0.1)
   assert registry.build_algorithm("cwc", ctx, lam=2.0).name == "cwc"
