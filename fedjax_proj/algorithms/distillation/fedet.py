@@ -10,8 +10,9 @@ confidence-weighted logits whose weights sharpen where clients agree). Everythin
 from __future__ import annotations
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
+from fedjax_proj.algorithms.distillation import feddf
 from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import MethodSpec
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
@@ -28,10 +29,5 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   )
 
 
-SPEC = MethodSpec(
-  "fedet",
-  "fl",
-  build,
-  needs_public=True,
-  hparams=factory_hparams(ensemble_distillation, context=("teacher", "name")),
-)
+# FedDF's hyperparameters: the two differ only in the teacher each registered name fixes.
+SPEC = MethodSpec("fedet", "fl", build, needs_public=True, hparams=feddf.SPEC.hparams)
