@@ -1,57 +1,79 @@
-"""The pre-run time estimate: one local step timed now, times the run's number of local steps."""
+"""The pre-run time estimate: the method's own local step timed now, times the run's steps."""
 
 from __future__ import annotations
 
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-import optax
 
+from fedjax_proj.core.types import Array
 from fedjax_proj.data.federated import FederatedData
 
 # Runs with fewer local steps than this start without a timing probe (seconds to run anyway).
 ETA_PROBE_MIN_STEPS = 2000
 
 
-def time_local_step(model, optimizer, normalize, images, labels, batch_size: int, repeats=3):
-  """Seconds per local training step (forward, backward, update) of one batch, measured now.
+def time_client_step(
+  algorithm,
+  batch_fn,
+  variables: dict,
+  fed: FederatedData,
+  images: Array,
+  labels: Array,
+  round_inputs: dict,
+  clients_per_round: int,
+  seed: int,
+  max_steps: int = 8,
+  repeats: int = 2,
+) -> float:
+  """Seconds per local step of the method's own client program, measured now.
 
-  Compiles one plain cross-entropy step and times ``repeats`` calls (the median); the
-  per-method local loss terms and the server side are not included.
+  Runs round 1's broadcast (``begin`` for sequential FL) and then the sampled client with the
+  most steps for up to ``max_steps`` of its steps with the host-looped engine, once to compile and
+  ``repeats`` times timed (the median), divided by the steps run. So a step costs what the
+  method's local step costs (FedProj's memory loss and projection, MOON's extra forward passes,
+  SFedKD's teachers), and the client's init and final work is spread over the steps. The server
+  side (aggregation, FedDF/FedProj's distillation) is not included.
   """
-  from fedjax_proj.algorithms.client import (  # noqa: PLC0415
-    ROUND_STEPS_ARG,
-    forward,
-    split_variables,
-  )
+  from fedjax_proj.core import random as random_lib  # noqa: PLC0415
+  from fedjax_proj.core import tree as tree_lib  # noqa: PLC0415
+  from fedjax_proj.core.engine import ClientEngine  # noqa: PLC0415
+  from fedjax_proj.core.types import RoundData  # noqa: PLC0415
 
-  n = min(batch_size, len(labels))
-  x = normalize(jax.numpy.asarray(images[:n]))
-  y = jax.numpy.asarray(np.asarray(labels[:n], np.int32))
-  variables = model.init(jax.random.key(0), x[:2])
-  params, model_state = split_variables(variables)
-  opt_state = optimizer.init(params)
+  key = jax.random.key(seed)
+  sampled = fed.sample_clients(0, clients_per_round, seed)
+  idx, mask, n = fed.round_layout(sampled, 0, seed)
+  rd = RoundData(
+    images, labels, jnp.asarray(sampled), jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(n),
+    dict(round_inputs),
+  )  # fmt: skip
+  state = algorithm.init(variables, key)
+  if hasattr(algorithm, "begin"):  # sequential FL: the first client of the chain starts from this
+    context, carry, inputs = jax.jit(algorithm.begin)(state, rd, key)
+    shared = {**context, **carry}
+  else:
+    shared, inputs = jax.jit(algorithm.broadcast)(state, rd, key)
+  active = mask.any(axis=-1)  # [C, S]
+  c = int(np.argmax(active.sum(axis=1)))
+  k = min(max_steps, int(active[c].sum()))
+  steps = np.flatnonzero(active[c])[:k]
+  engine = ClientEngine(algorithm.client, batch_fn, "sequential")
+  one = tree_lib.index_clients(inputs, jnp.asarray([c]))
+  keys = random_lib.client_keys(key, 1)
+  sub_idx, sub_mask = idx[c : c + 1, steps], mask[c : c + 1, steps]
 
-  @jax.jit
-  def step(params, opt_state, key):
-    def loss(p):
-      logits = forward(model, p, model_state, x, train=True, key=key).logits
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  def run():
+    return jax.block_until_ready(engine.run(shared, one, images, labels, sub_idx, sub_mask, keys))
 
-    grads = jax.grad(loss)(params)
-    # A per-epoch schedule (client.epoch_step_lr) needs the round's step count; any will do here.
-    updates, opt_state = optimizer.update(grads, opt_state, params, **{ROUND_STEPS_ARG: 1})
-    return optax.apply_updates(params, updates), opt_state
-
-  key = jax.random.key(1)
-  jax.block_until_ready(step(params, opt_state, key))  # compile
+  run()  # compile
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(step(params, opt_state, key))
+    run()
     times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+  return float(np.median(times)) / max(k, 1)
 
 
 def _format_duration(seconds: float) -> str:
@@ -67,10 +89,10 @@ def estimate_run(
 ) -> str:
   """The pre-round-1 estimate line(s) for ``c`` given a measured time per local step.
 
-  The step timed is a plain cross-entropy step, so the estimate is a lower bound for methods with
-  more local or server work: at the cpu budget of ``fedproj-cifar10-dir0.3`` FedProj's line said
-  "about 5 min" and the run took 14 (FedAvg: 4 min estimated, 5 taken; docs/reproduction.md).
-  The progress bar's ETA, timed from whole rounds, includes everything.
+  The step timed is the method's own (:func:`time_client_step`), run one client at a time, so the
+  server's work (aggregation, server distillation) comes on top; on accelerators, where a round
+  runs its clients in parallel, the estimate errs high. The progress bar's ETA, timed from whole
+  rounds, includes everything.
 
   ``padded``: every client runs the longest client's step count (vmap_scan's fixed shapes);
   otherwise each runs its own, and the mean client's count is used.
@@ -82,9 +104,9 @@ def estimate_run(
   total = steps * step_seconds
   text = (
     f"estimated time: about {_format_duration(total)} for {c.rounds - start_round} rounds "
-    f"({steps:,} local steps of batch {c.batch_size} at {step_seconds * 1e3:.1f} ms each, "
-    f"timed now on {jax.default_backend()}; {c.method}'s extra local and server work comes on "
-    "top, so this is a lower bound; the progress bar's ETA is timed from whole rounds)"
+    f"({steps:,} local steps of batch {c.batch_size} at {step_seconds * 1e3:.1f} ms each: "
+    f"{c.method}'s own step, timed now on {jax.default_backend()}; server work such as "
+    "aggregation and distillation comes on top; the progress bar's ETA is timed from whole rounds)"
   )
   if total > 3600 and jax.default_backend() == "cpu":
     text += (

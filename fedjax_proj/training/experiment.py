@@ -40,7 +40,7 @@ from fedjax_proj.models.base import count_params
 from fedjax_proj.training import rundir
 from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
-from fedjax_proj.training.estimate import ETA_PROBE_MIN_STEPS, estimate_run, time_local_step
+from fedjax_proj.training.estimate import ETA_PROBE_MIN_STEPS, estimate_run, time_client_step
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.inputs import check_dataset, held_out, public_inputs, subset
 from fedjax_proj.training.loop import train
@@ -169,8 +169,16 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   if c.clients_per_round * c.rounds * fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
     "resume", False
   ):
-    step_seconds = time_local_step(
-      model, ctx.client_optimizer, normalize, train_x, train_y, c.batch_size
+    step_seconds = time_client_step(
+      algorithm,
+      batch_fn,
+      variables,
+      fed,
+      jax.device_put(train_x),
+      jax.device_put(np.asarray(train_y, np.int32)),
+      round_inputs,
+      c.clients_per_round,
+      c.seed,
     )
     log(estimate_run(c, fed, step_seconds, padded=strategy == "vmap_scan"))
   mesh = client_mesh_for(c, strategy, log)

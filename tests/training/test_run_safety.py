@@ -463,8 +463,8 @@ def test_estimate_is_printed_before_round_1(tmp_path, monkeypatch, capsys):
   estimate = out.index("estimated time: about")
   assert estimate < out.index("final_test_accuracy")
   assert "local steps of batch 64 at" in out
-  # It times a plain CE step, so it says it is a lower bound for methods with extra work.
-  assert "so this is a lower bound" in out
+  # It times the method's own step and says the server's work is not in it.
+  assert "fedavg's own step" in out and "distillation comes on top" in out
 
 
 def test_estimate_over_an_hour_on_cpu_suggests_the_cpu_preset():

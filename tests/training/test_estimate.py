@@ -1,0 +1,52 @@
+"""training.estimate: the pre-run probe times the method's own client step on the largest client."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_proj.algorithms.fedavg import fedavg
+from fedjax_proj.algorithms.sequential.fedseq import fedseq
+from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training.estimate import time_client_step
+from tests import helpers
+
+
+def _setup():
+  model = helpers.tiny_model()
+  x, y = helpers.synthetic_data(n=68)
+  fed = FederatedData(helpers.unequal_clients(68), batch_size=4)  # 2, 5, 8 and 3 steps
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  return model, jnp.asarray(x), jnp.asarray(y), fed, variables
+
+
+def _counting(alg, calls: list):
+  def step(shared, state, batch, key):
+    jax.debug.callback(lambda: calls.append(1))
+    return alg.client.step(shared, state, batch, key)
+
+  return alg._replace(client=alg.client._replace(step=step))
+
+
+def test_probe_runs_the_methods_own_step_on_the_largest_client():
+  model, x, y, fed, variables = _setup()
+  batch_fn = helpers.float_batch_fn()
+  for max_steps, expected in ((20, 8), (6, 6)):
+    calls = []
+    alg = _counting(fedavg(model, helpers.sgd(), batch_fn), calls)
+    seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 4, 0, max_steps, 2)
+    # One compiling run and two timed ones, each over the largest client's first steps (8 of
+    # them: the smallest client has 2).
+    assert len(calls) == 3 * expected
+    assert math.isfinite(seconds) and seconds > 0
+
+
+def test_probe_starts_a_sequential_chain_with_begin():
+  model, x, y, fed, variables = _setup()
+  batch_fn = helpers.float_batch_fn()
+  calls = []
+  alg = _counting(fedseq(model, helpers.sgd(), batch_fn), calls)
+  seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 3, 0, 4, 1)
+  assert len(calls) == 2 * 4 and seconds > 0
