@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_proj.core.random import numpy_rng
+from fedjax_proj.core.types import Array, RoundData
 
 
 class FederatedData:
@@ -101,3 +103,14 @@ class FederatedData:
     idx = np.stack([p[0] for p in parts])
     mask = np.stack([p[1] for p in parts])
     return idx, mask, self.sizes[sampled].astype(np.float32)
+
+  def round_data(
+    self, images: Array, labels: Array, sampled: np.ndarray, round_idx: int, seed: int, extra: dict
+  ) -> RoundData:
+    """The :class:`RoundData` of round ``round_idx`` for the ``sampled`` clients: their index
+    layout (:meth:`round_layout`) over the device-resident ``images``/``labels``, and ``extra``."""
+    idx, mask, n = self.round_layout(sampled, round_idx, seed)
+    return RoundData(
+      images, labels, jnp.asarray(sampled), jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(n),
+      extra,
+    )  # fmt: skip

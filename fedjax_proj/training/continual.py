@@ -78,16 +78,7 @@ def make_task_evaluator(model: Model, normalize: Callable, batch_size: int = 500
 
 def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) -> RoundData:
   """Round ``r``'s layout of the ``sampled`` clients on task ``task`` (``extra["task"]``)."""
-  idx, mask, n = fed.round_layout(sampled, r, seed)
-  return RoundData(
-    images,
-    labels,
-    jnp.asarray(sampled),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(n),
-    {"task": jnp.int32(task)},
-  )
+  return fed.round_data(images, labels, sampled, r, seed, {"task": jnp.int32(task)})
 
 
 def train_continual(

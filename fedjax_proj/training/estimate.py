@@ -40,15 +40,11 @@ def time_client_step(
   from fedjax_proj.core import random as random_lib  # noqa: PLC0415
   from fedjax_proj.core import tree as tree_lib  # noqa: PLC0415
   from fedjax_proj.core.engine import ClientEngine  # noqa: PLC0415
-  from fedjax_proj.core.types import RoundData  # noqa: PLC0415
 
   key = jax.random.key(seed)
   sampled = fed.sample_clients(0, clients_per_round, seed)
-  idx, mask, n = fed.round_layout(sampled, 0, seed)
-  rd = RoundData(
-    images, labels, jnp.asarray(sampled), jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(n),
-    dict(round_inputs),
-  )  # fmt: skip
+  rd = fed.round_data(images, labels, sampled, 0, seed, dict(round_inputs))
+  idx, mask = np.asarray(rd.idx), np.asarray(rd.mask)
   state = algorithm.init(variables, key)
   if hasattr(algorithm, "begin"):  # sequential FL: the first client of the chain starts from this
     context, carry, inputs = jax.jit(algorithm.begin)(state, rd, key)

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -41,7 +40,6 @@ from fedjax_proj.algorithms.families import RoundAlgorithm
 from fedjax_proj.core import distributed
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.tree import tree_all_finite
-from fedjax_proj.core.types import RoundData
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training.checkpoint import (
   Checkpointer,
@@ -298,16 +296,7 @@ def train(
         t0 = time.perf_counter()
         stop.round, stop.round_started = r + 1, t0
         sampled = fed_data.sample_clients(r, clients_per_round, seed)
-        idx, mask, n = fed_data.round_layout(sampled, r, seed)
-        rd = RoundData(
-          images,
-          labels,
-          jnp.asarray(sampled),
-          jnp.asarray(idx),
-          jnp.asarray(mask),
-          jnp.asarray(n),
-          extra,
-        )
+        rd = fed_data.round_data(images, labels, sampled, r, seed, extra)
         state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, r))
         if extra_metrics is not None:
           metrics = {**metrics, **extra_metrics(state)}
