@@ -83,12 +83,11 @@ def measure(
   rd, _ = round_data(x, y, parts, batch, {"public_images": public})
   opt = optax.adam(1e-3)
   algs = {
-    "fedavg": fedavg(model, opt, batch_fn),
-    "feddf": ensemble_distillation(model, opt, batch_fn, normalize, public_size=num_public),
+    "fedavg": fedavg(model, opt),
+    "feddf": ensemble_distillation(model, opt, normalize, public_size=num_public),
     "fedproj": fedproj(
       model,
       opt,
-      batch_fn,
       normalize,
       public_size=num_public,
       memory_size=num_public,
@@ -105,7 +104,7 @@ def measure(
   client_times = {}
   for name in ("fedavg", "fedproj"):
     alg = algs[name]
-    engine = engine_lib.ClientEngine(alg.client, alg.batch_fn, strategy)
+    engine = engine_lib.ClientEngine(alg.client, batch_fn, strategy)
     state = alg.init(variables, jax.random.key(0))
     if name == "fedproj":
       state = state._replace(
@@ -130,7 +129,7 @@ def measure(
   # Whole rounds including server work, timed side by side (rotating order).
   round_fns, states = {}, {}
   for name, alg in algs.items():
-    round_fns[name] = make_round(alg, strategy)
+    round_fns[name] = make_round(alg, strategy, batch_fn)
     state = alg.init(variables, jax.random.key(0))
     state, _ = round_fns[name](state, rd, jax.random.key(0))  # compile (round 0)
     states[name], _ = round_fns[name](state, rd, jax.random.key(1))  # FedProj: memory from now
@@ -165,7 +164,7 @@ def measure(
   }
   if breakdown:
     out["server_breakdown_seconds"] = server_breakdown(
-      algs, model, variables, normalize, rd, public, strategy, clients, repeats
+      algs, model, variables, normalize, batch_fn, rd, public, strategy, clients, repeats
     )
   out["_setup"] = (model, variables, normalize)
   return out
@@ -198,7 +197,7 @@ def main():
 
 
 def server_breakdown(
-  algs, model, variables, normalize, rd, public, strategy, clients, repeats
+  algs, model, variables, normalize, batch_fn, rd, public, strategy, clients, repeats
 ) -> dict:
   """Seconds of each part of FedProj's server round, timed alone (host path on CPU).
 
@@ -210,7 +209,7 @@ def server_breakdown(
   alg = algs["fedproj"]
   cfg = distill.DistillConfig()  # fedproj()'s defaults, as built above
   host = strategy != "vmap_scan"
-  engine = engine_lib.ClientEngine(alg.client, alg.batch_fn, strategy)
+  engine = engine_lib.ClientEngine(alg.client, batch_fn, strategy)
   state = alg.init(variables, jax.random.key(0))
   shared, inputs = alg.broadcast(state, rd, jax.random.key(0))
   keys = jax.random.split(jax.random.key(2), clients)

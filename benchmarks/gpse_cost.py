@@ -138,8 +138,8 @@ def measure(
     return task_round_data(images, labels, FederatedData(parts, bs, 1), sampled, 0, seed, 0)
 
   rd = round_data(batch_size)
-  method = fl(model, optax.sgd(0.01), batch_fn)
-  round_fn = make_round(method.algorithm, strategy)
+  method = fl(model, optax.sgd(0.01))
+  round_fn = make_round(method.algorithm, strategy, batch_fn)
   state = {"s": method.algorithm.init(variables, jax.random.key(0))}
 
   def epoch():

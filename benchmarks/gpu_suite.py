@@ -164,13 +164,13 @@ def _fedavg_setup(name: str, x, y, clients: int, steps: int, batch: int):
 
   model = get_model(name, 10)
   normalize = normalizer_for("cifar10")
-  alg = fedavg(model, optax.sgd(0.01, momentum=0.9), make_batch_fn(normalize))
+  alg = fedavg(model, optax.sgd(0.01, momentum=0.9))
   variables = model.init(jax.random.key(0), normalize(jnp.asarray(x[:2])))
   per = steps * batch
   # Client c holds examples [c*per, (c+1)*per) modulo the data: any cohort size fits the data.
   parts = [(c * per + np.arange(per)) % len(y) for c in range(clients)]
   rd, layout = round_data(x, y, parts, batch)
-  return model, alg, variables, rd, layout
+  return model, alg, make_batch_fn(normalize), variables, rd, layout
 
 
 def step_correctness(cfg, x, y, public, results: dict) -> bool:
@@ -189,17 +189,20 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
   rows = results.setdefault("rows", [])
   with jax.default_matmul_precision("float32"):
     for name in cfg.correctness_models:
-      _, alg, variables, rd, _ = _fedavg_setup(name, x, y, cfg.clients, cfg.steps, cfg.batch)
-      fns = {s: make_round(alg, s) for s in STRATEGIES}
+      _, alg, batch_fn, variables, rd, _ = _fedavg_setup(
+        name, x, y, cfg.clients, cfg.steps, cfg.batch
+      )
+      fns = {s: make_round(alg, s, batch_fn) for s in STRATEGIES}
       res = compare_strategies(fns, lambda a=alg, v=variables: a.init(v, jax.random.key(0)), rd, 0)
       for s in STRATEGIES:
         diff = float(np.abs(res[s]["flat"] - res["vmap_scan"]["flat"]).max())
         rows.append({"program": f"fedavg/{name}", "strategy": s, "max_abs_diff": diff})
     name = cfg.fedproj_model
-    model, _, variables, rd, _ = _fedavg_setup(name, x, y, cfg.clients, cfg.steps, cfg.batch)
+    model, _, batch_fn, variables, rd, _ = _fedavg_setup(
+      name, x, y, cfg.clients, cfg.steps, cfg.batch
+    )
     rd = rd._replace(extra={"public_images": jnp.asarray(public)})
     normalize = normalizer_for("cifar10")
-    from fedjax_proj.data.pipeline import make_batch_fn
 
     # Adam's normalised step turns float-level gradient differences into +-lr parameter
     # differences, so the server's Adam distils at lr 1e-6 (bound 2 lr x steps, far below the
@@ -207,7 +210,6 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
     alg = fedproj(
       model,
       optax.sgd(0.01, momentum=0.9),
-      make_batch_fn(normalize),
       normalize,
       public_size=len(public),
       memory_size=len(public) // 2,
@@ -217,7 +219,7 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
     )
     flats, mets = {}, {}
     for s in STRATEGIES:
-      round_fn = make_round(alg, s)
+      round_fn = make_round(alg, s, batch_fn)
       state = alg.init(variables, jax.random.key(0))
       for r in range(2):  # round 0: no memory; round 1: projection against the memory
         state, metrics = round_fn(state, rd, jax.random.key(10 + r))
@@ -250,13 +252,15 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
   # Cohorts outer, models inner: a budget that runs out loses the largest cohorts, not a model.
   for clients in cfg.cohorts:
     for name in cfg.throughput_models:
-      model, alg, variables, rd, layout = _fedavg_setup(name, x, y, clients, cfg.steps, cfg.batch)
+      model, alg, batch_fn, variables, rd, layout = _fedavg_setup(
+        name, x, y, clients, cfg.steps, cfg.batch
+      )
       samples = int(layout[1].sum())
       for s in STRATEGIES:
         if s != "vmap_scan" and clients > cfg.host_loop_max_clients:
           continue
         chunk = cfg.chunk if s == "vmap_scan" and clients > cfg.chunk else None
-        fn = make_chunked_round(alg, s, chunk) if chunk else make_round(alg, s)
+        fn = make_chunked_round(alg, s, batch_fn, chunk) if chunk else make_round(alg, s, batch_fn)
         row = {"model": name, "clients": clients, "framework": "jax", "strategy": s}
         row["chunk"] = chunk
         t0 = time.perf_counter()

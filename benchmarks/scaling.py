@@ -110,9 +110,9 @@ def jax_fedavg(model_name: str, lr: float = 0.01):
 
   model = get_model(model_name, 10)
   normalize = normalizer_for("mnist")
-  alg = fedavg(model, optax.sgd(lr, momentum=0.9), make_batch_fn(normalize))
+  alg = fedavg(model, optax.sgd(lr, momentum=0.9))
   variables = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1), jnp.float32))
-  return alg, variables
+  return alg, make_batch_fn(normalize), variables
 
 
 def run_config(cfg: dict) -> dict:
@@ -131,7 +131,7 @@ def run_config(cfg: dict) -> dict:
     )
   )
   x, y, fd = federation(NUM_CLIENTS, cfg["batch"], cfg["steps"])
-  alg, variables = jax_fedavg(cfg["model"])
+  alg, batch_fn, variables = jax_fedavg(cfg["model"])
   images, labels = jnp.asarray(x), jnp.asarray(y)
   layouts = round_layouts(fd, cfg["cpr"], 1 + cfg["rounds"])
   rds = [
@@ -140,9 +140,9 @@ def run_config(cfg: dict) -> dict:
   ]
   samples = int(layouts[0][2].sum())
   if cfg["chunk"] is None:
-    round_fn = make_round(alg, cfg["strategy"])
+    round_fn = make_round(alg, cfg["strategy"], batch_fn)
   else:
-    round_fn = make_chunked_round(alg, cfg["strategy"], client_chunk=cfg["chunk"])
+    round_fn = make_chunked_round(alg, cfg["strategy"], batch_fn, client_chunk=cfg["chunk"])
   state = alg.init(variables, jax.random.key(0))
   jax.block_until_ready((state, rds))
   rss_before = rss_mb()

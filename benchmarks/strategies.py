@@ -85,13 +85,14 @@ def compare_strategies(round_fns: dict, init_state, rd, repeats: int) -> dict:
 def bench_model(name, x, y, clients: int, args) -> list[dict]:
   model = get_model(name, 10)
   normalize = normalizer_for("cifar10")
-  alg = fedavg(model, optax.sgd(0.01, momentum=0.9), make_batch_fn(normalize))
+  alg = fedavg(model, optax.sgd(0.01, momentum=0.9))
+  batch_fn = make_batch_fn(normalize)
   sample = normalize(jnp.asarray(x[:2]))
   variables = model.init(jax.random.key(0), sample)
   kind = model_kind(model, variables, sample)
   n = clients * args.steps * args.batch
   rd, samples = fedavg_round_data(x[:n], y[:n], clients, args.batch)
-  fns = {s: make_round(alg, s) for s in STRATEGIES}
+  fns = {s: make_round(alg, s, batch_fn) for s in STRATEGIES}
   res = compare_strategies(fns, lambda: alg.init(variables, jax.random.key(0)), rd, args.repeats)
   ref = res["vmap_scan"]["flat"]
   auto = engine_lib.choose_strategy("auto", has_conv=kind == "conv", num_clients=clients)

@@ -95,19 +95,17 @@ def labelled_memory(alg):
 
 def build(method: str, model, public_size: int, args, labelled: bool = False):
   opt = optax.sgd(args.lr, momentum=0.9)
-  batch_fn = make_batch_fn(normalizer(0.0, 1.0))
   ident = lambda z: z
   distill_kw = dict(
     distill_epochs=args.distill_epochs, distill_lr=args.distill_lr, distill_batch_size=100
   )
   if method == "fedavg":
-    return fedavg(model, opt, batch_fn)
+    return fedavg(model, opt)
   if method == "feddf":
-    return ensemble_distillation(model, opt, batch_fn, ident, public_size=public_size, **distill_kw)
+    return ensemble_distillation(model, opt, ident, public_size=public_size, **distill_kw)
   alg = fedproj(
     model,
     opt,
-    batch_fn,
     ident,
     public_size=public_size,
     memory_size=public_size,
@@ -144,6 +142,7 @@ def run_method(method, args, x, y, parts, public, seed):
   public, public_labels = public
   model = get_model("mlp", 3, hidden=(args.hidden, args.hidden))
   alg = build(method, model, len(public), args, labelled=public_labels is not None)
+  batch_fn = make_batch_fn(normalizer(0.0, 1.0))
   extra = {"public_images": jnp.asarray(public)}
   if public_labels is not None:
     extra["public_labels"] = jnp.asarray(public_labels)
@@ -156,7 +155,7 @@ def run_method(method, args, x, y, parts, public, seed):
   @jax.jit
   def round_step(state, rd, key):
     # The round driver with an aggregate that also returns the clients' local models (the figure).
-    run = lambda *a: run_vmap_scan(alg.client, alg.batch_fn, *a)
+    run = lambda *a: run_vmap_scan(alg.client, batch_fn, *a)
 
     def finish(state, rd, outputs, key):
       return (*alg.aggregate(state, rd, outputs, key), outputs["variables"])

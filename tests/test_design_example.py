@@ -40,7 +40,9 @@ def _one_round(alg, model, x, y):
   rd = helpers.round_data(fd, x, y)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   state = alg.init(variables, jax.random.key(1))
-  state, metrics = make_round(alg, "vmap_scan")(state, rd, jax.random.key(2))
+  state, metrics = make_round(alg, "vmap_scan", helpers.float_batch_fn())(
+    state, rd, jax.random.key(2)
+  )
   return alg.global_variables(state)["params"], metrics
 
 
@@ -48,13 +50,12 @@ def test_design_example_is_fedavg_at_zero_penalty_and_shrinks_with_it():
   ex = _example_module()
   model = helpers.tiny_model()
   x, y = helpers.synthetic_data()
-  batch_fn = helpers.float_batch_fn()
-  ref, _ = _one_round(fedavg(model, optax.sgd(0.1), batch_fn), model, x, y)
-  zero, metrics = _one_round(ex.l2_fedavg(model, optax.sgd(0.1), batch_fn, wd=0.0), model, x, y)
+  ref, _ = _one_round(fedavg(model, optax.sgd(0.1)), model, x, y)
+  zero, metrics = _one_round(ex.l2_fedavg(model, optax.sgd(0.1), wd=0.0), model, x, y)
   for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(zero)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
   assert np.isfinite(float(metrics["train_loss"]))
-  shrunk, _ = _one_round(ex.l2_fedavg(model, optax.sgd(0.1), batch_fn, wd=1.0), model, x, y)
+  shrunk, _ = _one_round(ex.l2_fedavg(model, optax.sgd(0.1), wd=1.0), model, x, y)
   assert float(tree_lib.tree_sq_norm(shrunk)) < float(tree_lib.tree_sq_norm(ref))
 
 

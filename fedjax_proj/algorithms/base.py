@@ -4,11 +4,13 @@ An algorithm is a factory (closing over the model, optimisers and hyperparameter
 returning a :class:`FederatedAlgorithm`: ``init(variables, key) -> state`` and three pure round
 pieces, ``broadcast`` (server -> clients), ``client`` (a :class:`ClientProgram` for ONE client) and
 ``aggregate`` (clients -> server). :func:`fedjax_proj.core.rounds.drive_round` is the one round
-driver composing them; ``apply(state, round_data, key)`` is that composition with the ``vmap_scan``
-engine, to be jitted whole, and :func:`make_round` builds the same round for any execution
-strategy (docs/design.md, "The algorithm contract"). The execution machinery (the driver, the
-aggregate forms :class:`~fedjax_proj.core.rounds.StreamingAggregate` and
-:class:`~fedjax_proj.core.engine.TwoForms`, the chunked round) lives in fedjax_proj.core.
+driver composing them, and :func:`make_round` builds that round for an execution strategy and the
+run's batch builder (docs/design.md, "The algorithm contract"). The batch builder is not part of
+the algorithm: how each step's batch is made from the device data (normalisation, augmentation)
+is an input-pipeline choice of the run, so the caller gives it to the execution side. The
+execution machinery (the driver, the aggregate forms
+:class:`~fedjax_proj.core.rounds.StreamingAggregate` and :class:`~fedjax_proj.core.engine.TwoForms`,
+the chunked round) lives in fedjax_proj.core.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import NamedTuple
 import jax
 
 from fedjax_proj.algorithms.families import FLFamily, SequentialFamily
-from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, host_form, run_vmap_scan
+from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, host_form
 from fedjax_proj.core.rounds import AggregateFn, BroadcastFn, drive_round, host_pieces
 from fedjax_proj.core.types import Array, PyTree, RoundData
 
@@ -41,7 +43,6 @@ class FederatedAlgorithm(NamedTuple):
       :class:`StreamingAggregate` (e.g. FedAvg's weighted mean) also lets a large cohort run in
       chunks; an :class:`~fedjax_proj.core.engine.TwoForms` (server distillation) also has a host
       loop form that host-looped strategies run.
-    batch_fn: builds each local step's :class:`Batch` from device data and indices.
     global_variables: ``global_variables(state) -> variables`` of the global model (evaluation);
       by default the state's ``variables`` field.
   """
@@ -51,32 +52,29 @@ class FederatedAlgorithm(NamedTuple):
   broadcast: BroadcastFn
   client: ClientProgram
   aggregate: AggregateFn
-  batch_fn: BatchFn
   global_variables: Callable[[PyTree], dict] = server_variables
-
-  def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
-    """One round, pure and traceable (``vmap_scan``); jit it whole."""
-    run = lambda *a: run_vmap_scan(self.client, self.batch_fn, *a)
-    return drive_round(self.broadcast, run, self.aggregate, state, round_data, key)
 
 
 def make_round(
-  algorithm: FLFamily | SequentialFamily, strategy: str, unroll: int = 1
+  algorithm: FLFamily | SequentialFamily, strategy: str, batch_fn: BatchFn, unroll: int = 1
 ) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
   """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy.
 
-  ``vmap_scan`` compiles the whole round into one program. Host-looped strategies jit
-  ``broadcast`` and ``aggregate`` separately around the engine's loop, and run the host-loop form
-  of an aggregate that has one (:class:`~fedjax_proj.core.engine.TwoForms`). The input server state
-  is donated (its buffers are reused for the new state): copy any leaf you keep across rounds
-  (``tree.tree_copy``). A :class:`fedjax_proj.algorithms.sequential.base.SequentialAlgorithm` (the
-  ``"sequential"`` family, a chain of clients rather than broadcast/aggregate) gets its chain round.
+  ``batch_fn`` builds each local step's :class:`~fedjax_proj.core.types.Batch` from the
+  device-resident data and the step's indices (the run's input pipeline, e.g.
+  :func:`fedjax_proj.data.pipeline.make_batch_fn`). ``vmap_scan`` compiles the whole round into
+  one program. Host-looped strategies jit ``broadcast`` and ``aggregate`` separately around the
+  engine's loop, and run the host-loop form of an aggregate that has one
+  (:class:`~fedjax_proj.core.engine.TwoForms`). The input server state is donated (its buffers
+  are reused for the new state): copy any leaf you keep across rounds (``tree.tree_copy``). A
+  :class:`fedjax_proj.algorithms.sequential.base.SequentialAlgorithm` (the ``"sequential"``
+  family, a chain of clients rather than broadcast/aggregate) gets its chain round.
   """
   from fedjax_proj.algorithms.sequential import base as sequential  # noqa: PLC0415  (builds on this module)
 
   if isinstance(algorithm, sequential.SequentialAlgorithm):
-    return sequential.make_sequential_round(algorithm, strategy, unroll)
-  engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
+    return sequential.make_sequential_round(algorithm, strategy, batch_fn, unroll)
+  engine = ClientEngine(algorithm.client, batch_fn, strategy, unroll=unroll)
   if engine.traceable:
 
     def traced(state, rd, key):

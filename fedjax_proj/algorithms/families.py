@@ -11,32 +11,31 @@ A method's factory returns a value of its family (docs/design.md, "The algorithm
   ``end_task`` hook (:class:`fedjax_proj.algorithms.continual.base.ContinualMethod`).
 
 The FL and sequential families are both a :class:`RoundAlgorithm`, which is all the training loop
-needs; ``make_round`` builds either one's round. The registry checks that what a method's
-``build`` returns meets its declared family (:data:`FAMILY_PROTOCOLS`).
+needs; ``make_round(algorithm, strategy, batch_fn)`` builds either one's round, with the batch
+builder the run gives it (an input-pipeline choice, not part of the algorithm). The registry
+checks that what a method's ``build`` returns meets its declared family
+(:data:`FAMILY_PROTOCOLS`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from fedjax_proj.core.engine import BatchFn, ClientProgram
+from fedjax_proj.core.engine import ClientProgram
 from fedjax_proj.core.types import Array, PyTree, RoundData
 
 
 @runtime_checkable
 class RoundAlgorithm(Protocol):
   """What the training loop needs of a one-task method: a name, the server state's ``init``, the
-  global model of a state, and one pure round (``apply``)."""
+  per-client program and the global model of a state; ``make_round`` builds its round."""
 
   name: str
-  batch_fn: BatchFn
   client: ClientProgram
 
   def init(self, variables: dict, key: Array) -> PyTree: ...
 
   def global_variables(self, state: PyTree) -> dict: ...
-
-  def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]: ...
 
 
 @runtime_checkable

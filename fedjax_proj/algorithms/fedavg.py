@@ -20,7 +20,6 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.rounds import StreamingAggregate
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
@@ -101,7 +100,6 @@ def average_and_update(
 def fedavg(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   server_optimizer: optax.GradientTransformation | None = None,
 ) -> FederatedAlgorithm:
   """Builds FedAvg.
@@ -109,7 +107,6 @@ def fedavg(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser, e.g. ``optax.sgd(0.01, momentum=0.9)``.
-    batch_fn: the engine's batch builder (normalisation, augmentation).
     server_optimizer: ``None`` for plain averaging; ``optax.sgd(lr, momentum)`` gives FedAvgM and
       ``optax.adam(lr)`` FedAdam.
   """
@@ -150,13 +147,12 @@ def fedavg(
     aggregate=StreamingAggregate(
       lambda state, rd, outputs: weighted_sums(outputs, rd), finish, direct=aggregate
     ),
-    batch_fn=batch_fn,
   )
 
 
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`)."""
-  return fedavg(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hparams)
+  return fedavg(ctx.model, ctx.client_optimizer, ctx.server_optimizer, **hparams)
 
 
 SPEC = MethodSpec(

@@ -30,7 +30,6 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
 
 
@@ -44,7 +43,6 @@ class FedDynState(NamedTuple):
 def feddyn(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   num_clients: int,
   alpha: float = 0.01,
   server_optimizer: optax.GradientTransformation | None = None,
@@ -54,7 +52,6 @@ def feddyn(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser.
-    batch_fn: the engine's batch builder.
     num_clients: total number of clients N.
     alpha: dynamic-regularisation coefficient α > 0.
     server_optimizer: must be None (FedDyn defines its own server update).
@@ -123,7 +120,6 @@ def feddyn(
     broadcast=broadcast,
     client=program,
     aggregate=aggregate,
-    batch_fn=batch_fn,
   )
 
 
@@ -132,7 +128,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   return feddyn(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
     ctx.num_clients,
     server_optimizer=ctx.server_optimizer,
     **hparams,

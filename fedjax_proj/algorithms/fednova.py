@@ -39,7 +39,6 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, client_metrics, fedavg, server_update
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
 
 
@@ -75,7 +74,6 @@ def normalized_steps(optimizer: optax.GradientTransformation, num_steps: Array, 
 def fednova(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   server_optimizer: optax.GradientTransformation | None = None,
 ) -> FederatedAlgorithm:
   """Builds FedNova (clients as in FedAvg, normalised averaging on the server).
@@ -83,10 +81,9 @@ def fednova(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser; a_k is derived from it (see the module docstring).
-    batch_fn: the engine's batch builder.
     server_optimizer: optional server optimiser applied to the normalised pseudo-gradient.
   """
-  base = fedavg(model, client_optimizer, batch_fn, server_optimizer)
+  base = fedavg(model, client_optimizer, server_optimizer)
 
   def aggregate(state: FedAvgState, rd, outputs, key):
     del key
@@ -113,9 +110,7 @@ def fednova(
 
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); no hyperparameters."""
-  return fednova(
-    ctx.model, ctx.client_optimizer, ctx.batch_fn, server_optimizer=ctx.server_optimizer, **hparams
-  )
+  return fednova(ctx.model, ctx.client_optimizer, server_optimizer=ctx.server_optimizer, **hparams)
 
 
 SPEC = MethodSpec(

@@ -17,7 +17,6 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Batch, Model
 
 
@@ -36,7 +35,6 @@ def proximal_loss(model: Model, mu: float):
 def fedprox(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   mu: float = 0.01,
   server_optimizer: optax.GradientTransformation | None = None,
 ) -> FederatedAlgorithm:
@@ -45,22 +43,19 @@ def fedprox(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser.
-    batch_fn: the engine's batch builder.
     mu: proximal coefficient μ (≥ 0; μ = 0 is FedAvg).
     server_optimizer: optional FedAvgM/FedAdam-style server optimiser (see fedavg).
   """
   if mu < 0:
     raise ValueError(f"FedProx needs mu >= 0, got mu={mu}.")
-  base = fedavg(model, client_optimizer, batch_fn, server_optimizer)
+  base = fedavg(model, client_optimizer, server_optimizer)
   program = client_lib.local_training_client(model, client_optimizer, proximal_loss(model, mu))
   return base._replace(name="fedprox", client=program)
 
 
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``mu``."""
-  return fedprox(
-    ctx.model, ctx.client_optimizer, ctx.batch_fn, server_optimizer=ctx.server_optimizer, **hparams
-  )
+  return fedprox(ctx.model, ctx.client_optimizer, server_optimizer=ctx.server_optimizer, **hparams)
 
 
 SPEC = MethodSpec(

@@ -42,7 +42,6 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model
 
 # Stands in for ±inf in masked selections: finite, so gradients through jnp.where stay NaN-free,
@@ -96,7 +95,6 @@ def relaxed_contrastive_terms(
 def fedrcl(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   temperature: float = 0.05,
   threshold: float = 0.7,
   topk_neg: int = 2,
@@ -110,7 +108,6 @@ def fedrcl(
   Args:
     model: the model (its ``features`` are the contrastive representation).
     client_optimizer: local optimiser.
-    batch_fn: the engine's batch builder.
     temperature: T > 0 of both terms.
     threshold: similarity at or above which a same-class pair counts as a penalty negative.
     topk_neg: number of hardest other-class negatives in the supervised term (≥ 1).
@@ -145,7 +142,7 @@ def fedrcl(
     scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-12))
     return jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads), ctx.extra
 
-  base = fedavg(model, client_optimizer, batch_fn, server_optimizer)
+  base = fedavg(model, client_optimizer, server_optimizer)
   program = client_lib.local_training_client(
     model, client_optimizer, loss_fn, transform_grads=None if clip_norm is None else clip
   )
@@ -155,9 +152,7 @@ def fedrcl(
 def build(ctx, **hparams) -> FederatedAlgorithm:
   """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``temperature``,
   ``threshold``, ``topk_neg``, ``scl_weight``, ``penalty_weight``, ``clip_norm``."""
-  return fedrcl(
-    ctx.model, ctx.client_optimizer, ctx.batch_fn, server_optimizer=ctx.server_optimizer, **hparams
-  )
+  return fedrcl(ctx.model, ctx.client_optimizer, server_optimizer=ctx.server_optimizer, **hparams)
 
 
 SPEC = MethodSpec(

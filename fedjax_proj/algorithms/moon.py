@@ -32,7 +32,6 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
 
 MODEL_KWARGS = {"projection_dim": 256}
@@ -65,7 +64,6 @@ def model_contrastive_loss(
 def moon(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   num_clients: int,
   mu: float = 1.0,
   temperature: float = 0.5,
@@ -77,7 +75,6 @@ def moon(
     model: the model; its ``features`` should be the projection head's output (build it with
       ``projection_dim``; see :data:`MODEL_KWARGS`).
     client_optimizer: local optimiser.
-    batch_fn: the engine's batch builder.
     num_clients: total number of clients (rows of the stacked previous models).
     mu: weight μ of the model-contrastive term.
     temperature: τ > 0.
@@ -133,7 +130,6 @@ def moon(
     broadcast=broadcast,
     client=program,
     aggregate=aggregate,
-    batch_fn=batch_fn,
   )
 
 
@@ -143,7 +139,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   return moon(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
     ctx.num_clients,
     server_optimizer=ctx.server_optimizer,
     **hparams,

@@ -41,7 +41,8 @@ class BuildContext(NamedTuple):
   Attributes:
     model: the model.
     client_optimizer: the local optimiser.
-    batch_fn: the engine's batch builder for private data.
+    batch_fn: the run's batch builder for private data, for the continual methods that build
+      batches themselves (replay, Fisher, GPM/GPSE passes); rounds get it from ``make_round``.
     normalize: maps raw (uint8) images to model inputs, for public data.
     num_clients: total number of clients (for per-client state).
     server_optimizer: optional optax server optimiser (FedAvgM/FedAdam), else None.

@@ -34,7 +34,6 @@ from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, in
 from fedjax_proj.algorithms.fednova import unit_gradient_displacement
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
 
 
@@ -49,7 +48,6 @@ class ScaffoldState(NamedTuple):
 def scaffold(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   num_clients: int,
   server_optimizer: optax.GradientTransformation | None = None,
 ) -> FederatedAlgorithm:
@@ -58,7 +56,6 @@ def scaffold(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser (its unit-gradient displacement replaces K·lr).
-    batch_fn: the engine's batch builder.
     num_clients: total number of clients N (size of the stacked c_k and the 1/N in c's update).
     server_optimizer: optional server optimiser (global step size η_g = its learning rate).
   """
@@ -126,7 +123,6 @@ def scaffold(
     broadcast=broadcast,
     client=program,
     aggregate=aggregate,
-    batch_fn=batch_fn,
   )
 
 
@@ -143,7 +139,6 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
   return scaffold(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
     ctx.num_clients,
     server_optimizer=ctx.server_optimizer,
     **hparams,

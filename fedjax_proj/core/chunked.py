@@ -45,7 +45,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import ClientEngine, run_vmap_scan
+from fedjax_proj.core.engine import BatchFn, ClientEngine, run_vmap_scan
 from fedjax_proj.core.rounds import drive_round, host_pieces, streaming_of
 from fedjax_proj.core.sharding import CLIENT_AXIS
 from fedjax_proj.core.types import PyTree, RoundData
@@ -137,6 +137,7 @@ def _chunk_layout(tree: PyTree, shards: int, per_device: int, zero: bool, constr
 def make_chunked_round(
   algorithm: Any,
   strategy: str,
+  batch_fn: BatchFn,
   client_chunk: int | str = "auto",
   unroll: int = 1,
   mesh: Mesh | None = None,
@@ -148,9 +149,11 @@ def make_chunked_round(
 
   Args:
     algorithm: a method whose aggregate is a ``StreamingAggregate`` (e.g. FedAvg): any value with
-      a ``FederatedAlgorithm``'s fields (``name``, ``broadcast``, ``client``, ``batch_fn``,
-      ``aggregate``, ``global_variables``), read by attribute, so core needs no algorithm type.
+      a ``FederatedAlgorithm``'s fields (``name``, ``broadcast``, ``client``, ``aggregate``,
+      ``global_variables``), read by attribute, so core needs no algorithm type.
     strategy: ``vmap_scan``, ``vmap_stepwise`` or ``sequential`` (resolve ``auto`` first).
+    batch_fn: builds each local step's batch from the device data and indices (the run's input
+      pipeline, as for ``make_round``).
     client_chunk: clients per chunk, or ``"auto"`` (:func:`auto_client_chunk`, resolved from the
       first round's state and cohort; fixed afterwards, so later rounds do not recompile). With a
       ``mesh`` of D devices each chunk holds ``ceil(client_chunk / D)`` clients per device, and
@@ -177,7 +180,7 @@ def make_chunked_round(
     )
   if client_chunk != "auto":
     _resolve_chunk(client_chunk, 1, None, algorithm)  # Validate early.
-  engine = ClientEngine(algorithm.client, algorithm.batch_fn, strategy, unroll=unroll)
+  engine = ClientEngine(algorithm.client, batch_fn, strategy, unroll=unroll)
   if mesh is not None and not engine.traceable:
     raise ValueError(
       f"A sharded (mesh) chunked round needs strategy='vmap_scan', got {strategy!r}; drop the "
@@ -221,7 +224,7 @@ def make_chunked_round(
           f, inputs, k = jax.tree.map(lambda x: constrain(x, 0), xs_chunk)
           outputs = run_vmap_scan(
             algorithm.client,
-            algorithm.batch_fn,
+            batch_fn,
             shared,
             inputs,
             rd.images,

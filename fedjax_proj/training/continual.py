@@ -329,7 +329,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   )
   from fedjax_proj.algorithms.base import make_round
 
-  round_fn = make_round(method.algorithm, strategy)
+  round_fn = make_round(method.algorithm, strategy, batch_fn)
   log(
     f"backend={jax.default_backend()} devices={jax.device_count()} strategy={strategy} "
     f"method={c.method} benchmark={bench.name} tasks={num_tasks} params={count_params(variables)} "

@@ -182,7 +182,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     )
     log(estimate_run(c, fed, step_seconds, padded=strategy == "vmap_scan"))
   mesh = client_mesh_for(c, strategy, log)
-  round_fn = placed_round(build_round(algorithm, strategy, c, variables, log, mesh), mesh)
+  round_fn = placed_round(build_round(algorithm, strategy, batch_fn, c, variables, log, mesh), mesh)
   sys.stdout.flush()
   checkpointer = Checkpointer(
     Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)

@@ -47,32 +47,33 @@ def client_mesh_for(c, strategy: str, log):
   return sharding.client_mesh()
 
 
-def build_round(algorithm, strategy: str, c, variables, log, mesh=None):
+def build_round(algorithm, strategy: str, batch_fn, c, variables, log, mesh=None):
   """The round function: chunked (streaming aggregation) when asked for and possible.
 
-  With a ``mesh`` each chunk's clients are sharded over its devices, so ``auto`` budgets one
-  device's share of the cohort.
+  ``batch_fn`` is the run's batch builder (:func:`fedjax_proj.data.pipeline.make_batch_fn`). With
+  a ``mesh`` each chunk's clients are sharded over its devices, so ``auto`` budgets one device's
+  share of the cohort.
   """
   chunk = str(c.get("client_chunk", "auto")).lower()
   if chunk == "none":
-    return make_round(algorithm, strategy)
+    return make_round(algorithm, strategy, batch_fn)
   shards = 1 if mesh is None else int(mesh.devices.size)
   per_device = f" ({-(-int(chunk) // shards)} per device)" if shards > 1 and chunk.isdigit() else ""
   if chunk == "auto":
     if streaming_of(algorithm) is None:
-      return make_round(algorithm, strategy)
+      return make_round(algorithm, strategy, batch_fn)
     local = c.clients_per_round // shards
     size = auto_client_chunk(local, tree_bytes(variables))
     if size >= local:  # the whole cohort fits: the ordinary round
-      return make_round(algorithm, strategy)
+      return make_round(algorithm, strategy, batch_fn)
     per_device = f" ({size} per device)" if shards > 1 else ""
     log(
       f"clients run in chunks of {size * shards}{per_device} with streaming aggregation "
       "(client_chunk=auto)"
     )
-    return make_chunked_round(algorithm, strategy, size * shards, mesh=mesh)
+    return make_chunked_round(algorithm, strategy, batch_fn, size * shards, mesh=mesh)
   log(f"clients run in chunks of {int(chunk)}{per_device} with streaming aggregation")
-  return make_chunked_round(algorithm, strategy, int(chunk), mesh=mesh)
+  return make_chunked_round(algorithm, strategy, batch_fn, int(chunk), mesh=mesh)
 
 
 def placed_round(round_fn, mesh):

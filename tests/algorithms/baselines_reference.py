@@ -24,6 +24,7 @@ from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 
 D, C, N_CLIENTS, LR = 3, 3, 3, 0.2
 SIZES = np.array([6.0, 3.0, 5.0], np.float32)  # n_k of clients 0, 1, 2
+BATCH_FN = make_batch_fn(normalizer(0.0, 1.0))  # the toy data are model inputs already
 
 
 def linear_model() -> Model:
@@ -276,9 +277,7 @@ CASES = {
 def build(method, hp, momentum):
   model = linear_model()
   opt = optax.sgd(LR, momentum=momentum or None)
-  ctx = registry.BuildContext(
-    model, opt, make_batch_fn(normalizer(0.0, 1.0)), lambda a: a, num_clients=N_CLIENTS
-  )
+  ctx = registry.BuildContext(model, opt, BATCH_FN, lambda a: a, num_clients=N_CLIENTS)
   return model, registry.build_algorithm(method, ctx, **hp)
 
 
@@ -318,7 +317,7 @@ def check_rounds_match_reference(case: str) -> None:
   )
   tol = 2e-4 if method in ("moon", "fedrcl") else 2e-5
   for strategy in ("vmap_scan", "sequential"):
-    round_fn = make_round(alg, strategy)
+    round_fn = make_round(alg, strategy, BATCH_FN)
     state = alg.init(variables, jax.random.key(0))
     history = []
     for r, rd in enumerate(rounds):
@@ -372,7 +371,7 @@ def check_unsampled_clients_state_unchanged(method: str) -> None:
     model, alg = build(method, CASES[method][1], 0.0)
     variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
     before = to_np(client_state(method, alg.init(variables, jax.random.key(0))))
-    state, _ = make_round(alg, "vmap_scan")(
+    state, _ = make_round(alg, "vmap_scan", BATCH_FN)(
       alg.init(variables, jax.random.key(0)), rounds[0], jax.random.key(0)
     )
     after = to_np(client_state(method, state))

@@ -132,10 +132,11 @@ def setup(method: str) -> Setup:
   model, variables = model_and_variables(tuple(sorted(registry.model_kwargs(method).items())))
   normalize = normalizer_for("mnist")
   public = registry.needs_public(method)
+  batch_fn = make_batch_fn(normalize)
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=optax.sgd(CLIENT_LR, momentum=CLIENT_MOMENTUM),
-    batch_fn=make_batch_fn(normalize),
+    batch_fn=batch_fn,
     normalize=normalize,
     num_clients=NUM_CLIENTS,
     public_size=NUM_PUBLIC if public else 0,
@@ -149,8 +150,9 @@ def setup(method: str) -> Setup:
   parts = partition_lib.partition(d.train_y, "dirichlet:1.0", NUM_CLIENTS, SEED)
   fed = FederatedData(parts, BATCH, local_epochs=1)
   extra = {"public_images": jax.device_put(d.public_x)} if public else {}
+  scan_round = make_round(alg, "vmap_scan", batch_fn)
   return Setup(
-    alg, model, variables, fed, extra, make_round(alg, "vmap_scan"), make_round(alg, "sequential")
+    alg, model, variables, fed, extra, scan_round, make_round(alg, "sequential", batch_fn)
   )
 
 

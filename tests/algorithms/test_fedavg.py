@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import tree as T
 from fedjax_proj.data.federated import FederatedData
@@ -17,10 +18,10 @@ def _run(server_optimizer, rounds=2):
   x, y = helpers.synthetic_data()
   model = helpers.tiny_model()
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
-  alg = fedavg(model, optax.sgd(0.1), helpers.float_batch_fn(), server_optimizer)
+  alg = fedavg(model, optax.sgd(0.1), server_optimizer)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   state = alg.init(variables, jax.random.key(0))
-  apply = jax.jit(alg.apply)
+  apply = make_round(alg, "vmap_scan", helpers.float_batch_fn())
   trajectory = [T.tree_copy(state.variables["params"])]
   for r in range(rounds):
     state, _ = apply(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))

@@ -11,6 +11,7 @@ import pytest
 from fedjax_proj.algorithms.fedrcl import relaxed_contrastive_terms
 from fedjax_proj.core.engine import run_vmap_scan
 from tests.algorithms.baselines_reference import (
+  BATCH_FN,
   LR,
   build,
   check_reference_is_not_fedavg,
@@ -84,7 +85,7 @@ def test_fedrcl_clips_the_local_gradient():
     variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
     shared, inputs = alg.broadcast(alg.init(variables, jax.random.key(0)), rd, jax.random.key(0))
     res = run_vmap_scan(
-      alg.client, alg.batch_fn, shared, inputs, rd.images, rd.labels, rd.idx, rd.mask, keys
+      alg.client, BATCH_FN, shared, inputs, rd.images, rd.labels, rd.idx, rd.mask, keys
     )
     p0 = flat(to_np(variables["params"]))
     steps[clip_norm] = [

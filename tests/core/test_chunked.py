@@ -15,6 +15,8 @@ from fedjax_proj.core.chunked import auto_client_chunk, make_chunked_round
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 
+BATCH_FN = helpers.float_batch_fn()
+
 
 @pytest.fixture(scope="module")
 def setup():
@@ -41,7 +43,9 @@ def _reference(setup, alg):
   """The ordinary one-round result of plain FedAvg, computed once for the module."""
   if not _REFERENCE:
     x, y, model, fd, variables = setup
-    _REFERENCE["r"] = _run(make_round(alg, "vmap_scan"), alg, variables, fd, x, y, rounds=1)
+    _REFERENCE["r"] = _run(
+      make_round(alg, "vmap_scan", BATCH_FN), alg, variables, fd, x, y, rounds=1
+    )
   return _REFERENCE["r"]
 
 
@@ -49,9 +53,11 @@ def _reference(setup, alg):
 def test_chunk_all_clients_equals_ordinary_round(setup, server_opt):
   x, y, model, fd, variables = setup
   server = optax.adam(0.05) if server_opt else None
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn(), server)
-  ref, ref_m = _run(make_round(alg, "vmap_scan"), alg, variables, fd, x, y)
-  got, m = _run(make_chunked_round(alg, "vmap_scan", client_chunk=10), alg, variables, fd, x, y)
+  alg = fedavg(model, helpers.sgd(), server)
+  ref, ref_m = _run(make_round(alg, "vmap_scan", BATCH_FN), alg, variables, fd, x, y)
+  got, m = _run(
+    make_chunked_round(alg, "vmap_scan", BATCH_FN, client_chunk=10), alg, variables, fd, x, y
+  )
   np.testing.assert_allclose(got, ref, atol=1e-6)
   for k in ref_m:
     np.testing.assert_allclose(m[k], ref_m[k], atol=1e-6)
@@ -64,9 +70,11 @@ def test_chunk_all_clients_equals_ordinary_round(setup, server_opt):
 def test_chunk_sizes_and_strategies_equal_ordinary_round(setup, strategy, chunk):
   """Uneven chunks (padding in vmap_scan, a short last chunk on the host) change nothing."""
   x, y, model, fd, variables = setup
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
+  alg = fedavg(model, helpers.sgd())
   ref, ref_m = _reference(setup, alg)
-  got, m = _run(make_chunked_round(alg, strategy, chunk), alg, variables, fd, x, y, rounds=1)
+  got, m = _run(
+    make_chunked_round(alg, strategy, BATCH_FN, chunk), alg, variables, fd, x, y, rounds=1
+  )
   np.testing.assert_allclose(got, ref, atol=1e-5)
   for k in ref_m:
     np.testing.assert_allclose(m[k], ref_m[k], atol=1e-5)
@@ -75,13 +83,15 @@ def test_chunk_sizes_and_strategies_equal_ordinary_round(setup, strategy, chunk)
 def test_every_chunk_contributes(setup):
   """Sanity: chunk sums really cover every chunk (dropping the last chunk would differ)."""
   x, y, model, fd, variables = setup
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
-  full, _ = _run(make_chunked_round(alg, "vmap_scan", client_chunk=4), alg, variables, fd, x, y, 1)
+  alg = fedavg(model, helpers.sgd())
+  full, _ = _run(
+    make_chunked_round(alg, "vmap_scan", BATCH_FN, client_chunk=4), alg, variables, fd, x, y, 1
+  )
   rd = helpers.round_data(fd, x, y)
   part = rd._replace(
     client_ids=rd.client_ids[:8], idx=rd.idx[:8], mask=rd.mask[:8], num_examples=rd.num_examples[:8]
   )
-  state, _ = make_round(alg, "vmap_scan")(
+  state, _ = make_round(alg, "vmap_scan", BATCH_FN)(
     alg.init(variables, jax.random.key(0)), part, jax.random.key(0)
   )
   assert np.abs(np.asarray(tree_lib.tree_ravel(state.variables)) - full).max() > 1e-4
@@ -89,8 +99,8 @@ def test_every_chunk_contributes(setup):
 
 def test_no_recompilation_after_first_round(setup):
   x, y, model, fd, variables = setup
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
-  round_fn = make_chunked_round(alg, "vmap_scan", client_chunk=4)
+  alg = fedavg(model, helpers.sgd())
+  round_fn = make_chunked_round(alg, "vmap_scan", BATCH_FN, client_chunk=4)
   state = alg.init(variables, jax.random.key(0))
   state, _ = round_fn(state, helpers.round_data(fd, x, y, cpr=8), jax.random.key(0))
   before = round_fn._cache_size()
@@ -110,15 +120,17 @@ def test_auto_chunk_rule():
 
 def test_bad_input_is_refused(setup):
   x, y, model, fd, variables = setup
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
+  alg = fedavg(model, helpers.sgd())
   with pytest.raises(ValueError, match="client_chunk"):
-    make_chunked_round(alg, "vmap_scan", client_chunk=0)
+    make_chunked_round(alg, "vmap_scan", BATCH_FN, client_chunk=0)
   with pytest.raises(ValueError, match="streaming"):
-    make_chunked_round(alg._replace(aggregate=alg.aggregate.direct, name="x"), "vmap_scan")
+    make_chunked_round(
+      alg._replace(aggregate=alg.aggregate.direct, name="x"), "vmap_scan", BATCH_FN
+    )
   # A derived method with its own aggregate (e.g. FedNova) must not inherit FedAvg's streaming.
   with pytest.raises(ValueError, match="replaced its aggregate"):
-    make_chunked_round(alg._replace(aggregate=lambda *a: None), "vmap_scan")
+    make_chunked_round(alg._replace(aggregate=lambda *a: None), "vmap_scan", BATCH_FN)
   # Methods that only change the client (FedProx) keep a valid streaming aggregate.
   from fedjax_proj.algorithms.fedprox import fedprox
 
-  make_chunked_round(fedprox(model, helpers.sgd(), helpers.float_batch_fn(), mu=0.1), "vmap_scan")
+  make_chunked_round(fedprox(model, helpers.sgd(), mu=0.1), "vmap_scan", BATCH_FN)

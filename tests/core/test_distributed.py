@@ -26,7 +26,8 @@ SETUP = textwrap.dedent(
   model = helpers.tiny_model()
   fd = FederatedData(np.array_split(np.arange(200), 8), batch_size=6, local_epochs=2)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
+  alg = fedavg(model, helpers.sgd())
+  batch_fn = helpers.float_batch_fn()
   """
 )
 
@@ -52,7 +53,7 @@ WORKER = (
     """
   assert jax.process_count() == 2 and jax.device_count() == 2 * jax.local_device_count()
   mesh = distributed.global_client_mesh()
-  round_fn = make_round(alg, "vmap_scan")
+  round_fn = make_round(alg, "vmap_scan", batch_fn)
   state = distributed.replicate(alg.init(variables, jax.random.key(0)), mesh)
   for r in range(2):
     rd = distributed.shard_round_data(helpers.round_data(fd, x, y, round_idx=r), mesh)
@@ -80,7 +81,7 @@ def _single_process_reference():
   exec(SETUP, exec_globals)
   alg, variables = exec_globals["alg"], exec_globals["variables"]
   x, y, fd = exec_globals["x"], exec_globals["y"], exec_globals["fd"]
-  round_fn = make_round(alg, "vmap_scan")
+  round_fn = make_round(alg, "vmap_scan", exec_globals["batch_fn"])
   state = alg.init(variables, jax.random.key(0))
   for r in range(2):
     state, metrics = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
@@ -120,11 +121,11 @@ def test_single_process_global_placement_matches_plain_round():
   x, y = helpers.synthetic_data(n=60)
   model = helpers.tiny_model()
   fd = FederatedData(np.array_split(np.arange(60), 4), batch_size=5)
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
+  alg = fedavg(model, helpers.sgd())
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   rd = helpers.round_data(fd, x, y)
   mesh = distributed.global_client_mesh()
-  round_fn = make_round(alg, "vmap_scan")
+  round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
   s1, _ = round_fn(alg.init(variables, jax.random.key(0)), rd, jax.random.key(1))
   s2, _ = round_fn(
     distributed.replicate(alg.init(variables, jax.random.key(0)), mesh),

@@ -29,15 +29,15 @@ SCRIPT = textwrap.dedent(
   fd = FederatedData(np.array_split(np.arange(200), 8), batch_size=6, local_epochs=2)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   algs = {
-    "fedavg": fedavg(model, optax.sgd(0.1), helpers.float_batch_fn()),
-    "fedproj": fedproj(model, optax.sgd(0.1), helpers.float_batch_fn(), lambda z: z,
+    "fedavg": fedavg(model, optax.sgd(0.1)),
+    "fedproj": fedproj(model, optax.sgd(0.1), lambda z: z,
                        public_size=40, memory_size=32, memory_batch_size=8, distill_batch_size=16),
   }
   mesh = sharding.client_mesh()
   for name, alg in algs.items():
     finals = []
     for sharded in (False, True):
-      round_fn = make_round(alg, "vmap_scan")
+      round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
       state = alg.init(variables, jax.random.key(0))
       for r in range(2):
         rd = helpers.round_data(fd, x, y, round_idx=r)._replace(extra={"public_images": public})
@@ -82,8 +82,8 @@ CHUNKED_SCRIPT = textwrap.dedent(
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   bf = helpers.float_batch_fn()
   algs = {
-    "fedavg+adam": fedavg(model, optax.sgd(0.1, momentum=0.9), bf, optax.adam(0.05)),
-    "fedprox": fedprox(model, optax.sgd(0.1), bf, mu=0.1),
+    "fedavg+adam": fedavg(model, optax.sgd(0.1, momentum=0.9), optax.adam(0.05)),
+    "fedprox": fedprox(model, optax.sgd(0.1), mu=0.1),
   }
   mesh = sharding.client_mesh()
 
@@ -97,11 +97,11 @@ CHUNKED_SCRIPT = textwrap.dedent(
     return np.asarray(T.tree_ravel(alg.global_variables(state))), metrics
 
   for name, alg in algs.items():
-    ref, ref_m = run(alg, make_round(alg, "vmap_scan"), False)
+    ref, ref_m = run(alg, make_round(alg, "vmap_scan", bf), False)
     assert np.abs(ref - np.asarray(T.tree_ravel(variables))).max() > 1e-3  # It trained.
     # 4 = one client per device per chunk (3 chunks); 6 = 2 per device, the last chunk padded.
     for chunk in (4, 6) if name == "fedavg+adam" else (6,):
-      got, m = run(alg, make_chunked_round(alg, "vmap_scan", chunk, mesh=mesh), True)
+      got, m = run(alg, make_chunked_round(alg, "vmap_scan", bf, chunk, mesh=mesh), True)
       diff = max([float(np.abs(got - ref).max())] + [abs(float(m[k] - ref_m[k])) for k in ref_m])
       print(name, chunk, diff)
       assert diff < 1e-5, (name, chunk, diff)
@@ -116,13 +116,13 @@ CHUNKED_SCRIPT = textwrap.dedent(
   collectives = lambda rf: set(
     re.findall(pattern, rf.lower(state, rd, jax.random.key(0)).compile().as_text())
   )
-  sharded_ops = collectives(make_chunked_round(alg, "vmap_scan", 4, mesh=mesh))
-  plain_ops = collectives(make_chunked_round(alg, "vmap_scan", 4))
+  sharded_ops = collectives(make_chunked_round(alg, "vmap_scan", bf, 4, mesh=mesh))
+  plain_ops = collectives(make_chunked_round(alg, "vmap_scan", bf, 4))
   print(sharded_ops, plain_ops)
   assert sharded_ops == {"all-reduce"}, sharded_ops
   assert plain_ops - {"all-reduce"}, plain_ops
   try:
-    make_chunked_round(alg, "vmap_scan", 2, mesh=mesh)(
+    make_chunked_round(alg, "vmap_scan", bf, 2, mesh=mesh)(
       alg.init(variables, jax.random.key(0)), helpers.round_data(fd, x, y, cpr=6), jax.random.key(0)
     )
   except ValueError as e:
@@ -130,7 +130,7 @@ CHUNKED_SCRIPT = textwrap.dedent(
   else:
     raise AssertionError("6 clients accepted on 4 devices")
   try:
-    make_chunked_round(alg, "sequential", 2, mesh=mesh)
+    make_chunked_round(alg, "sequential", bf, 2, mesh=mesh)
   except ValueError as e:
     assert "vmap_scan" in str(e), e
   else:

@@ -148,9 +148,9 @@ def _setup():
   x, y = helpers.synthetic_data(96)
   fed = FederatedData(helpers.unequal_clients(96, (10, 20, 30, 20)), batch_size=8)
   model = helpers.tiny_model()
-  alg = fedavg(model, helpers.sgd(0.1), helpers.float_batch_fn())
+  alg = fedavg(model, helpers.sgd(0.1))
   variables = model.init(jax.random.key(0), x[:2])
-  return x, y, fed, alg, make_round(alg, "vmap_scan"), variables
+  return x, y, fed, alg, make_round(alg, "vmap_scan", helpers.float_batch_fn()), variables
 
 
 def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):

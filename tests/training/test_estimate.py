@@ -35,7 +35,7 @@ def test_probe_runs_the_methods_own_step_on_the_largest_client():
   batch_fn = helpers.float_batch_fn()
   for max_steps, expected in ((20, 8), (6, 6)):
     calls = []
-    alg = _counting(fedavg(model, helpers.sgd(), batch_fn), calls)
+    alg = _counting(fedavg(model, helpers.sgd()), calls)
     seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 4, 0, max_steps, 2)
     # One compiling run and two timed ones, each over the largest client's first steps (8 of
     # them: the smallest client has 2).
@@ -47,6 +47,6 @@ def test_probe_starts_a_sequential_chain_with_begin():
   model, x, y, fed, variables = _setup()
   batch_fn = helpers.float_batch_fn()
   calls = []
-  alg = _counting(fedseq(model, helpers.sgd(), batch_fn), calls)
+  alg = _counting(fedseq(model, helpers.sgd()), calls)
   seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 3, 0, 4, 1)
   assert len(calls) == 2 * 4 and seconds > 0

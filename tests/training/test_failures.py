@@ -42,8 +42,8 @@ def test_nan_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path)
   x, y = helpers.synthetic_data(64)
   fed = FederatedData(helpers.unequal_clients(64, (10, 20, 20, 14)), batch_size=8)
   model = helpers.tiny_model()
-  alg = fedavg(model, helpers.sgd(0.1), helpers.float_batch_fn())
-  round_fn = make_round(alg, "vmap_scan")
+  alg = fedavg(model, helpers.sgd(0.1))
+  round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
 
   def poisoned(state, rd, key):  # injects a NaN into the global model in round 4
     state, metrics = round_fn(state, rd, key)

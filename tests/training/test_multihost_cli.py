@@ -117,14 +117,14 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
   x, y = helpers.synthetic_data(n=60)
   model = helpers.tiny_model()
   fd = FederatedData(np.array_split(np.arange(60), 4), batch_size=5)
-  alg = fedavg(model, helpers.sgd(), helpers.float_batch_fn())
+  alg = fedavg(model, helpers.sgd())
   variables = model.init(jax.random.key(0), x[:2])
   from fedjax_proj.algorithms.base import make_round
 
   def run(out):
     return train(
       alg,
-      make_round(alg, "vmap_scan"),
+      make_round(alg, "vmap_scan", helpers.float_batch_fn()),
       fd,
       (x, y),
       (x, y),

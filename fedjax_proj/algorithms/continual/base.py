@@ -72,7 +72,7 @@ def task_of(rd: RoundData) -> Array:
   return jnp.asarray(rd.extra["task"], jnp.int32)
 
 
-def task_algorithm(name, init_method, broadcast_extra, program, batch_fn):
+def task_algorithm(name, init_method, broadcast_extra, program):
   """A FedAvg-shaped algorithm (n_k-weighted average) that carries method state."""
 
   def init(variables, key):
@@ -93,7 +93,7 @@ def task_algorithm(name, init_method, broadcast_extra, program, batch_fn):
     averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
     return ContinualState(state.round + 1, averaged, state.method), client_metrics(outputs, rd)
 
-  return FederatedAlgorithm(name, init, broadcast, program, aggregate, batch_fn)
+  return FederatedAlgorithm(name, init, broadcast, program, aggregate)
 
 
 def run_all_clients(engine: ClientEngine, shared, rd: RoundData, key, client_inputs=None):

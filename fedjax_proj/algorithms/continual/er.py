@@ -137,7 +137,7 @@ def er(
     }
     return state._replace(method=method), {"buffer_examples": float(new_mask.sum())}
 
-  algorithm = task_algorithm("er", init_method, broadcast_extra, program, batch_fn)
+  algorithm = task_algorithm("er", init_method, broadcast_extra, program)
   return ContinualMethod(algorithm, end_task)
 
 

@@ -53,7 +53,8 @@ def ewc(
   Args:
     model: a multi-head model.
     optimizer: client optimiser.
-    batch_fn: the engine's batch builder.
+    batch_fn: the run's batch builder, for the end-of-task Fisher pass over the clients (the
+      same one the run gives ``make_round``).
     num_clients: clients holding data (the per-client Fishers' leading axis).
     lam: regularisation coefficient λ (F.4: 40 PMNIST, 20 CIFAR100).
     fisher: "client" (each client's own accumulated Fisher, F.2) or "server" (one n_k-weighted
@@ -159,7 +160,7 @@ def ewc(
     method = {"fisher": fisher, "anchor": tree_lib.tree_copy(state.variables["params"])}
     return state._replace(method=method), {"fisher_mean": float(tree_lib.tree_norm(summary))}
 
-  algorithm = task_algorithm("ewc", init_method, broadcast_extra, program, batch_fn)
+  algorithm = task_algorithm("ewc", init_method, broadcast_extra, program)
   return ContinualMethod(algorithm, end_task)
 
 

@@ -18,18 +18,17 @@ from fedjax_proj.algorithms.continual.base import (
   task_loss,
 )
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
 
 
-def fl(model: Model, optimizer: optax.GradientTransformation, batch_fn: BatchFn) -> ContinualMethod:
+def fl(model: Model, optimizer: optax.GradientTransformation) -> ContinualMethod:
   """FL: FedAvg on the current task's head."""
   program = client_lib.local_training_client(model, optimizer, task_loss(model))
-  return ContinualMethod(task_algorithm("fl", lambda v: (), None, program, batch_fn))
+  return ContinualMethod(task_algorithm("fl", lambda v: (), None, program))
 
 
 def _build_fl(ctx: BuildContext, **hparams) -> ContinualMethod:
-  return fl(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
+  return fl(ctx.model, ctx.client_optimizer, **hparams)
 
 
 SPEC = MethodSpec("fl", "continual", _build_fl, hparams=factory_hparams(fl))

@@ -73,7 +73,8 @@ def fot(
   Args:
     model: a multi-head model (``apply(..., task=t)``).
     optimizer: client optimiser (the paper: SGD 0.01).
-    batch_fn: the engine's batch builder.
+    batch_fn: the run's batch builder, for the end-of-task GPSE sketch pass over the clients
+      (the same one the run gives ``make_round``).
     variables: initial variables (their shapes locate the projected layers).
     sample_x: a normalised input batch (shape only).
     eps: initial threshold ε_0.
@@ -129,7 +130,7 @@ def fot(
     variables = {**averaged, "params": new_params}
     return state._replace(round=state.round + 1, variables=variables), client_metrics(outputs, rd)
 
-  algorithm = FederatedAlgorithm("fot", init, broadcast, program, aggregate, batch_fn)
+  algorithm = FederatedAlgorithm("fot", init, broadcast, program, aggregate)
 
   # ---- GPSE -------------------------------------------------------------------------------
   def g_init(shared, client_input, key):

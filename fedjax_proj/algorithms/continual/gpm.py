@@ -109,7 +109,7 @@ def gpm(
     metrics = {f"mean_rank/{k}": float(np.mean(v)) for k, v in ranks.items()}
     return state._replace(method=method), metrics
 
-  algorithm = task_algorithm("gpm", init_method, broadcast_extra, program, batch_fn)
+  algorithm = task_algorithm("gpm", init_method, broadcast_extra, program)
   return ContinualMethod(algorithm, end_task)
 
 

@@ -15,14 +15,12 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.distillation.distill_server import distillation_server
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Model
 
 
 def ensemble_distillation(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   normalize,
   *,
   public_size: int,
@@ -54,14 +52,13 @@ def ensemble_distillation(
       model, client_optimizer, client_lib.cross_entropy_loss(model)
     ),
     aggregate=aggregate,
-    batch_fn=batch_fn,
   )
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
   return ensemble_distillation(
-    ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
+    ctx.model, ctx.client_optimizer, ctx.normalize, public_size=ctx.public_size, **hp
   )
 
 

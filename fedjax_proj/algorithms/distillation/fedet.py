@@ -20,7 +20,6 @@ def build(ctx, **hp) -> FederatedAlgorithm:
   return ensemble_distillation(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
     ctx.normalize,
     public_size=ctx.public_size,
     teacher="uncertainty",

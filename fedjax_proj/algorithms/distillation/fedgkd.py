@@ -38,7 +38,7 @@ from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn, TwoForms
+from fedjax_proj.core.engine import TwoForms
 from fedjax_proj.core.types import Array, Model
 
 VOTE_VALIDATION = ("client_batch", "server")
@@ -102,7 +102,6 @@ def gkd_loss(model: Model, gamma: float, temperature: float, vote: bool, lam: fl
 def fedgkd(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   server_optimizer: optax.GradientTransformation | None = None,
   *,
   buffer_size: int = 5,
@@ -135,7 +134,7 @@ def fedgkd(
     )
   if server_vote and normalize is None:
     raise ValueError("vote_validation='server' needs normalize (raw images -> model inputs).")
-  base = fedavg(model, client_optimizer, batch_fn, server_optimizer)
+  base = fedavg(model, client_optimizer, server_optimizer)
   program = client_lib.local_training_client(
     model, client_optimizer, gkd_loss(model, gamma, temperature, vote, lam)
   )
@@ -203,7 +202,6 @@ def fedgkd(
     broadcast=broadcast,
     client=program,
     aggregate=server_update,
-    batch_fn=batch_fn,
     global_variables=lambda state: state.fedavg.variables,
   )
 
@@ -230,7 +228,6 @@ def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
   return fedgkd(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
     ctx.server_optimizer,
     vote=method == "fedgkd_vote",
     normalize=ctx.normalize,

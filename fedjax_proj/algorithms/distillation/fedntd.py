@@ -15,7 +15,6 @@ from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Batch, Model
 
 
@@ -34,14 +33,13 @@ def not_true_distillation_loss(model: Model, beta: float, temperature: float):
 def fedntd(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   server_optimizer: optax.GradientTransformation | None = None,
   *,
   beta: float = 1.0,
   temperature: float = 1.0,
 ) -> FederatedAlgorithm:
   """Builds FedNTD: FedAvg whose clients add the not-true distillation term."""
-  base = fedavg(model, client_optimizer, batch_fn, server_optimizer)
+  base = fedavg(model, client_optimizer, server_optimizer)
   program = client_lib.local_training_client(
     model, client_optimizer, not_true_distillation_loss(model, beta, temperature)
   )
@@ -50,7 +48,7 @@ def fedntd(
 
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
-  return fedntd(ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.server_optimizer, **hp)
+  return fedntd(ctx.model, ctx.client_optimizer, ctx.server_optimizer, **hp)
 
 
 SPEC = MethodSpec(

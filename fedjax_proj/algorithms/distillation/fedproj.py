@@ -38,7 +38,6 @@ from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.distillation.distill_server import distillation_server
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model, PyTree
 
 ROUND0_MODES = ("skip", "ce")
@@ -175,7 +174,6 @@ def projection_client(
 def fedproj(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   normalize,
   *,
   public_size: int,
@@ -274,15 +272,12 @@ def fedproj(
     broadcast=broadcast,
     client=program,
     aggregate=aggregate.map(aggregate_with_diagnostics),
-    batch_fn=batch_fn,
   )
 
 
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
-  return fedproj(
-    ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.normalize, public_size=ctx.public_size, **hp
-  )
+  return fedproj(ctx.model, ctx.client_optimizer, ctx.normalize, public_size=ctx.public_size, **hp)
 
 
 SPEC = MethodSpec(

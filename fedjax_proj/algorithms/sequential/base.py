@@ -11,9 +11,9 @@ first client), a per-client :class:`~fedjax_proj.core.engine.ClientProgram` (wri
 client, as everywhere else), ``handoff`` (client m's output -> client m+1's carry) and ``end``
 (chain -> server state). It has the attributes :func:`fedjax_proj.training.loop.train` reads
 (``name``, ``init``, ``global_variables``), and :func:`fedjax_proj.algorithms.base.make_round`
-builds its chain round (:func:`make_sequential_round`) for any strategy, so the experiment runner
-and every other caller of ``make_round`` work unchanged. FedSeq (fedseq.py), CWC (cwc.py) and
-SFedKD (sfedkd.py) are built on it.
+builds its chain round (:func:`make_sequential_round`) for any strategy and the run's batch
+builder, so the experiment runner and every other caller of ``make_round`` work unchanged. FedSeq
+(fedseq.py), CWC (cwc.py) and SFedKD (sfedkd.py) are built on it.
 
 Execution strategies (identical semantics; tests/algorithms/sequential/test_base.py
 proves it):
@@ -91,7 +91,6 @@ class SequentialAlgorithm(NamedTuple):
     handoff: ``handoff(carry, output, client_input) -> carry`` for the next client.
     end: ``end(state, rd, carry, outputs, order, key) -> (state, metrics)``; ``outputs`` are
       stacked in sequence order, ``order[m]`` is the ``round_data`` position of the m-th client.
-    batch_fn: builds each local step's batch.
     global_variables: ``global_variables(state) -> variables`` (evaluation); by default the
       state's ``variables`` field.
   """
@@ -102,15 +101,12 @@ class SequentialAlgorithm(NamedTuple):
   client: ClientProgram
   handoff: HandoffFn
   end: EndFn
-  batch_fn: BatchFn
   global_variables: Callable[[PyTree], dict] = server_variables
 
-  def apply(self, state: PyTree, round_data: RoundData, key: Array) -> tuple[PyTree, dict]:
-    """One round, pure and traceable (``lax.scan`` over the sequence); jit it whole."""
-    return _traced_round(self, state, round_data, key)
 
-
-def _traced_round(alg: SequentialAlgorithm, state, rd: RoundData, key, unroll: int = 1):
+def _traced_round(
+  alg: SequentialAlgorithm, batch_fn: BatchFn, state, rd: RoundData, key, unroll: int = 1
+):
   m = rd.idx.shape[0]
   order, b_key, c_keys, e_key = _keys(key, m)
   context, carry, inputs = alg.begin(state, rd, b_key)
@@ -119,7 +115,7 @@ def _traced_round(alg: SequentialAlgorithm, state, rd: RoundData, key, unroll: i
     c, c_key = xs
     out = run_vmap_scan(
       alg.client,
-      alg.batch_fn,
+      batch_fn,
       {**context, **carry},
       tree_lib.index_clients(inputs, c[None]),
       rd.images,
@@ -136,8 +132,11 @@ def _traced_round(alg: SequentialAlgorithm, state, rd: RoundData, key, unroll: i
   return alg.end(state, rd, carry, outputs, order, e_key)
 
 
-def make_sequential_round(alg: SequentialAlgorithm, strategy: str, unroll: int = 1) -> Callable:
-  """Builds the round for ``strategy`` (``auto`` must be resolved first, as for ``make_round``).
+def make_sequential_round(
+  alg: SequentialAlgorithm, strategy: str, batch_fn: BatchFn, unroll: int = 1
+) -> Callable:
+  """Builds the round for ``strategy`` (``auto`` must be resolved first, as for ``make_round``);
+  ``batch_fn`` builds each local step's batch.
 
   ``vmap_scan`` jits the whole round (server state donated). ``sequential`` and ``vmap_stepwise``
   loop over the sequence on the host; ``begin``, ``handoff`` and ``end`` are jitted once each.
@@ -146,9 +145,11 @@ def make_sequential_round(alg: SequentialAlgorithm, strategy: str, unroll: int =
   if strategy == "auto":
     raise ValueError("Resolve strategy='auto' with choose_strategy() before building a round.")
   if strategy == "vmap_scan":
-    return jax.jit(lambda s, rd, k: _traced_round(alg, s, rd, k, unroll), donate_argnums=0)
+    return jax.jit(
+      lambda s, rd, k: _traced_round(alg, batch_fn, s, rd, k, unroll), donate_argnums=0
+    )
 
-  engine = ClientEngine(alg.client, alg.batch_fn, strategy)
+  engine = ClientEngine(alg.client, batch_fn, strategy)
   keys = jax.jit(_keys, static_argnums=1)
   begin = jax.jit(alg.begin)
   gather = jax.jit(lambda inputs, c: tree_lib.index_clients(inputs, c))

@@ -38,7 +38,7 @@ from fedjax_proj.algorithms.sequential.base import (
   check_no_server_optimizer,
 )
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn, ClientProgram
+from fedjax_proj.core.engine import ClientProgram
 from fedjax_proj.core.types import Array, Model, PyTree
 
 
@@ -90,7 +90,6 @@ def cwc_client(model: Model, optimizer: optax.GradientTransformation, lam: float
 def cwc(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   lam: float = 1.0,
   decay: float = 0.5,
 ) -> SequentialAlgorithm:
@@ -99,7 +98,6 @@ def cwc(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser (re-initialised at every client).
-    batch_fn: the engine's batch builder.
     lam: λ, penalty strength (on max-normalised importances).
     decay: σ in [0, 1], memory decay applied to Ω at the start of each round.
   """
@@ -140,14 +138,13 @@ def cwc(
     client=cwc_client(model, client_optimizer, lam),
     handoff=handoff,
     end=end,
-    batch_fn=batch_fn,
   )
 
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry; hyperparameters ``lam`` (λ) and ``decay`` (σ)."""
   check_no_server_optimizer(ctx.server_optimizer, "cwc")
-  return cwc(ctx.model, ctx.client_optimizer, ctx.batch_fn, **hparams)
+  return cwc(ctx.model, ctx.client_optimizer, **hparams)
 
 
 SPEC = MethodSpec("cwc", "sequential", build, hparams=factory_hparams(cwc))

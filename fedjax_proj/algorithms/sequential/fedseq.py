@@ -22,7 +22,6 @@ from fedjax_proj.algorithms.sequential.base import (
   default_handoff,
 )
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
 
 
@@ -34,7 +33,6 @@ class FedSeqState(NamedTuple):
 def fedseq(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   name: str = "fedseq",
 ) -> SequentialAlgorithm:
   """Builds FedSeq: plain local cross-entropy training passed along the client sequence.
@@ -42,7 +40,6 @@ def fedseq(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser (re-initialised at every client, as in FedAvg).
-    batch_fn: the engine's batch builder.
     name: method name reported in logs.
   """
   program = client_lib.local_training_client(
@@ -68,14 +65,13 @@ def fedseq(
     client=program,
     handoff=default_handoff,
     end=end,
-    batch_fn=batch_fn,
   )
 
 
 def build(ctx) -> SequentialAlgorithm:
   """Registry entry for ``fedseq``; it has no hyperparameters."""
   check_no_server_optimizer(ctx.server_optimizer, "fedseq")
-  return fedseq(ctx.model, ctx.client_optimizer, ctx.batch_fn)
+  return fedseq(ctx.model, ctx.client_optimizer)
 
 
 SPEC = MethodSpec("fedseq", "sequential", build, hparams={})

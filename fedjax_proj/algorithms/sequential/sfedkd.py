@@ -42,7 +42,6 @@ from fedjax_proj.algorithms.sequential.base import (
   default_handoff,
 )
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Batch, Model, RoundData
 
 TEACHER_FORWARDS = ("auto", "vmap", "unrolled")
@@ -153,7 +152,6 @@ def multi_teacher_dkd(
 def sfedkd(
   model: Model,
   client_optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
   num_classes: int,
   config: SFedKDConfig | None = None,
 ) -> SequentialAlgorithm:
@@ -162,7 +160,6 @@ def sfedkd(
   Args:
     model: the model as pure functions.
     client_optimizer: local optimiser (re-initialised at every client).
-    batch_fn: the engine's batch builder.
     num_classes: C, for the class distributions.
     config: hyperparameters (``None``: the defaults).
   """
@@ -252,16 +249,13 @@ def sfedkd(
     client=program,
     handoff=default_handoff,
     end=end,
-    batch_fn=batch_fn,
   )
 
 
 def build(ctx, **hparams) -> SequentialAlgorithm:
   """Registry entry; ``hparams`` are :class:`SFedKDConfig` fields."""
   check_no_server_optimizer(ctx.server_optimizer, "sfedkd")
-  return sfedkd(
-    ctx.model, ctx.client_optimizer, ctx.batch_fn, ctx.num_classes, SFedKDConfig(**hparams)
-  )
+  return sfedkd(ctx.model, ctx.client_optimizer, ctx.num_classes, SFedKDConfig(**hparams))
 
 
 SPEC = MethodSpec("sfedkd", "sequential", build, hparams=SFedKDConfig._field_defaults)

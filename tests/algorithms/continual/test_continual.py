@@ -117,18 +117,19 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
   normalize = normalizer(0.0, 255.0)
   sample = normalize(jnp.asarray(bench.images[:2]))
   variables = model.init(jax.random.key(0), sample)
+  batch_fn = make_batch_fn(normalize)
   cm = build_continual_method(
     method,
     model,
     optax.sgd(0.05),
-    make_batch_fn(normalize),
+    batch_fn,
     variables=variables,
     sample_x=sample,
     num_clients=4,
     num_tasks=2,
     **hparams,
   )
-  round_fn = make_round(cm.algorithm, "vmap_scan")
+  round_fn = make_round(cm.algorithm, "vmap_scan", batch_fn)
   state, summary = train_continual(
     cm,
     round_fn,

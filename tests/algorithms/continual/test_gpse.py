@@ -188,7 +188,7 @@ def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
     jnp.asarray(nk),
     {"task": jnp.int32(1)},
   )
-  round_fn = make_round(method.algorithm, "vmap_scan")
+  round_fn = make_round(method.algorithm, "vmap_scan", batch_fn)
   state, _ = round_fn(state, rd, jax.random.key(3))
   new = state.variables["params"]
   for s in specs:

@@ -18,7 +18,6 @@ import pytest
 
 from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
 from fedjax_proj.core.types import RoundData
-from tests import helpers
 from tests.algorithms.baselines_reference import linear_model
 
 LR, TEMPERATURE, P = 0.01, 3.0, 6
@@ -80,7 +79,6 @@ def build(teacher="mean", name="feddf"):
   return ensemble_distillation(
     linear_model(),
     optax.sgd(0.1),
-    helpers.float_batch_fn(),
     lambda a: a,
     public_size=P,
     teacher=teacher,

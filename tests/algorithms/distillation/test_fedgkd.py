@@ -28,11 +28,11 @@ def test_fedgkd_teacher_is_average_of_last_m_globals():
   x, y = helpers.synthetic_data()
   model = helpers.tiny_model()
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
-  alg = fedgkd.fedgkd(model, optax.sgd(0.1), helpers.float_batch_fn(), buffer_size=3)
+  alg = fedgkd.fedgkd(model, optax.sgd(0.1), buffer_size=3)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   state = alg.init(variables, jax.random.key(0))
   history = [variables]
-  round_fn = make_round(alg, "vmap_scan")
+  round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
   for r in range(4):
     shared, _ = jax.jit(alg.broadcast)(state, helpers.round_data(fd, x, y, round_idx=r), None)
     expected = jax.tree.map(lambda *v: sum(v) / len(v), *history[-3:])
@@ -49,9 +49,9 @@ def test_fedgkd_distillation_changes_training_only_after_round0():
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   finals = {}
   for gamma in (0.0, 5.0):
-    alg = fedgkd.fedgkd(model, optax.sgd(0.1), helpers.float_batch_fn(), gamma=gamma)
+    alg = fedgkd.fedgkd(model, optax.sgd(0.1), gamma=gamma)
     state = alg.init(variables, jax.random.key(0))
-    round_fn = make_round(alg, "vmap_scan")
+    round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
     per_round = []
     for r in range(2):
       state, _ = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
@@ -65,9 +65,9 @@ def test_fedgkd_vote_runs_and_weights_teachers():
   x, y = helpers.synthetic_data()
   model = helpers.tiny_model()
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
-  alg = fedgkd.fedgkd(model, optax.sgd(0.1), helpers.float_batch_fn(), vote=True, buffer_size=2)
+  alg = fedgkd.fedgkd(model, optax.sgd(0.1), vote=True, buffer_size=2)
   state = alg.init(model.init(jax.random.key(0), jnp.asarray(x[:2])), jax.random.key(0))
-  round_fn = make_round(alg, "vmap_scan")
+  round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
   for r in range(3):
     state, metrics = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
   assert int(state.count) == 2 and np.isfinite(float(metrics["train_loss"]))
@@ -84,7 +84,6 @@ def _server_vote_setup():
   alg = fedgkd.fedgkd(
     model,
     optax.sgd(0.1),
-    helpers.float_batch_fn(),
     vote=True,
     buffer_size=VOTE_M,
     lam=LAM,
@@ -103,7 +102,7 @@ def _with_validation(rd, vx, vy):
 def _run_server_vote(strategy, vx, vy, rounds=2):
   x, y, model, fd, alg, variables = _server_vote_setup()
   state = alg.init(variables, jax.random.key(0))
-  round_fn = make_round(alg, strategy)
+  round_fn = make_round(alg, strategy, helpers.float_batch_fn())
   for r in range(rounds):
     rd = _with_validation(helpers.round_data(fd, x, y, round_idx=r), vx, vy)
     state, _ = round_fn(state, rd, jax.random.key(r))
@@ -189,7 +188,7 @@ def test_fedgkd_vote_server_refuses_without_held_out_data():
   with pytest.raises(ValueError, match="--train_subset=45000"):
     registry.build_algorithm("fedgkd_vote", ctx, vote_validation="server")
   with pytest.raises(ValueError, match="--method=fedgkd_vote"):
-    fedgkd.fedgkd(model, optax.sgd(0.1), helpers.float_batch_fn(), vote_validation="server")
+    fedgkd.fedgkd(model, optax.sgd(0.1), vote_validation="server")
   c = base_config()
   c.method, c.method_kwargs = (
     "fedgkd_vote",

@@ -120,7 +120,6 @@ def fp_setup():
   alg = fedproj.fedproj(
     model,
     optax.sgd(0.1),
-    helpers.float_batch_fn(),
     lambda z: z,
     public_size=48,
     memory_size=32,
@@ -139,7 +138,7 @@ def _rd(fd, x, y, public, r):
 
 
 def _two_rounds(alg, strategy, fd, x, y, public, variables):
-  round_fn = make_round(alg, strategy)
+  round_fn = make_round(alg, strategy, helpers.float_batch_fn())
   state = alg.init(variables, jax.random.key(0))
   out = []
   for r in range(2):
@@ -165,14 +164,15 @@ def test_client_matches_hand_written_projected_sgd(fp_setup):
   """One client, round 1: replay its steps by hand (SGD, projection) and compare."""
   x, y, public, model, fd, alg, variables = fp_setup
   state = alg.init(variables, jax.random.key(0))
-  state, _ = jax.jit(alg.apply)(state, _rd(fd, x, y, public, 0), jax.random.key(10))
+  round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
+  state, _ = round_fn(state, _rd(fd, x, y, public, 0), jax.random.key(10))
   rd = _rd(fd, x, y, public, 1)
   shared, _ = alg.broadcast(state, rd, jax.random.key(0))
   keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
   from fedjax_proj.core.engine import run_vmap_scan
 
   out = run_vmap_scan(
-    alg.client, alg.batch_fn, shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+    alg.client, helpers.float_batch_fn(), shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
   )
   c = 1
   params = variables_params = state.variables["params"]
@@ -213,7 +213,7 @@ def test_client_matches_hand_written_projected_sgd(fp_setup):
 
 def test_no_recompilation_on_second_round(fp_setup):
   x, y, public, model, fd, alg, variables = fp_setup
-  round_fn = make_round(alg, "vmap_scan")
+  round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
   state = alg.init(variables, jax.random.key(0))
   state, _ = round_fn(state, _rd(fd, x, y, public, 0), jax.random.key(1))
   size = round_fn._cache_size()
@@ -301,11 +301,10 @@ def test_server_divergence_anchor(fp_setup):
   kwargs = dict(public_size=48, memory_size=32, memory_batch_size=8, distill_batch_size=16)
 
   def run(**kw):
-    alg = fedproj.fedproj(
-      model, optax.sgd(0.1), helpers.float_batch_fn(), lambda z: z, **kwargs, **kw
-    )
+    alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **kwargs, **kw)
     state = alg.init(variables, jax.random.key(0))
-    return jax.jit(alg.apply)(state, rd, jax.random.key(1))[0].variables["params"]
+    round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
+    return round_fn(state, rd, jax.random.key(1))[0].variables["params"]
 
   averaged = run(distill_epochs=0)  # θ_avg of this round
   previous = variables["params"]  # θ_g^(t)
@@ -340,7 +339,6 @@ def test_round0_ce_uses_labelled_public_data(fp_setup):
   alg_ce = fedproj.fedproj(
     model,
     optax.sgd(0.1),
-    helpers.float_batch_fn(),
     lambda z: z,
     public_size=48,
     memory_size=32,
@@ -349,13 +347,12 @@ def test_round0_ce_uses_labelled_public_data(fp_setup):
     distill_epochs=0,
   )
   rd = _rd(fd, x, y, public, 0)
+  round_fn = make_round(alg_ce, "vmap_scan", helpers.float_batch_fn())
   with pytest.raises(ValueError, match="public_labels"):
-    jax.jit(alg_ce.apply)(alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1))
+    round_fn(alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1))
   labels = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[1])
   rd = rd._replace(extra={"public_images": public, "public_labels": labels})
-  _, metrics = jax.jit(alg_ce.apply)(
-    alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1)
-  )
+  _, metrics = round_fn(alg_ce.init(variables, jax.random.key(0)), rd, jax.random.key(1))
   assert float(metrics["projected_fraction"]) > 0.0
 
 
@@ -366,7 +363,7 @@ def test_projection_off_is_feddf_and_projection_on_differs(fp_setup):
 
   x, y, public, model, fd, alg, variables = fp_setup
   common = dict(public_size=48, distill_epochs=1, distill_batch_size=16, distill_lr=1e-2, alpha=0.0)
-  args = (model, optax.sgd(0.1), helpers.float_batch_fn(), lambda z: z)
+  args = (model, optax.sgd(0.1), lambda z: z)
   df = feddf.ensemble_distillation(*args, **common)
   off = fedproj.fedproj(*args, memory_size=48, memory_batch_size=8, projection_prob=0.0, **common)
   on = fedproj.fedproj(*args, memory_size=48, memory_batch_size=8, **common)

@@ -29,7 +29,7 @@ def setup():
 
 
 def _run(alg, strategy, fd, x, y, variables, rounds=2, cpr=None):
-  round_fn = make_round(alg, strategy)
+  round_fn = make_round(alg, strategy, helpers.float_batch_fn())
   state = alg.init(variables, jax.random.key(0))
   for r in range(rounds):
     rd = helpers.round_data(fd, x, y, round_idx=r, cpr=cpr)
@@ -42,7 +42,7 @@ def test_rule_equals_hand_written_chain(setup):
   mean squared CE gradient. Checked over 2 rounds of 2 clients against plain Python."""
   x, y, model, fd, variables = setup
   lam, decay = 3.0, 0.5
-  alg = cwc(model, optax.sgd(LR), helpers.float_batch_fn(), lam=lam, decay=decay)
+  alg = cwc(model, optax.sgd(LR), lam=lam, decay=decay)
   state, _ = _run(alg, "vmap_scan", fd, x, y, variables, rounds=2, cpr=2)
 
   @jax.jit
@@ -92,12 +92,11 @@ def _cached(setup, name):
   """Two-round final (state, metrics) of a named configuration, computed once per module."""
   if name not in _CACHE:
     x, y, model, fd, variables = setup
-    bf = helpers.float_batch_fn()
     alg, strategy = {
-      "fedseq": (fedseq(model, helpers.sgd(), bf), "vmap_scan"),
-      "off": (cwc(model, helpers.sgd(), bf, lam=0.0), "vmap_scan"),
-      "on": (cwc(model, helpers.sgd(), bf, lam=5.0), "vmap_scan"),
-      "on_host": (cwc(model, helpers.sgd(), bf, lam=5.0), "sequential"),
+      "fedseq": (fedseq(model, helpers.sgd()), "vmap_scan"),
+      "off": (cwc(model, helpers.sgd(), lam=0.0), "vmap_scan"),
+      "on": (cwc(model, helpers.sgd(), lam=5.0), "vmap_scan"),
+      "on_host": (cwc(model, helpers.sgd(), lam=5.0), "sequential"),
     }[name]
     _CACHE[name] = _run(alg, strategy, fd, x, y, variables)
   return _CACHE[name]
@@ -122,9 +121,9 @@ def test_host_loop_equals_scan(setup):
 def test_bad_hyperparameters(setup):
   _, _, model, _, _ = setup
   with pytest.raises(ValueError, match="decay must be in"):
-    cwc(model, helpers.sgd(), helpers.float_batch_fn(), decay=1.5)
+    cwc(model, helpers.sgd(), decay=1.5)
   with pytest.raises(ValueError, match="lam must be"):
-    cwc(model, helpers.sgd(), helpers.float_batch_fn(), lam=-1.0)
+    cwc(model, helpers.sgd(), lam=-1.0)
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=helpers.sgd(),

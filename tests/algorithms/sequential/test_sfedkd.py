@@ -70,16 +70,16 @@ def _runs(setup, name, rounds=2):
     x, y, model, fd, variables = setup
     bf = helpers.float_batch_fn()
     alg, strategy = {
-      "kd_scan": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2)), "vmap_scan"),
-      "kd_host": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2)), "sequential"),
+      "kd_scan": (sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2)), "vmap_scan"),
+      "kd_host": (sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2)), "sequential"),
       "kd_vmap": (
-        sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2, teacher_forward="vmap")),
+        sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2, teacher_forward="vmap")),
         "vmap_scan",
       ),
-      "off_scan": (sfedkd(model, optax.sgd(LR), bf, 3, SFedKDConfig(2, 0.0, 0.0)), "vmap_scan"),
-      "fedseq_scan": (fedseq(model, optax.sgd(LR), bf), "vmap_scan"),
+      "off_scan": (sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2, 0.0, 0.0)), "vmap_scan"),
+      "fedseq_scan": (fedseq(model, optax.sgd(LR)), "vmap_scan"),
     }[name]
-    round_fn = make_round(alg, strategy)
+    round_fn = make_round(alg, strategy, bf)
     state = alg.init(variables, jax.random.key(0))
     out = []
     for r in range(rounds):
@@ -147,12 +147,12 @@ def test_vmapped_and_unrolled_teacher_forward_agree(setup):
 
 def test_too_many_teachers_is_a_clear_error(setup):
   x, y, model, fd, variables = setup
-  alg = sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(num_teachers=5))
+  alg = sfedkd(model, helpers.sgd(), 3, SFedKDConfig(num_teachers=5))
   with pytest.raises(ValueError, match="exceeds the 4 clients per round"):
-    make_round(alg, "vmap_scan")(
+    make_round(alg, "vmap_scan", helpers.float_batch_fn())(
       alg.init(variables, jax.random.key(0)), helpers.round_data(fd, x, y), jax.random.key(0)
     )
   with pytest.raises(ValueError, match="Unknown distribution metric"):
-    sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(metric="cos"))
+    sfedkd(model, helpers.sgd(), 3, SFedKDConfig(metric="cos"))
   with pytest.raises(ValueError, match="Unknown teacher_forward"):
-    sfedkd(model, helpers.sgd(), helpers.float_batch_fn(), 3, SFedKDConfig(teacher_forward="x"))
+    sfedkd(model, helpers.sgd(), 3, SFedKDConfig(teacher_forward="x"))
