@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ import optax
 from fedjax_proj.core.types import Model, ModelOutput, RoundData
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
+from fedjax_proj.data.sources import ArrayDataset
 
 
 def tiny_model(num_classes: int = 3, hidden: int = 8, in_dim: int = 4) -> Model:
@@ -89,3 +91,20 @@ def tiny_bn_model(num_classes: int = 4) -> Model:
       return nn.Dense(num_classes)(h), h
 
   return from_flax("tiny_bn", TinyBN(), num_classes)
+
+
+def fake_mnist(n: int, seed: int) -> ArrayDataset:
+  """A 6x6 single-channel MNIST stand-in whose pixel level tracks the label (learnable)."""
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, 10, n).astype(np.int32)
+  images = (rng.integers(0, 40, (n, 6, 6, 1)) + 20 * labels[:, None, None, None]).astype(np.uint8)
+  return ArrayDataset(images, labels, 10, "mnist")
+
+
+class TinyBackbone(nn.Module):
+  """A 2-layer dense backbone for multi-head (continual) models: returns (None, features)."""
+
+  @nn.compact
+  def __call__(self, x, train, mask=None):
+    h = nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1)))
+    return None, nn.relu(nn.Dense(16)(h))

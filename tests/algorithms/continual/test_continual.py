@@ -30,6 +30,7 @@ from fedjax_proj.training.continual import (
   make_task_evaluator,
   train_continual,
 )
+from tests import helpers
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -45,15 +46,8 @@ def test_acc_fgt_on_hand_made_matrix():
     acc_fgt(np.zeros((2, 3)))
 
 
-def _fake_mnist(n, seed):
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, 10, n).astype(np.int32)
-  images = (rng.integers(0, 40, (n, 6, 6, 1)) + 20 * labels[:, None, None, None]).astype(np.uint8)
-  return ArrayDataset(images, labels, 10, "mnist")
-
-
 def test_permuted_mnist_tasks_and_partitions():
-  train, test = _fake_mnist(200, 0), _fake_mnist(50, 1)
+  train, test = helpers.fake_mnist(200, 0), helpers.fake_mnist(50, 1)
   bench = permuted_mnist(train, test, num_tasks=3, seed=0, train_per_task=100)
   assert bench.num_tasks == 3 and bench.permutations.shape == (3, 36)
   assert all(len(t.train_idx) == 100 for t in bench.tasks)
@@ -92,13 +86,6 @@ def test_split_classes_relabels_within_task():
     split_classes(ds, ds, num_tasks=3)
 
 
-class _Backbone(nn.Module):
-  @nn.compact
-  def __call__(self, x, train, mask=None):
-    h = nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1)))
-    return None, nn.relu(nn.Dense(16)(h))
-
-
 class _ConvBackbone(nn.Module):
   """A conv layer first, so EWC's per-example Fisher and GPM's bases meet a convolution."""
 
@@ -110,9 +97,9 @@ class _ConvBackbone(nn.Module):
 
 def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, **hparams):
   """4 clients (2 per round), 1 round per task on fake 6x6 MNIST: (round_fn, state, summary)."""
-  train, test = _fake_mnist(240, 0), _fake_mnist(60, 1)
+  train, test = helpers.fake_mnist(240, 0), helpers.fake_mnist(60, 1)
   bench = permuted_mnist(train, test, num_tasks=2, seed=0)
-  backbone = _ConvBackbone() if conv else _Backbone()
+  backbone = _ConvBackbone() if conv else helpers.TinyBackbone()
   model = task_model(multi_head(backbone, 2, 10), input_transform(bench))
   normalize = normalizer(0.0, 255.0)
   sample = normalize(jnp.asarray(bench.images[:2]))

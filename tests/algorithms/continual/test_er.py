@@ -13,13 +13,13 @@ from fedjax_proj.algorithms.continual.er import union_replay_loss
 from fedjax_proj.core.types import Batch
 from fedjax_proj.data.continual import input_transform, permuted_mnist, task_model
 from fedjax_proj.models import multi_head
-from tests.algorithms.continual.test_continual import _Backbone, _fake_mnist
+from tests import helpers
 
 
 def _setup():
-  train, test = _fake_mnist(60, 0), _fake_mnist(20, 1)
+  train, test = helpers.fake_mnist(60, 0), helpers.fake_mnist(20, 1)
   bench = permuted_mnist(train, test, num_tasks=3, seed=0)
-  model = task_model(multi_head(_Backbone(), 3, 10), input_transform(bench))
+  model = task_model(multi_head(helpers.TinyBackbone(), 3, 10), input_transform(bench))
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(4, 6, 6, 1)), jnp.float32)
   variables = model.init(jax.random.key(0), x)
