@@ -41,10 +41,10 @@ class BuildContext(NamedTuple):
   Attributes:
     model: the model.
     client_optimizer: the local optimiser.
-    batch_fn: the run's batch builder for private data, for the continual methods that build
-      batches themselves (replay, Fisher, GPM/GPSE passes); rounds get it from ``make_round``.
     normalize: maps raw (uint8) images to model inputs, for public data.
     num_clients: total number of clients (for per-client state).
+    batch_fn: the run's batch builder for private data, for the continual methods that build
+      batches themselves (replay, Fisher, GPM/GPSE passes); rounds get it from ``make_round``.
     server_optimizer: optional optax server optimiser (FedAvgM/FedAdam), else None.
     public_size: number of public examples in ``RoundData.extra["public_images"]`` (0 if none).
     num_classes: number of classes of the private task.
@@ -58,9 +58,9 @@ class BuildContext(NamedTuple):
 
   model: Model
   client_optimizer: optax.GradientTransformation
-  batch_fn: BatchFn
   normalize: Callable[[Array], Array]
   num_clients: int
+  batch_fn: BatchFn | None = None
   server_optimizer: optax.GradientTransformation | None = None
   public_size: int = 0
   num_classes: int = 10
@@ -80,6 +80,9 @@ class MethodSpec:
     build: ``build(ctx: BuildContext, **hparams)`` -> the algorithm (``FederatedAlgorithm``,
       ``SequentialAlgorithm`` or ``ContinualMethod``, by family).
     needs_public: the method reads a public set from ``RoundData.extra``.
+    requires: :class:`BuildContext` fields that default to None and that ``build`` reads (e.g.
+      ``batch_fn``, ``variables``, ``sample_x``); :func:`build_algorithm` refuses a context
+      without them.
     model_kwargs: model options the method requires (e.g. MOON's ``projection_dim``).
     config_kwargs: experiment-config fields the method consumes as hyperparameters.
     client_optimizers: the client optimisers the method is defined for (None: any).
@@ -96,6 +99,7 @@ class MethodSpec:
   family: str
   build: Callable[..., Any]
   needs_public: bool = False
+  requires: tuple[str, ...] = ()
   model_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   config_kwargs: tuple[str, ...] = ()
   client_optimizers: tuple[str, ...] | None = None
@@ -108,6 +112,12 @@ class MethodSpec:
     if self.family not in FAMILIES:
       raise ValueError(
         f"MethodSpec {self.name!r}: unknown family {self.family!r}; choose one of {FAMILIES}."
+      )
+    unknown = [f for f in self.requires if f not in BuildContext._fields]
+    if unknown:
+      raise ValueError(
+        f"MethodSpec {self.name!r}: requires names {unknown}, which are not BuildContext fields "
+        f"({', '.join(BuildContext._fields)})."
       )
 
 
@@ -309,12 +319,18 @@ def build_algorithm(name: str, ctx: BuildContext, **hparams: Any):
 
   Raises:
     ValueError: an unknown name (the error lists the valid ones), a hyperparameter the method does
-      not declare or of the wrong type (:func:`check_hparams`), or a method that needs a public
-      set and a context without one.
+      not declare or of the wrong type (:func:`check_hparams`), a context without a field the
+      spec ``requires``, or a method that needs a public set and a context without one.
     TypeError: the build returned something that does not meet the spec's family.
   """
   s = spec(name)
   check_hparams(name, hparams)
+  missing = [f for f in s.requires if getattr(ctx, f) is None]
+  if missing:
+    raise ValueError(
+      f"Method {name!r} needs BuildContext field(s) {', '.join(missing)}; pass them when building "
+      "the context (training/continual.py shows how)."
+    )
   if s.needs_public and ctx.public_size <= 0:
     raise ValueError(
       f"Method {name!r} needs a public dataset: pass --public_data (e.g. cifar100 or a path to "

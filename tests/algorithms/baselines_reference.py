@@ -277,7 +277,7 @@ CASES = {
 def build(method, hp, momentum):
   model = linear_model()
   opt = optax.sgd(LR, momentum=momentum or None)
-  ctx = registry.BuildContext(model, opt, BATCH_FN, lambda a: a, num_clients=N_CLIENTS)
+  ctx = registry.BuildContext(model, opt, lambda a: a, num_clients=N_CLIENTS)
   return model, registry.build_algorithm(method, ctx, **hp)
 
 

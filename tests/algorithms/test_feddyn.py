@@ -6,7 +6,6 @@ import optax
 import pytest
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from tests.algorithms.baselines_reference import (
   build,
   check_reference_is_not_fedavg,
@@ -37,7 +36,6 @@ def test_feddyn_rejects_server_optimizer():
   ctx = registry.BuildContext(
     linear_model(),
     optax.sgd(0.1),
-    make_batch_fn(normalizer(0.0, 1.0)),
     lambda a: a,
     3,
     server_optimizer=optax.sgd(1.0),

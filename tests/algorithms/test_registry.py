@@ -117,6 +117,17 @@ def test_undeclared_or_mistyped_hyperparameters_fail_before_building():
     registry.unregister("anything_goes")
 
 
+def test_a_context_without_a_required_field_is_refused_before_building():
+  # One-task methods no longer need the batch builder in their context; GPM builds batches for
+  # its bases and traces the model, so it refuses a context without them.
+  bare = _ctx()._replace(batch_fn=None, variables=None, sample_x=None)
+  assert registry.build_algorithm("fedavg", bare).name == "fedavg"
+  with pytest.raises(ValueError, match="'gpm' needs BuildContext field.s. batch_fn, variables, sa"):
+    registry.build_algorithm("gpm", bare)
+  with pytest.raises(ValueError, match=r"requires names \['batchfn'\], which are not"):
+    registry.MethodSpec("typo", "fl", build_fedavg, requires=("batchfn",))
+
+
 def test_unknown_names_and_wrong_families_fail_clearly():
   with pytest.raises(ValueError, match=r"Unknown method 'nope'\. Valid methods: .*fedavg.*fot"):
     registry.build_algorithm("nope", _ctx())

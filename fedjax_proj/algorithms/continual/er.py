@@ -152,4 +152,4 @@ def _build_er(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("er", "continual", _build_er, hparams=factory_hparams(er))
+SPEC = MethodSpec("er", "continual", _build_er, hparams=factory_hparams(er), requires=("batch_fn",))

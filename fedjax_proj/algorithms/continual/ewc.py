@@ -174,4 +174,6 @@ def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("ewc", "continual", _build_ewc, hparams=factory_hparams(ewc))
+SPEC = MethodSpec(
+  "ewc", "continual", _build_ewc, hparams=factory_hparams(ewc), requires=("batch_fn",)
+)

@@ -245,4 +245,10 @@ def build(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("fot", "continual", build, hparams=factory_hparams(fot))
+SPEC = MethodSpec(
+  "fot",
+  "continual",
+  build,
+  hparams=factory_hparams(fot),
+  requires=("batch_fn", "variables", "sample_x"),
+)

@@ -125,4 +125,10 @@ def _build_gpm(ctx: BuildContext, **hparams) -> ContinualMethod:
   )
 
 
-SPEC = MethodSpec("gpm", "continual", _build_gpm, hparams=factory_hparams(gpm))
+SPEC = MethodSpec(
+  "gpm",
+  "continual",
+  _build_gpm,
+  hparams=factory_hparams(gpm),
+  requires=("batch_fn", "variables", "sample_x"),
+)

@@ -14,7 +14,6 @@ import optax
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.distillation import distill
-from tests import helpers
 from tests.algorithms.baselines_reference import linear_model
 from tests.algorithms.distillation.test_feddf import (
   LR,
@@ -45,9 +44,7 @@ def test_server_step_distils_from_the_uncertainty_weighted_teacher():
 
 
 def test_registry_builds_fedet_with_the_uncertainty_teacher():
-  ctx = registry.BuildContext(
-    linear_model(), optax.sgd(0.1), helpers.float_batch_fn(), lambda a: a, 2, public_size=P
-  )
+  ctx = registry.BuildContext(linear_model(), optax.sgd(0.1), lambda a: a, 2, public_size=P)
   hp = {"distill_lr": LR, "distill_batch_size": 64, "distill_temperature": TEMPERATURE}
   fedet = registry.build_algorithm("fedet", ctx, **hp)
   assert fedet.name == "fedet"

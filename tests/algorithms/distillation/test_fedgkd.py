@@ -182,9 +182,7 @@ def test_fedgkd_vote_server_sequential_equals_vmap_scan():
 
 def test_fedgkd_vote_server_refuses_without_held_out_data():
   model = helpers.tiny_model()
-  ctx = registry.BuildContext(
-    model, optax.sgd(0.1), helpers.float_batch_fn(), normalizer(0.0, 1.0), num_clients=4
-  )
+  ctx = registry.BuildContext(model, optax.sgd(0.1), normalizer(0.0, 1.0), num_clients=4)
   with pytest.raises(ValueError, match="--train_subset=45000"):
     registry.build_algorithm("fedgkd_vote", ctx, vote_validation="server")
   with pytest.raises(ValueError, match="--method=fedgkd_vote"):
