@@ -38,7 +38,6 @@ from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import run_vmap_scan
 from fedjax_proj.core.rounds import drive_round
-from fedjax_proj.core.types import RoundData
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import manual
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
@@ -168,16 +167,7 @@ def run_method(method, args, x, y, parts, public, seed):
   history = []
   sampled = np.arange(3, dtype=np.int32)
   for r in range(args.rounds):
-    idx, mask, n = fd.round_layout(sampled, r, seed)
-    rd = RoundData(
-      jnp.asarray(x),
-      jnp.asarray(y),
-      jnp.asarray(sampled),
-      jnp.asarray(idx),
-      jnp.asarray(mask),
-      jnp.asarray(n),
-      extra,
-    )
+    rd = fd.round_data(jnp.asarray(x), jnp.asarray(y), sampled, r, seed, extra)
     state, metrics, client_vars = round_step(state, rd, random_lib.round_key(seed_key, r))
     g = alg.global_variables(state)
     history.append(

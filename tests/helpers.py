@@ -58,16 +58,17 @@ def float_batch_fn():
 
 def round_data(fd: FederatedData, x, y, round_idx=0, seed=0, cpr=None) -> RoundData:
   sampled = fd.sample_clients(round_idx, cpr or fd.num_clients, seed)
-  idx, mask, n = fd.round_layout(sampled, round_idx, seed)
-  return RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y),
-    jnp.asarray(sampled),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(n),
-    {},
-  )
+  return fd.round_data(jnp.asarray(x), jnp.asarray(y), sampled, round_idx, seed, {})
+
+
+def sequential_setup():
+  """(x, y, model, federated data, variables) for the sequential-FL tests: 4 unequal clients,
+  batch 5, 2 local epochs."""
+  x, y = synthetic_data()
+  model = tiny_model()
+  fd = FederatedData(unequal_clients(len(x)), batch_size=5, local_epochs=2)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  return x, y, model, fd, variables
 
 
 def sgd(lr=0.1, momentum=0.9):

@@ -159,16 +159,7 @@ def setup(method: str) -> Setup:
 def round_data(s: Setup, r: int) -> RoundData:
   d = data()
   sampled = s.fed.sample_clients(r, CLIENTS_PER_ROUND, SEED)
-  idx, mask, n = s.fed.round_layout(sampled, r, SEED)
-  return RoundData(
-    jnp.asarray(d.train_x),
-    jnp.asarray(d.train_y),
-    jnp.asarray(sampled),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(n),
-    s.extra,
-  )
+  return s.fed.round_data(jnp.asarray(d.train_x), jnp.asarray(d.train_y), sampled, r, SEED, s.extra)
 
 
 def run(s: Setup, round_fn, rounds: int, count_from: int | None = None):

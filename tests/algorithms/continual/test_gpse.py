@@ -12,7 +12,6 @@ from jax import lax
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.continual import gpse
 from fedjax_proj.algorithms.continual.fot import fot
-from fedjax_proj.core.types import RoundData
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.models import multi_head
@@ -103,16 +102,7 @@ def _planted_setup(d=20, true_rank=3, n=400, clients=4, seed=0):
   parts = np.array_split(np.arange(n), clients)
   fd = FederatedData(parts, batch_size=32)
   sampled = np.arange(clients, dtype=np.int32)
-  idx, mask, nk = fd.round_layout(sampled, 0, 0)
-  rd = RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y),
-    jnp.asarray(sampled),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(nk),
-    {"task": jnp.int32(0)},
-  )
+  rd = fd.round_data(jnp.asarray(x), jnp.asarray(y), sampled, 0, 0, {"task": jnp.int32(0)})
   return model, v, batch_fn, rd, b
 
 
@@ -178,16 +168,7 @@ def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
   old = jax.tree.map(np.asarray, state.variables["params"])
   fd = FederatedData(np.array_split(np.arange(64), 4), batch_size=16)
   sampled = np.arange(4, dtype=np.int32)
-  idx, mask, nk = fd.round_layout(sampled, 0, 0)
-  rd = RoundData(
-    jnp.asarray(x),
-    jnp.asarray(y),
-    jnp.asarray(sampled),
-    jnp.asarray(idx),
-    jnp.asarray(mask),
-    jnp.asarray(nk),
-    {"task": jnp.int32(1)},
-  )
+  rd = fd.round_data(jnp.asarray(x), jnp.asarray(y), sampled, 0, 0, {"task": jnp.int32(1)})
   round_fn = make_round(method.algorithm, "vmap_scan", batch_fn)
   state, _ = round_fn(state, rd, jax.random.key(3))
   new = state.variables["params"]

@@ -13,7 +13,6 @@ from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.sequential.base import sequence_order
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 
 LR = 0.1
@@ -52,11 +51,7 @@ def manual_chain(model, params, x, y, rd, order, step_fn=None):
 
 @pytest.fixture(scope="module")
 def setup():
-  x, y = helpers.synthetic_data()
-  model = helpers.tiny_model()
-  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=5, local_epochs=2)
-  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
-  return x, y, model, fd, variables
+  return helpers.sequential_setup()
 
 
 def test_round_equals_plain_python_chain(setup):

@@ -14,18 +14,13 @@ from fedjax_proj.algorithms.sequential.base import sequence_order
 from fedjax_proj.algorithms.sequential.cwc import cwc
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 from tests.algorithms.sequential.test_base import LR
 
 
 @pytest.fixture(scope="module")
 def setup():
-  x, y = helpers.synthetic_data()
-  model = helpers.tiny_model()
-  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=5, local_epochs=2)
-  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
-  return x, y, model, fd, variables
+  return helpers.sequential_setup()
 
 
 def _run(alg, strategy, fd, x, y, variables, rounds=2, cpr=None):
