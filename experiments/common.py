@@ -38,17 +38,16 @@ PRESETS = ("paper", "cpu", "smoke")
 def parallel_methods() -> tuple[str, ...]:
   """The registered methods the parallel-FL entry points (cifar10, cifar100, cinic10) run."""
   from fedjax_proj.algorithms import methods
-  from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
 
-  return tuple(m for m in methods() if m not in SEQUENTIAL_METHODS)
+  return methods(("fl",))
 
 
 def parallel_method_choices() -> tuple[str, ...]:
   """``--method`` choices of a parallel-FL entry point: its methods, then the sequential ones,
   accepted by the parser only so :func:`refuse_sequential` can point to their entry point."""
-  from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
+  from fedjax_proj.algorithms import methods
 
-  return (*parallel_methods(), *SEQUENTIAL_METHODS)
+  return (*parallel_methods(), *methods(("sequential",)))
 
 
 def refuse_sequential(c: ml_collections.ConfigDict) -> None:
@@ -57,9 +56,11 @@ def refuse_sequential(c: ml_collections.ConfigDict) -> None:
   Under those presets they do not learn (docs/sfedkd.md, "Entry points"); the error names
   experiments/sequential.py, whose presets are their paper's. ``main`` exits 2 with it.
   """
-  from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
+  from fedjax_proj.algorithms import methods
 
-  if c.method in SEQUENTIAL_METHODS:
+  # The sequential family's methods need settings of their own (paper 004's: SGD, ExDir
+  # partitions), which experiments/sequential.py has.
+  if c.method in methods(("sequential",)):
     raise ValueError(
       f"{c.method} is sequential FL and does not learn under this entry point's parallel-FL "
       'presets (docs/sfedkd.md, "Entry points"); run it with experiments/sequential.py, e.g. '
