@@ -7,7 +7,7 @@ Each method runs as its own process, exactly as a user types it (interpreter sta
 loading, compilation and the two smoke rounds all count), with CIFAR-10 from ``../shared/data``
 (``--data_dir``) and, for the distillation methods, the CIFAR-100 public subset
 (``public_20k.npz``; the smoke preset uses 1000 of its examples). The README promises under a
-minute on 2 CPU cores (issue 13); this script is how that claim is measured. Report the machine's
+minute on 2 CPU cores; this script is how that claim is measured. Report the machine's
 load (``uptime``) with the numbers: the timings scale with it.
 """
 

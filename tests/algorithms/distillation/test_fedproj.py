@@ -103,7 +103,8 @@ def test_memory_kl_matches_numpy():
   np.testing.assert_allclose(
     fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t), tempered, rtol=1e-5
   )
-  # The distillation convention (this library's default before issue 16): T²·KL at T.
+  # The distillation convention (this library's default before it followed the papers' plain
+  # KL): T²·KL at T.
   np.testing.assert_allclose(
     fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t, True),
     t * t * tempered,
