@@ -34,13 +34,17 @@ HUB_FILES = ["config.json", "*.safetensors", "pytorch_model.bin", "tokenizer.jso
 HUB_FILES += ["tokenizer_config.json", "special_tokens_map.json"]
 
 
+class CheckpointUnavailableError(FileNotFoundError):
+  """A hub checkpoint that could not be downloaded (offline, unknown or gated id)."""
+
+
 def resolve_checkpoint(checkpoint: str | pathlib.Path) -> pathlib.Path:
   """A local checkpoint folder: ``checkpoint`` itself, or the hub snapshot of a model id.
 
   Raises:
     FileNotFoundError: a path that does not exist, or a folder without ``config.json``.
-    ConnectionError: a model id that cannot be downloaded (offline, unknown id), with how to use a
-      local copy instead.
+    CheckpointUnavailableError: a model id that cannot be downloaded (offline, unknown id), with
+      how to use a local copy instead.
   """
   path = pathlib.Path(checkpoint).expanduser()
   if path.is_dir():
@@ -64,7 +68,7 @@ def resolve_checkpoint(checkpoint: str | pathlib.Path) -> pathlib.Path:
   try:
     return pathlib.Path(huggingface_hub.snapshot_download(name, allow_patterns=HUB_FILES))
   except Exception as e:  # noqa: BLE001  (offline, unknown id, gated repo: all mean "not here")
-    raise ConnectionError(
+    raise CheckpointUnavailableError(
       f"could not download checkpoint {name!r} from the Hugging Face hub ({type(e).__name__}: "
       f"{str(e).strip()[:300]}). Offline, download it elsewhere (huggingface-cli download {name}) "
       "and pass the folder instead."

@@ -196,7 +196,7 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch):
     raise OSError("no network")
 
   monkeypatch.setattr(hub, "snapshot_download", offline)
-  with pytest.raises(ConnectionError, match="huggingface-cli download org/model"):
+  with pytest.raises(hc.CheckpointUnavailableError, match="huggingface-cli download org/model"):
     hc.resolve_checkpoint("org/model")
 
 
