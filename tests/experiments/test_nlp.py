@@ -92,3 +92,25 @@ def test_presets_and_flags():
   assert nlp.task_from(["--task=mnli", "--rounds=2"]) == ("mnli", ["--rounds=2"])
   with pytest.raises(SystemExit):
     nlp.task_from(["--task=imdb"])
+
+
+@pytest.mark.parametrize(
+  ("table", "preset", "task"),
+  [("nlp-paper", "paper", "sst2"), ("nlp-fedgkd", "fedgkd_paper", "ag_news")],
+)
+def test_presets_equal_their_tables(table, preset, task):
+  from tests.paper_table import check_table, read_tables  # noqa: PLC0415
+
+  nlp = _nlp()
+  c = nlp.prepare(nlp.get_config(preset, task))
+
+  def resolve(key):
+    head, _, rest = key.partition(".")
+    if head in c.method_defaults and rest:
+      return c.method_defaults[head][rest]
+    value = c
+    for part in key.split("."):
+      value = value[part]
+    return value
+
+  assert check_table(read_tables()[table], resolve) >= 12
