@@ -35,14 +35,15 @@ def test_smoke_budget_runs_through_the_runner(tmp_path, monkeypatch):
   monkeypatch.setattr(text, "network_available", lambda: True)  # the mock serves downloads
   monkeypatch.setenv("FEDJAX_PROJ_CACHE", str(tmp_path / "cache"))
   claim = claims.get_claim("fedproj-sst2-dir0.5")
-  config = run.resolve_config(claim, "smoke", "fedproj", seed=0)
+  # FedAvg: the runner's text path is under test (FedProj's round: tests/experiments/test_nlp.py)
+  config = run.resolve_config(claim, "smoke", "fedavg", seed=0)
   config.update(num_clients=2, clients_per_round=2, rounds=1, max_len=16, public_size=40,
                 memory_size=32, partition="iid")  # fmt: skip
   with tfds.testing.mock_data(num_examples=40):
     result = run.run_one(
-      claim, "smoke", "fedproj", 0, results=tmp_path, data_root=tmp_path, config=config,
+      claim, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path, config=config,
       log=lambda *a, **k: None,
     )  # fmt: skip
   assert 0.0 <= result["metrics"]["test_accuracy"] <= 100.0 and len(result["curve"]) == 1
-  saved = json.loads(run.result_path(tmp_path, claim.name, "smoke", "fedproj", 0).read_text())
+  saved = json.loads(run.result_path(tmp_path, claim.name, "smoke", "fedavg", 0).read_text())
   assert saved["config"]["dataset"] == "sst2"
