@@ -26,6 +26,8 @@ d. ``accuracy``: CIFAR-10 Dirichlet 0.3, FedAvg vs FedProj with the paper preset
    ``--accuracy_state`` resumes both. Curves (test accuracy per round) go to the JSON and table.
 e. ``gpse_cost``: FOT's GPSE round vs one local epoch for the PMNIST MLP (benchmarks/gpse_cost.py;
    paper 003, Table 4: 0.3-2.3x).
+f. ``nlp_round``: one FedAvg round of 5 TinyBERT 4L-312 clients at 128 tokens, whole cohort and
+   chunks of 1 (benchmarks/nlp_memory.py): round time, peak device memory.
 
 Data: ``--data`` (default ``.device_data/device_data.npz``) is unpacked into the layout of
 ../shared/data under ``--work_dir`` and exported as ``$FEDJAX_PROJ_SHARED_DATA``, so every
@@ -54,7 +56,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
   sys.path.insert(0, str(REPO))
 
-STEPS = ("correctness", "throughput", "fedproj_overhead", "accuracy", "gpse_cost")
+STEPS = ("correctness", "throughput", "fedproj_overhead", "accuracy", "gpse_cost", "nlp_round")
 SCHEMA_VERSION = 1
 # Full-size budgets (seconds): 20 minutes in all on one H100, compilation included.
 BUDGETS = {
@@ -63,6 +65,7 @@ BUDGETS = {
   "fedproj_overhead": 120,
   "accuracy": 360,
   "gpse_cost": 90,
+  "nlp_round": 120,
 }
 
 
@@ -432,6 +435,20 @@ def step_gpse_cost(cfg, x, y, public, results: dict) -> bool:
   return True
 
 
+def step_nlp_round(cfg, x, y, public, results: dict) -> bool:
+  """One FedAvg round of TinyBERT 4L-312 clients (random init, 128 tokens), whole cohort vs
+  chunks (benchmarks/nlp_memory.py; docs/nlp.md, "Memory"): round time and peak device memory."""
+  import nlp_memory
+
+  rows = []
+  for chunk in ("none", "1"):
+    row = nlp_memory.one(chunk, cfg.nlp_clients, 2, 8, cfg.nlp_seq_len, size=cfg.nlp_size)
+    row["peak_device_bytes"] = peak_device_bytes()  # cumulative over the process: "at most"
+    rows.append(row)
+  results["rows"] = rows
+  return True
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
@@ -539,6 +556,9 @@ def suite_config(args) -> argparse.Namespace:
       else []
     ),
     gpse_clients=2 if tiny else 64,
+    nlp_size="tiny" if tiny else "tinybert_4l_312",
+    nlp_clients=2 if tiny else 5,
+    nlp_seq_len=16 if tiny else 128,
     gpse_num_clients=4 if tiny else 125,
   )
 
@@ -589,6 +609,7 @@ def main(argv=None) -> int:
     "fedproj_overhead": step_fedproj_overhead,
     "accuracy": lambda c, *a: step_accuracy(c, *a, budget=budget, data=data),
     "gpse_cost": step_gpse_cost,
+    "nlp_round": step_nlp_round,
   }
   for name in STEPS:
     budget = getattr(args, f"budget_{name}")

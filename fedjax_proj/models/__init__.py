@@ -8,7 +8,8 @@ Learning of Deep Networks from Decentralized Data", AISTATS 2017), ``resnet8`` (
 al., "Gradient Projection Memory for Continual Learning", ICLR 2021, as used by FOT). ``multi_head``
 adds one linear head per task; every backbone factory takes ``projection_dim`` for MOON's
 projection head; ``alexnet8`` and ``lenet5`` are SFedKD's CIFAR-10 and Fashion-MNIST networks
-(papers/004; docs/sfedkd.md); conv models take ``conv_impl`` (see :mod:`fedjax_proj.models.conv`).
+(papers/004; docs/sfedkd.md); ``bert`` is a BERT-family text encoder (docs/nlp.md); conv
+models take ``conv_impl`` (see :mod:`fedjax_proj.models.conv`).
 
 Example::
 
@@ -20,6 +21,7 @@ Example::
 from fedjax_proj.models.alexnet import alexnet
 from fedjax_proj.models.alexnet8 import alexnet8
 from fedjax_proj.models.base import count_params, from_flax
+from fedjax_proj.models.bert import bert
 from fedjax_proj.models.cnn import cnn
 from fedjax_proj.models.conv import CONV_IMPLS, Conv, conv2d
 from fedjax_proj.models.lenet import lenet5
@@ -34,6 +36,7 @@ __all__ = [
   "Conv",
   "alexnet",
   "alexnet8",
+  "bert",
   "cnn",
   "conv2d",
   "count_params",

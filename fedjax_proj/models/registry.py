@@ -5,7 +5,8 @@ The registered architectures and their sources are documented in their modules: 
 (FedProj's network, paper 001 Table 5), ``resnet18``
 (He et al., CVPR 2016), ``alexnet`` (GPM, Saha et al., ICLR 2021; FOT, Bakman et al., ICLR 2024)
 and SFedKD's networks ``alexnet8`` (Krizhevsky et al., NeurIPS 2012) and ``lenet5`` (LeCun et
-al., 1998).
+al., 1998), and the text encoder ``bert`` (TinyBERT/DistilBERT shapes or a Hugging Face
+checkpoint; docs/nlp.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import flax.linen as nn
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.alexnet import AlexNet, alexnet
 from fedjax_proj.models.alexnet8 import AlexNet8, alexnet8
+from fedjax_proj.models.bert import bert, bert_module
 from fedjax_proj.models.cnn import CNN, cnn
 from fedjax_proj.models.lenet import LeNet5, lenet5
 from fedjax_proj.models.mlp import MLP, mlp
@@ -39,6 +41,7 @@ MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
   "alexnet": alexnet,
   "alexnet8": alexnet8,
   "lenet5": lenet5,
+  "bert": bert,
 }
 
 # Same names, but building bare linen modules; ``num_classes=None`` gives a backbone without a
@@ -52,6 +55,7 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
   "alexnet": AlexNet,
   "alexnet8": AlexNet8,
   "lenet5": LeNet5,
+  "bert": bert_module,
 }
 
 MODELS: tuple[str, ...] = tuple(MODEL_FACTORIES)
@@ -62,7 +66,7 @@ def get_model(name: str, num_classes: int, **kwargs: Any) -> Model:
 
   Args:
     name: one of :data:`MODELS` ("mlp", "cnn", "resnet8", "resnet10", "resnet18", "alexnet",
-      "alexnet8", "lenet5").
+      "alexnet8", "lenet5", "bert").
     num_classes: output width.
     **kwargs: the factory's options (e.g. ``norm``, ``projection_dim``, ``conv_impl``).
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-KINDS = ("image", "continual", "pilot")
+KINDS = ("image", "continual", "pilot", "nlp")
 BUDGETS = ("smoke", "cpu", "paper")
 # Metrics where lower is better (FOT's forgetting); every other metric is higher-is-better.
 LOWER_IS_BETTER = frozenset({"fgt"})
@@ -68,7 +68,8 @@ class Claim(NamedTuple):
     reference: paper, table/figure.
     entry: the entry point, relative to the repository root (``experiments/*.py``).
     kind: ``image`` (training.experiment.run_experiment, also the sequential methods),
-      ``continual`` (experiments/pmnist.py) or ``pilot`` (experiments/pilot_iris.py).
+      ``continual`` (experiments/pmnist.py), ``pilot`` (experiments/pilot_iris.py) or ``nlp``
+      (experiments/nlp.py: the image runner after the entry point's ``prepare``).
     methods: the methods compared (registry names).
     headline: the paper's method; the report pairs it against every other method.
     metrics: the reported metrics; the first is the headline metric.
@@ -487,8 +488,109 @@ PILOT = Claim(
   },
 )
 
+
+# --- NLP: FedProj (paper 001, Table 2) and FedGKD on AG News (paper 002) ----------------------
+
+NLP_FEDPROJ_METHODS = ("fedavg", "feddf", "fedet", "fedproj")
+# 001 Table 2 (mean over three seeds): task -> beta -> method -> accuracy.
+TABLE2 = {
+  "mnli": {
+    "0.3": {"fedavg": 35.67, "feddf": 36.65, "fedet": 36.10, "fedproj": 44.38},
+    "0.5": {"fedavg": 41.91, "feddf": 41.07, "fedet": 36.50, "fedproj": 45.13},
+  },
+  "sst2": {
+    "0.3": {"fedavg": 56.96, "feddf": 51.43, "fedet": 54.96, "fedproj": 64.80},
+    "0.5": {"fedavg": 55.08, "feddf": 54.45, "fedet": 56.36, "fedproj": 65.98},
+  },
+  "marc": {
+    "0.3": {"fedavg": 37.21, "feddf": 40.74, "fedet": 37.02, "fedproj": 45.15},
+    "0.5": {"fedavg": 40.86, "feddf": 38.40, "fedet": 40.05, "fedproj": 46.52},
+  },
+}
+NLP_PUBLIC = {"mnli": "snli", "sst2": "sentiment140", "marc": "yelp"}
+# A random-init tiny encoder on 800 examples: wiring only (every field it depends on pinned here).
+NLP_SMOKE = dict(
+  checkpoint="", bert_size="tiny", max_len=64, optimizer="adam", lr=1e-3, batch_size=32,
+  num_clients=10, clients_per_round=3, rounds=2, local_epochs=1, train_subset=800,
+  test_subset=400, public_size=512, memory_size=256, eval_every=1,
+)  # fmt: skip
+NLP_SMOKE_KW = {
+  m: {"method_kwargs": {**DISTILL, "distill_lr": 1e-3, "distill_batch_size": 128}}
+  for m in ("feddf", "fedet", "fedproj")
+}
+NLP_SMOKE_KW["fedproj"]["method_kwargs"]["memory_batch_size"] = 64
+
+
+def _fedproj_nlp(task: str, beta: str) -> Claim:
+  marc_dir = {"data_dir": "{data}/marc"} if task == "marc" else {}
+  return Claim(
+    name=f"fedproj-{task}-dir{beta}",
+    reference=f"001 Table 2, {task.upper()} with {NLP_PUBLIC[task]} as public set, Dir({beta})",
+    entry="experiments/nlp.py",
+    kind="nlp",
+    methods=NLP_FEDPROJ_METHODS,
+    headline="fedproj",
+    metrics=("test_accuracy",),
+    paper={m: {"test_accuracy": v} for m, v in TABLE2[task][beta].items()},
+    # "FedProj consistently outperforms existing baselines" (001 Sec. 6.2).
+    orderings=_beats("fedproj", ("fedavg", "feddf", "fedet")),
+    budgets={
+      # 001 Sec. 6.1 is the preset (experiments/nlp.py, docs/nlp.md "Presets"); only beta varies.
+      "paper": Budget({"partition": f"dirichlet:{beta}", **marc_dir}),
+      "smoke": Budget(
+        {**NLP_SMOKE, "partition": f"dirichlet:{beta}", **marc_dir}, NLP_SMOKE_KW, "wiring only"
+      ),
+    },
+    entry_kwargs={"task": task},
+  )
+
+
+NLP_FEDPROJ = tuple(_fedproj_nlp(t, b) for t in TABLE2 for b in ("0.3", "0.5"))
+FEDGKD_AGNEWS = Claim(
+  name="fedgkd-agnews",
+  reference="002 NLP table (DistilBERT, 4 participants a round, 10 rounds), AG News alpha=0.1",
+  entry="experiments/nlp.py",
+  kind="nlp",
+  methods=("fedavg", "fedgkd"),
+  headline="fedgkd",
+  metrics=("test_accuracy",),
+  paper={"fedavg": {"test_accuracy": 89.19}, "fedgkd": {"test_accuracy": 89.60}},
+  orderings=(Ordering("fedgkd", "fedavg", "test_accuracy"),),
+  budgets={
+    # The fedgkd_paper preset's fields (002 Sec. 5), pinned.
+    "paper": Budget(
+      dict(
+        checkpoint="distilbert-base-uncased",
+        bert_size="distilbert",
+        num_clients=20,
+        clients_per_round=4,
+        rounds=10,
+        local_epochs=1,
+        optimizer="adam",
+        lr=1e-5,
+        weight_decay=0.0,
+        batch_size=64,
+        partition="dirichlet:0.1",
+        train_subset=60_000,
+        public_data="",
+        public_size=0,
+        method_kwargs={"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
+      ),  # fmt: skip
+      {"fedavg": {"method_kwargs": {}}},
+    ),
+    "smoke": Budget(
+      {**NLP_SMOKE, "partition": "dirichlet:0.1", "public_data": "", "public_size": 0},
+      note="wiring only",
+    ),
+  },
+  entry_kwargs={"task": "ag_news"},
+)
+
 CLAIMS: dict[str, Claim] = {
-  c.name: c for c in (FEDPROJ_DIR03, FEDPROJ_DIR05, PILOT, FOT_NONIID, FOT_IID, SFEDKD, FEDGKD)
+  c.name: c
+  for c in (FEDPROJ_DIR03, FEDPROJ_DIR05, PILOT, FOT_NONIID, FOT_IID, SFEDKD, FEDGKD)
+  + NLP_FEDPROJ
+  + (FEDGKD_AGNEWS,)
 }
 
 

@@ -219,7 +219,20 @@ def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   return metrics, curve
 
 
-RUNNERS = {"image": _run_image, "continual": _run_continual, "pilot": _run_pilot}
+def _run_nlp(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
+  """The image runner after experiments/nlp.py's ``prepare`` (text flags -> model_kwargs, text)."""
+  import ml_collections
+
+  c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
+  return _run_image(claim, load_entry(claim).prepare(c).to_dict(), work, log)
+
+
+RUNNERS = {
+  "image": _run_image,
+  "continual": _run_continual,
+  "pilot": _run_pilot,
+  "nlp": _run_nlp,
+}
 
 
 def run_one(

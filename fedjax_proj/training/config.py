@@ -16,6 +16,7 @@ from fedjax_proj.algorithms import registry
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.data.partition import parse_partition
 from fedjax_proj.data.sources import KNOWN_NUM_CLASSES, canonical_name, looks_like_path
+from fedjax_proj.data.sources.text import TEXT_DATASETS
 from fedjax_proj.training.optimizers import (
   LR_SCHEDULES,
   OPTIMIZERS,
@@ -187,6 +188,8 @@ def no_validation_fix(method: str) -> str:
 def _validate_dataset_name(name: str) -> None:
   """A dataset is a known name (checked against its data later) or a path to the data itself."""
   if looks_like_path(name) or canonical_name(name) in KNOWN_NUM_CLASSES:
+    return
+  if name in TEXT_DATASETS:  # text runs (docs/nlp.md)
     return
   raise ValueError(
     f"Unknown --dataset {name!r}; known names: {', '.join(sorted(KNOWN_NUM_CLASSES))}. For other "

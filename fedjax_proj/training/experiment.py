@@ -47,6 +47,7 @@ from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
 from fedjax_proj.training.placement import build_round, client_mesh_for, placed_round
 from fedjax_proj.training.processes import init_processes
+from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
 
 
 def default_output_dir(method: str) -> str:
@@ -97,8 +98,11 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
 def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   """The body of :func:`run_experiment` once the output directory is held."""
   data_dir = c.data_dir or None
-  train_ds = load_dataset(c.dataset, "train", data_dir)
-  test_ds = load_dataset(c.dataset, "test", data_dir)
+  text_run = is_text_run(c)
+  # Text runs tokenise their splits (docs/nlp.md); the arrays they give are used as images are.
+  load = text_loader(c) if text_run else load_dataset
+  train_ds = load(c.dataset, "train", data_dir)
+  test_ds = load(c.dataset, "test", data_dir)
   where = f"--data_dir={c.data_dir}" if c.data_dir else "the default source"
   check_dataset(train_ds, c.dataset, where)
   check_dataset(test_ds, c.dataset, where)
@@ -106,7 +110,9 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   test_x, test_y = subset(test_ds, c.test_subset, c.seed + 1)
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
-  round_inputs, public_size = public_inputs(c, train_x, train_ds.num_classes, train_ds.name)
+  round_inputs, public_size = public_inputs(
+    c, train_x, train_ds.num_classes, train_ds.name, load=load
+  )
   # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.
   hparams = resolved_hparams(c)
   validation_size = 0
@@ -128,7 +134,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   variables = model.init(jax.random.key(c.seed), sample)
-  normalize = pipeline.normalizer_for(c.dataset, train_x)
+  normalize = token_ids if text_run else pipeline.normalizer_for(c.dataset, train_x)
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
 
   ctx = registry.BuildContext(

@@ -66,9 +66,10 @@ def same_label_space(public_name: str, private_name: str) -> bool:
 
 
 def public_inputs(
-  c, train_x: np.ndarray, num_classes: int, private_name: str = ""
+  c, train_x: np.ndarray, num_classes: int, private_name: str = "", load=load_dataset
 ) -> tuple[dict, int]:
-  """Loads the public set for methods that need one; validates it before any compute."""
+  """Loads the public set for methods that need one (with ``load``, ``load_dataset``'s
+  signature: text runs tokenise it); validates it before any compute."""
   if not c.public_data:
     if registry.needs_public(c.method):
       raise ValueError(
@@ -76,7 +77,7 @@ def public_inputs(
         "--public_data=../shared/data/cifar100/public_20k.npz"
       )
     return {}, 0
-  public = load_dataset(c.public_data, "train")
+  public = load(c.public_data, "train")
   images, labels = subset(public, c.public_size, c.seed + 2)
   if images.shape[1:] != train_x.shape[1:] or images.dtype != train_x.dtype:
     raise ValueError(

@@ -195,6 +195,8 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
     names = tar.getnames()
   assert any(n.startswith("accuracy/fedproj/checkpoints") for n in names)
   assert report["steps"]["gpse_cost"]["result"]["ratio_populated"] > 0
+  nlp = report["steps"]["nlp_round"]["result"]["rows"]
+  assert [r["client_chunk"] for r in nlp] == ["none", "1"] and all(r["train_loss"] > 0 for r in nlp)
   table = (out / "suite.md").read_text()
   assert "TINY CPU SMOKE RUN" in table and "| correctness | ok |" in table
 

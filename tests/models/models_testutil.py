@@ -20,6 +20,7 @@ INPUT_SHAPES = {
   "alexnet": (32, 32, 3),
   "alexnet8": (32, 32, 3),
   "lenet5": (28, 28, 1),
+  "bert": (2, 12),  # token ids and token types of 12 tokens
 }
 FEATURE_DIMS = {
   "mlp": 200,
@@ -30,7 +31,11 @@ FEATURE_DIMS = {
   "alexnet": 2048,
   "alexnet8": 4096,
   "lenet5": 84,
+  "bert": 32,
 }
+# Options of the test instance (the registered default of "bert" is the 14.5M-parameter TinyBERT).
+TEST_KWARGS = {"bert": {"size": "tiny"}}
+TEXT_MODELS = ("bert",)
 NUM_CLASSES = 7
 BATCH = 3
 
@@ -46,8 +51,12 @@ def key(seed):
 
 
 def sample_x(name, batch=BATCH, seed=0):
-  """Standard-normal inputs of the architecture's test shape."""
+  """Standard-normal inputs of the architecture's test shape (token ids for text models)."""
   rng = np.random.default_rng(seed)
+  if name in TEXT_MODELS:
+    ids = rng.integers(1, 1000, (batch, *INPUT_SHAPES[name]))
+    ids[:, 1] = ids[:, 1] % 2  # token types
+    return jnp.asarray(ids, jnp.int32)
   return jnp.asarray(rng.standard_normal((batch, *INPUT_SHAPES[name])), jnp.float32)
 
 
@@ -64,7 +73,7 @@ class Built(NamedTuple):
 @functools.cache
 def built(name, **kwargs):
   """The :class:`Built` bundle for a registered model, built once per option set per session."""
-  model = get_model(name, NUM_CLASSES, **kwargs)
+  model = get_model(name, NUM_CLASSES, **{**TEST_KWARGS.get(name, {}), **kwargs})
   x = sample_x(name)
   return Built(
     model,

@@ -20,6 +20,7 @@ def test_models_tuple():
     "alexnet",
     "alexnet8",
     "lenet5",
+    "bert",
   )
 
 

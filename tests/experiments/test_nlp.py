@@ -1,0 +1,116 @@
+"""experiments/nlp.py end to end on a tiny text task whose answer is in the words: FedAvg and
+FedProj (with an unlabelled public file) learn it with a random-init encoder, on CPU."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers", reason="text runs need the tokenizers library (nlp extra)")
+
+from fedjax_proj.training.experiment import run_experiment  # noqa: E402
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+POSITIVE = ["good", "great", "lovely", "superb"]
+NEGATIVE = ["bad", "awful", "boring", "poor"]
+FILLER = ["the", "movie", "film", "was", "plot", "acting", "we", "saw", "it", "really", "quite"]
+
+
+def _nlp():
+  sys.path.insert(0, str(EXPERIMENTS))
+  spec = importlib.util.spec_from_file_location("nlp_entry", EXPERIMENTS / "nlp.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _sentences(n, rng, labelled=True):
+  rows = []
+  for label in rng.integers(0, 2, n):
+    words = list(rng.choice(FILLER, 5)) + [rng.choice(POSITIVE if label else NEGATIVE)]
+    rng.shuffle(words)
+    rows.append({"sentence": " ".join(words), "label": int(label)} if labelled else
+                {"text": " ".join(words)})  # fmt: skip
+  return rows
+
+
+def _write(path, rows):
+  with path.open("w", newline="") as f:
+    writer = csv.DictWriter(f, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  root = tmp_path_factory.mktemp("sst2_words")
+  rng = np.random.default_rng(0)
+  _write(root / "train.csv", _sentences(400, rng))
+  _write(root / "test.csv", _sentences(200, rng))
+  _write(root / "public.csv", _sentences(200, rng, labelled=False))
+  return root
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedproj"])
+def test_smoke_run_learns_the_words(method, task, tmp_path):
+  nlp = _nlp()
+  c = nlp.get_config("smoke", "sst2")
+  c.method = method
+  c.data_dir = str(task)
+  c.public_data = str(task / "public.csv")
+  c.num_clients, c.clients_per_round, c.rounds, c.local_epochs = 4, 4, 5, 3
+  c.lr = 3e-3
+  c.train_subset = c.test_subset = 0
+  c.max_len, c.batch_size = 12, 16
+  c.public_size, c.memory_size = 200, 128
+  c.output_dir, c.progress = str(tmp_path / "run"), False
+  c = nlp.prepare(c)
+  c.text.cache_dir = str(tmp_path / "cache")
+  summary = run_experiment(c, log=lambda *a, **k: None)
+  print(f"{method}: final test accuracy {summary['final_test_accuracy']:.3f}")
+  assert summary["final_test_accuracy"] > 0.8  # chance is 0.5
+
+
+def test_presets_and_flags():
+  nlp = _nlp()
+  paper = nlp.get_config("paper", "mnli")
+  assert (paper.dataset, paper.public_data, paper.num_clients, paper.rounds) == (
+    "mnli", "snli", 15, 15,
+  )  # fmt: skip
+  assert paper.method_defaults.fedproj.distill_temperature == 3.0 and paper.lr == 3e-5
+  gkd = nlp.get_config("fedgkd_paper", "ag_news")
+  assert (gkd.num_clients, gkd.clients_per_round, gkd.rounds, gkd.bert_size) == (
+    20, 4, 10, "distilbert",
+  )  # fmt: skip
+  with pytest.raises(ValueError, match="MARC is not distributed by TFDS"):
+    nlp.prepare(nlp.get_config("paper", "marc"))
+  assert nlp.task_from(["--task=mnli", "--rounds=2"]) == ("mnli", ["--rounds=2"])
+  with pytest.raises(SystemExit):
+    nlp.task_from(["--task=imdb"])
+
+
+@pytest.mark.parametrize(
+  ("table", "preset", "task"),
+  [("nlp-paper", "paper", "sst2"), ("nlp-fedgkd", "fedgkd_paper", "ag_news")],
+)
+def test_presets_equal_their_tables(table, preset, task):
+  from tests.paper_table import check_table, read_tables  # noqa: PLC0415
+
+  nlp = _nlp()
+  c = nlp.prepare(nlp.get_config(preset, task))
+
+  def resolve(key):
+    head, _, rest = key.partition(".")
+    if head in c.method_defaults and rest:
+      return c.method_defaults[head][rest]
+    value = c
+    for part in key.split("."):
+      value = value[part]
+    return value
+
+  assert check_table(read_tables()[table], resolve) >= 12
