@@ -259,8 +259,12 @@ def resume_command(argv, output_dir: str) -> str:
 
 def on_disk(output_dir: str, argv) -> str:
   """What an aborted run left in ``output_dir``, and how to go on from it."""
+  from pathlib import Path
+
   from fedjax_proj.training.rundir import checkpoint_rounds
 
+  if not Path(output_dir).exists():
+    return f"nothing was written to {output_dir}; start the run again."
   rounds = checkpoint_rounds(output_dir)
   if rounds:
     return (
@@ -288,7 +292,7 @@ def main(
   """
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
-  from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
+  from fedjax_proj.training.loop import AbortedBySignal, NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices, presets)
   if prepare is not None:
@@ -306,8 +310,10 @@ def main(
     if e.saved:
       print(f"resume with: {resume_command(argv, config.output_dir)}", file=sys.stderr)
     return 128 + e.signum
-  except KeyboardInterrupt:
-    print(f"aborted by a second interrupt; {on_disk(config.output_dir, argv)}", file=sys.stderr)
+  except KeyboardInterrupt as e:
+    # A second signal during the rounds (AbortedBySignal), or the only one before round 1.
+    when = "by a second interrupt" if isinstance(e, AbortedBySignal) else "before round 1"
+    print(f"aborted {when}; {on_disk(config.output_dir, argv)}", file=sys.stderr)
     return 128 + signal.SIGINT
   except (FileNotFoundError, ValueError, CheckpointError, NonFiniteError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -169,6 +169,8 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   if c.clients_per_round * c.rounds * fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
     "resume", False
   ):
+    # Compiling and timing a large model's step is silent for up to minutes on a CPU: say so.
+    log("timing one local step for the time estimate (compiles the client step first) ...")
     step_seconds = time_client_step(
       algorithm,
       batch_fn,

@@ -66,8 +66,20 @@ class TrainingInterrupted(Exception):
     self.saved = saved
 
 
+class AbortedBySignal(KeyboardInterrupt):
+  """A second SIGINT/SIGTERM during the rounds: the run stops at once, without saving.
+
+  A KeyboardInterrupt that is not this one arrived outside the rounds (e.g. during start-up).
+  """
+
+
 class _StopOnSignal:
-  """Turns the first SIGINT/SIGTERM into a flag checked between rounds; a second one aborts."""
+  """Turns the first SIGINT/SIGTERM into a flag checked between rounds; a second one aborts.
+
+  Python runs a signal handler between bytecodes, so signals that arrive while the main thread is
+  inside one compiled computation reach it once: a quick double Ctrl-C then counts as one (the
+  round finishes and is saved) and a later one aborts.
+  """
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -94,7 +106,7 @@ class _StopOnSignal:
   def _handle(self, signum, frame):
     del frame
     if self.signum is not None:
-      raise KeyboardInterrupt(f"second signal {signum}: aborting without saving")
+      raise AbortedBySignal(f"second signal {signum}: aborting without saving")
     self.signum = signum
     if self.announce:
       # os.write: print() is not safe inside a signal handler that interrupted another print.
