@@ -39,7 +39,7 @@ import numpy as np
 
 import fedjax_proj
 from fedjax_proj.core import distributed
-from fedjax_proj.training.metrics import to_python
+from fedjax_proj.training.metrics import read_metrics_lines, to_python
 
 MANIFEST = "fedjax_manifest.json"
 # Config fields that do not change what is computed: excluded from the fingerprint, so e.g. a run
@@ -308,20 +308,26 @@ class Checkpointer:
 EVAL_FIELDS = ("test_accuracy", "test_loss")
 
 
-def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> None:
+def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> str:
   """Keeps the lines of ``metrics.jsonl`` up to round ``last_round`` byte for byte (atomically).
 
   With ``drop_eval_of`` the line of ``last_round`` loses its evaluation fields (a run extended
   past its former last round would not have evaluated there); the other lines stay byte for byte.
+  A torn last line (a crash or a full disk while it was written) is dropped like the other lines
+  after the checkpoint.
+
+  Returns:
+    The torn last line that was dropped ('' if none), for the caller to report.
+
+  Raises:
+    ValueError: a line before the last is unreadable (:func:`read_metrics_lines`).
   """
   path = Path(path)
   if not path.exists():
-    return
+    return ""
+  records, torn = read_metrics_lines(path)
   kept = []
-  for line in path.read_text().splitlines(keepends=True):
-    if not line.strip():
-      continue
-    record = json.loads(line)
+  for record, line in records:
     if record.get("round", 0) > last_round:
       continue
     if drop_eval_of and record.get("round") == last_round and any(k in record for k in EVAL_FIELDS):
@@ -330,6 +336,7 @@ def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: boo
       )
     kept.append(line)
   _atomic_write(path, "".join(kept))
+  return torn
 
 
 def comparable_metrics(path: str | os.PathLike) -> str:

@@ -277,7 +277,15 @@ def train(
       # An extended run's former last round was evaluated only because it was last: drop that
       # evaluation when off the eval_every grid, as a run started at ``rounds`` has none there.
       stale_eval = start_round < rounds and start_round % eval_every != 0
-      truncate_metrics(Path(output_dir) / "metrics.jsonl", start_round, drop_eval_of=stale_eval)
+      metrics_path = Path(output_dir) / "metrics.jsonl"
+      torn = truncate_metrics(metrics_path, start_round, drop_eval_of=stale_eval)
+      if torn:
+        print(
+          f"{metrics_path}: dropped its torn last line ({len(torn)} bytes, {torn[:40]!r}...), "
+          f"cut short by the crash or full disk that ended the last session; the rounds after "
+          f"the checkpoint of round {start_round} are run again",
+          file=sys.stderr,
+        )
     writer = MetricsWriter(output_dir, truncate=not start_round)
   tb = None
   if tensorboard_dir is not None and writes:
