@@ -95,6 +95,7 @@ def main(argv) -> int:
   from fedjax_proj.training.experiment import run_experiment
   from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
   from fedjax_proj.training.metrics import read_metrics
+  from fedjax_proj.training.rundir import describe_os_error
 
   configs = {}
   for method in METHODS:
@@ -104,13 +105,16 @@ def main(argv) -> int:
     if method == "fedproj":
       c.public_data = str(out / PUBLIC_FILE)
     configs[method] = c
-  size = write_public_set(out / PUBLIC_FILE, args.seed)
   try:
+    size = write_public_set(out / PUBLIC_FILE, args.seed)
     for c in configs.values():  # both configs checked before either run starts
       validate_config(c)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except OSError as e:  # e.g. an --output_dir that cannot be created: one line
+    print(f"error: {describe_os_error(e)}", file=sys.stderr)
+    return 1
   print(
     f"quickstart: digits ({PRIVATE_TRAIN} private training images over 10 clients, Dirichlet 0.3; "
     f"{size} unlabelled public images for FedProj), {args.rounds} rounds per method, in {out}"
@@ -123,8 +127,11 @@ def main(argv) -> int:
     except TrainingInterrupted as e:
       print(f"interrupted: {e}", file=sys.stderr)
       return 128 + e.signum
-    except (ValueError, FileNotFoundError, CheckpointError, NonFiniteError) as e:
+    except (ValueError, CheckpointError, NonFiniteError) as e:
       print(f"error: {e}", file=sys.stderr)
+      return 1
+    except OSError as e:  # disk full, name too long, permission...: one line
+      print(f"error: {describe_os_error(e)}", file=sys.stderr)
       return 1
   curves = plot_runs([out / m for m in METHODS], out / "curves.png")
   print("\nsummary (one seed of a toy problem; docs/fedproj.md has the measured comparisons)")

@@ -25,6 +25,7 @@ between an uninterrupted and a resumed (or repeated) run; :func:`comparable_metr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -209,14 +210,21 @@ class Checkpointer:
     }
     if round_idx in manager.all_steps():  # e.g. the final round saved twice; keep the first
       return self.directory / str(round_idx)
-    manager.save(
-      round_idx,
-      args=self._ocp.args.Composite(
-        state=self._ocp.args.StandardSave(_to_storable(state)),
-        meta=self._ocp.args.JsonSave(record),
-      ),
-    )
-    manager.wait_until_finished()
+    storable = _to_storable(state)
+    _check_free_space(self.directory, storable)
+    try:
+      manager.save(
+        round_idx,
+        args=self._ocp.args.Composite(
+          state=self._ocp.args.StandardSave(storable),
+          meta=self._ocp.args.JsonSave(record),
+        ),
+      )
+      manager.wait_until_finished()
+    except ValueError as e:  # tensorstore reports a full disk as a ValueError
+      if "No space left on device" in str(e) or "RESOURCE_EXHAUSTED" in str(e):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.directory)) from e
+      raise
     step_dir = self.directory / str(round_idx)
     if jax.process_index() == 0:  # orbax has committed every process's files by now
       manifest = {"round": int(round_idx), "meta": record, "files": _file_digests(step_dir)}
@@ -306,6 +314,25 @@ class Checkpointer:
 
 
 EVAL_FIELDS = ("test_accuracy", "test_loss")
+
+
+def _check_free_space(directory: Path, tree, slack: float = 1.2) -> None:
+  """Raises ENOSPC before orbax starts a checkpoint that cannot fit on the disk.
+
+  Orbax writes from background threads; a full disk mid-write prints their tracebacks and leaves a
+  temporary directory (ignored on resume). The state's bytes plus 20% for metadata is a close
+  bound of the checkpoint's size.
+  """
+  need = int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)) * slack) + (1 << 16)
+  probe = directory if directory.exists() else directory.parent
+  free = shutil.disk_usage(probe).free
+  if free < need:
+    raise OSError(
+      errno.ENOSPC,
+      f"No space left on device (the checkpoint needs about {need / 2**20:.1f} MiB, "
+      f"{free / 2**20:.1f} MiB are free)",
+      str(directory),
+    )
 
 
 def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> str:

@@ -53,6 +53,21 @@ def default_output_dir(method: str) -> str:
   return str(Path("runs") / f"{method}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+def check_batch_size(batch_size: int, parts, partition_spec: str) -> None:
+  """Refuses a batch larger than every client's data, before the model is built.
+
+  Each step then pads one batch of ``batch_size`` mostly with masked rows: the same updates as a
+  batch of the client's size at many times the memory and time (and out of memory for large ones).
+  """
+  largest = max(len(p) for p in parts)
+  if batch_size > largest:
+    raise ValueError(
+      f"--batch_size={batch_size} exceeds the largest client's data ({largest} examples under "
+      f"--partition={partition_spec} over {len(parts)} clients): every step would pad one batch "
+      f"of {batch_size} mostly with masked rows. Pass --batch_size <= {largest}."
+    )
+
+
 def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   """Runs one federated experiment described by ``c``; returns the summary dict.
 
@@ -105,6 +120,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   train_x, train_y = subset(train_ds, c.train_subset, c.seed)
   test_x, test_y = subset(test_ds, c.test_subset, c.seed + 1)
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
+  check_batch_size(c.batch_size, parts, c.partition)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
   round_inputs, public_size = public_inputs(c, train_x, train_ds.num_classes, train_ds.name)
   # A preset's per-method defaults (e.g. FedProj's paper values), under explicit method_kwargs.

@@ -301,10 +301,14 @@ def train(
     return f"The last good checkpoint (round {steps[-1]}) is kept in {checkpointer.directory}."
 
   start = time.perf_counter()
+  # A progress bar redraws itself with carriage returns: only for a terminal. Into a file or a
+  # pipe (a log), every round gets one plain line instead.
+  interactive = progress and writes and getattr(sys.stderr, "isatty", lambda: False)()
+  plain_progress = progress and writes and not interactive
   bar = tqdm(
     range(start_round, rounds),
     desc=algorithm.name,
-    disable=not progress or not writes,
+    disable=not interactive,
     file=sys.stderr,
     unit="round",
     initial=start_round,
@@ -349,7 +353,14 @@ def train(
             bar.write(
               f"round {r + 1}/{rounds}  test_accuracy={ev['accuracy']:.4f}  "
               f"train_loss={record.get('train_loss') or float('nan'):.4f}"
+              + (f"  ({record['round_seconds']:.1f} s)" if plain_progress else "")
             )
+        elif plain_progress:
+          print(
+            f"round {r + 1}/{rounds}  train_loss={record.get('train_loss') or float('nan'):.4f}  "
+            f"({record['round_seconds']:.1f} s)",
+            flush=True,
+          )
         if writer is not None:
           writer.write(record)
         if tb is not None:

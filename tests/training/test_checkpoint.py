@@ -260,3 +260,17 @@ def test_an_unreadable_line_before_the_last_is_an_error_naming_file_and_line(tmp
   path.write_text('{"round": 1}\n{"round": 2, "tra\n{"round": 3}\n')
   with pytest.raises(ValueError, match=r"metrics.jsonl, line 2, is not a JSON object"):
     ckpt.truncate_metrics(path, 1)
+
+
+def test_progress_into_a_log_writes_one_clean_line_per_round(capfd):
+  """With stdout/stderr not a terminal the progress bar is off: no carriage-return frames, one
+  plain line per round instead."""
+  x, y, fed, alg, round_fn, variables = _setup()
+  train(alg, round_fn, fed, (x, y), None, None, variables, rounds=3, clients_per_round=2, seed=0)
+  out, err = capfd.readouterr()
+  assert "\r" not in out + err and "round/s" not in out + err
+  assert [line.split("  ")[0] for line in out.splitlines()] == [
+    "round 1/3",
+    "round 2/3",
+    "round 3/3",
+  ]
