@@ -342,7 +342,7 @@ def check_hparams(
         f"{flag} {key}",
         value,
         hparam_range(name, key),
-        f"({name}'s default: {declared[key]!r})",
+        f"{name}'s default is {declared[key]!r}.",
       )
   missing = sorted(k for k, v in declared.items() if v is REQUIRED and k not in given)
   if missing:

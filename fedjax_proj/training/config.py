@@ -111,7 +111,7 @@ FIELD_RANGES: dict[str, ranges.Interval] = {
 }
 # What to suggest next to a field's range error.
 FIELD_FIXES = {
-  "lr": "e.g. --lr=0.001 (Adam) or --lr=0.01 (SGD).",
+  "lr": "Pass e.g. --lr=0.001 (Adam) or --lr=0.01 (SGD).",
   "train_subset": "Pass a number of examples, or 0 for the whole set.",
   "test_subset": "Pass a number of examples, or 0 for the whole set.",
   "public_size": "Pass a number of examples, or 0 for the whole set.",

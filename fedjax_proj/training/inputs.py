@@ -5,6 +5,8 @@ Also checks that data loaded for a known ``--dataset`` name is that dataset.
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import numpy as np
 
@@ -102,10 +104,14 @@ def public_inputs(
   # The docs call the public set unlabelled: an npz without "label" is accepted.
   public = load_dataset(c.public_data, "train", labelled=False)
   if c.public_size > len(public.labels):
-    raise ValueError(
-      f"--public_size={c.public_size} exceeds the public set {c.public_data!r} "
-      f"({len(public.labels)} examples); pass --public_size <= {len(public.labels)}, or 0 for all."
+    # Capped (a preset's public_size may exceed a small set) and recorded as used: the config,
+    # and so summary.json and the checkpoint fingerprint, say what the run read.
+    print(
+      f"note: --public_size={c.public_size} exceeds the public set {c.public_data!r} "
+      f"({len(public.labels)} examples); using all {len(public.labels)}",
+      file=sys.stderr,
     )
+    c.public_size = len(public.labels)
   images, labels = subset(public, c.public_size, c.seed + 2)
   check_not_private(images, train_x, c.public_data)
   if images.shape[1:] != train_x.shape[1:] or images.dtype != train_x.dtype:

@@ -142,7 +142,7 @@ def _digits_config(tmp_path, **fields):
   return c
 
 
-def test_data_dependent_checks_come_before_the_model_is_built(tmp_path, monkeypatch):
+def test_data_dependent_checks_come_before_the_model_is_built(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(experiment, "get_model", lambda *a, **k: pytest.fail("model was built"))
   train = load_sklearn("digits", "train")
   np.savez(tmp_path / "private.npz", image=train.images, label=train.labels)
@@ -153,17 +153,17 @@ def test_data_dependent_checks_come_before_the_model_is_built(tmp_path, monkeypa
       {"method": "feddf", "public_data": str(tmp_path / "private.npz")},
       "examples are in the private training set",
     ),
-    (
-      {"method": "feddf", "public_data": str(tmp_path / "public.npz"), "public_size": 5000},
-      "--public_size=5000 exceeds the public set",
-    ),
   ]:
     with pytest.raises(ValueError, match=message):
       experiment.run_experiment(_digits_config(tmp_path, **fields))
-  # The unlabelled public set itself is accepted (the docs call it unlabelled).
-  c = _digits_config(tmp_path, method="feddf", public_data=str(tmp_path / "public.npz"))
+  # The unlabelled public set is accepted (the docs call it unlabelled); a --public_size above
+  # its size is capped with a note and recorded as used.
+  c = _digits_config(
+    tmp_path, method="feddf", public_data=str(tmp_path / "public.npz"), public_size=5000
+  )
   got, size = inputs.public_inputs(c, train.images, 10, "digits")
-  assert size == 360 and "public_labels" not in got
+  assert size == 360 and c.public_size == 360 and "public_labels" not in got
+  assert "--public_size=5000 exceeds the public set" in capsys.readouterr().err
 
 
 def test_an_os_error_is_one_line_naming_path_cause_and_what_is_on_disk(
