@@ -17,7 +17,8 @@ two recordings compare only when both ran on one core.
 ``summary.json`` record by record with the wall-clock fields dropped (any key ending in
 ``_seconds`` or containing ``wall``; ``summary.json`` also without ``config`` and ``output_dir``,
 which name the directory), and every leaf of ``final_variables.npz`` bit for bit (dtype, shape and
-bytes). Issue 14's "Must show" asks for this check (docs/design.md, "The algorithm contract").
+bytes). It is the check that a refactor left behaviour unchanged (docs/design.md,
+"The algorithm contract").
 """
 
 from __future__ import annotations

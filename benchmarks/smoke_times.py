@@ -7,7 +7,7 @@ Each method runs as its own process, exactly as a user types it (interpreter sta
 loading, compilation and the two smoke rounds all count), with CIFAR-10 from ``../shared/data``
 (``--data_dir``) and, for the distillation methods, the CIFAR-100 public subset
 (``public_20k.npz``; the smoke preset uses 1000 of its examples). The README promises under a
-minute on 2 CPU cores (issue 13); this script is how that claim is measured. Report the machine's
+minute on 2 CPU cores; this script is how that claim is measured. Report the machine's
 load (``uptime``) with the numbers: the timings scale with it.
 """
 
@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fedjax_proj.algorithms import registry  # noqa: E402
-from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS  # noqa: E402
 from fedjax_proj.data.sources import find_shared_data  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,7 +90,7 @@ def main(argv=None) -> int:
     print("skipped: ../shared/data not found (set FEDJAX_PROJ_SHARED_DATA)")
     return 0
   # cifar10.py's methods: the sequential ones run through experiments/sequential.py instead.
-  cifar10_methods = [m for m in registry.methods() if m not in SEQUENTIAL_METHODS]
+  cifar10_methods = list(registry.methods(("fl",)))
   methods = [m for m in args.methods.split(",") if m] or cifar10_methods
   rows = []
   print(f"{'method':<12} {'wall s':>8} {'cpu s':>7} {'<60 s':>6} {'acc':>6}  load(1/5/15) before")

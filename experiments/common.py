@@ -38,9 +38,8 @@ PRESETS = ("paper", "cpu", "smoke")
 def parallel_methods() -> tuple[str, ...]:
   """The registered methods the parallel-FL entry points (cifar10, cifar100, cinic10) run."""
   from fedjax_proj.algorithms import methods
-  from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
 
-  return tuple(m for m in methods() if m not in SEQUENTIAL_METHODS)
+  return methods(("fl",))
 
 
 def refuse_sequential(c: ml_collections.ConfigDict) -> None:
@@ -49,9 +48,11 @@ def refuse_sequential(c: ml_collections.ConfigDict) -> None:
   Under those presets they do not learn (docs/sfedkd.md, "Entry points"); the error names
   experiments/sequential.py, whose presets are their paper's. ``main`` exits 2 with it.
   """
-  from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
+  from fedjax_proj.algorithms import methods
 
-  if c.method in SEQUENTIAL_METHODS:
+  # The sequential family's methods need settings of their own (paper 004's: SGD, ExDir
+  # partitions), which experiments/sequential.py has.
+  if c.method in methods(("sequential",)):
     raise ValueError(
       f"{c.method} is sequential FL and does not learn under this entry point's parallel-FL "
       'presets (docs/sfedkd.md, "Entry points"); run it with experiments/sequential.py, e.g. '
@@ -166,10 +167,12 @@ def _optional_int(text: str):
 
 def _method_type(valid: tuple[str, ...]) -> Callable[[str], str]:
   """argparse type of --method: ``valid``, or a sequential method (refused later with a pointer)."""
-  from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
+  from fedjax_proj.algorithms import methods
+
+  sequential = methods(("sequential",))
 
   def method(text: str) -> str:
-    if text in valid or text in SEQUENTIAL_METHODS:
+    if text in valid or text in sequential:
       return text
     raise argparse.ArgumentTypeError(
       f"invalid choice: {text!r} (choose from {', '.join(map(repr, valid))})"

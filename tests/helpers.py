@@ -109,3 +109,14 @@ class TinyBackbone(nn.Module):
   def __call__(self, x, train, mask=None):
     h = nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1)))
     return None, nn.relu(nn.Dense(16)(h))
+
+
+def dkd_loss(teacher_logits, student_logits, labels, temperature=4.0, mask=None):
+  """DKD's two terms with its T² factor (Zhao et al., 2022): (T²·TCKD, T²·NCKD), batch means over
+  unmasked examples; the single-teacher reference SFedKD's per-example weighting is tested against
+  (docs/methods.md, "SFedKD")."""
+  from fedjax_proj.algorithms import losses
+
+  tckd, nckd = losses.dkd_per_example(teacher_logits, student_logits, labels, temperature)
+  scale = temperature**2
+  return scale * losses.masked_mean(tckd, mask), scale * losses.masked_mean(nckd, mask)

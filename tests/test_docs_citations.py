@@ -1,10 +1,11 @@
-"""Code cites only documents inside the repository (issue 14, item 6).
+"""Code cites only documents inside the repository, and never an issue number, which means
+nothing to a reader of the repository.
 
 Every Python file under fedjax_proj/, experiments/ and benchmarks/ must not cite the old
 out-of-repository references (METHODS.md, DESIGN.md, ../shared/docs, ../shared/papers) or a
 document by an absolute path, and every ``docs/<name>.md`` it cites must exist, with the quoted
 section heading when it names one (``docs/methods.md, "FOT"``; a heading's start is enough, as in
-``docs/fot.md, "Paper settings"`` for "Paper settings (issue 16)").
+``docs/fot.md, "Paper settings"`` for "Paper settings (PMNIST and Split-CIFAR100)").
 
 Paths to the offline DATA folder (``../shared/data``) are not citations: they are where the runners
 look for data, and stay allowed.
@@ -90,3 +91,46 @@ def test_forbidden_pattern_catches(text):
 )
 def test_forbidden_pattern_allows(text):
   assert not FORBIDDEN.search(text)
+
+
+# "issue 13", "Issue 14's", "issues 8 and 9", "(#12)": an issue tracker's numbers, which mean
+# nothing to a reader of the repository. Another project's issue (``jax-ml/jax issue 12868``) is
+# a real reference and stays allowed.
+ISSUE_NUMBER = re.compile(r"(?<!jax )\b[Ii]ssues? #?\d+|\(#\d+\)")
+# A test module cited by path (docs and code point readers at the test that shows a claim).
+TEST_PATH = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+def _text_files() -> list[Path]:
+  files = (
+    _code_files() + sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "docs").glob("*.md"))
+  )
+  return [*files, ROOT / "README.md"]
+
+
+def test_nothing_cites_an_issue_number():
+  bad = {}
+  for f in _text_files():
+    hits = [m.group(0) for m in ISSUE_NUMBER.finditer(f.read_text())]
+    if hits and f != Path(__file__):
+      bad[f.relative_to(ROOT).as_posix()] = hits
+  assert not bad, f"Cite a docs section or a paper instead of an issue number: {bad}"
+
+
+def test_cited_test_files_exist():
+  missing = set()
+  for f in _text_files():
+    for m in TEST_PATH.finditer(f.read_text()):
+      if not (ROOT / m.group(0)).is_file():
+        missing.add(f"{f.relative_to(ROOT)}: {m.group(0)}")
+  assert not missing, "Cited test files that do not exist:\n" + "\n".join(sorted(missing))
+
+
+@pytest.mark.parametrize("text", ["(issue 13)", "Issue 14's must-show", "issues 8", "see (#12)"])
+def test_issue_pattern_catches(text):
+  assert ISSUE_NUMBER.search(text)
+
+
+@pytest.mark.parametrize("text", ["jax-ml/jax issue 12868", "a known issue", "tissue 3"])
+def test_issue_pattern_allows(text):
+  assert not ISSUE_NUMBER.search(text)

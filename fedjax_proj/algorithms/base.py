@@ -20,15 +20,11 @@ from typing import NamedTuple
 
 import jax
 
-from fedjax_proj.algorithms.families import FLFamily, SequentialFamily
+from fedjax_proj.algorithms.families import FLFamily, SequentialFamily, server_variables
+from fedjax_proj.algorithms.sequential.base import make_sequential_round
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, host_form
 from fedjax_proj.core.rounds import AggregateFn, BroadcastFn, drive_round, host_pieces
 from fedjax_proj.core.types import Array, PyTree, RoundData
-
-
-def server_variables(state: PyTree) -> dict:
-  """The default ``global_variables``: the server state's ``variables`` field."""
-  return state.variables
 
 
 class FederatedAlgorithm(NamedTuple):
@@ -70,10 +66,8 @@ def make_round(
   :class:`fedjax_proj.algorithms.sequential.base.SequentialAlgorithm` (the ``"sequential"``
   family, a chain of clients rather than broadcast/aggregate) gets its chain round.
   """
-  from fedjax_proj.algorithms.sequential import base as sequential  # noqa: PLC0415  (builds on this module)
-
-  if isinstance(algorithm, sequential.SequentialAlgorithm):
-    return sequential.make_sequential_round(algorithm, strategy, batch_fn, unroll)
+  if isinstance(algorithm, SequentialFamily):
+    return make_sequential_round(algorithm, strategy, batch_fn, unroll)
   engine = ClientEngine(algorithm.client, batch_fn, strategy, unroll=unroll)
   if engine.traceable:
 

@@ -25,6 +25,11 @@ from fedjax_proj.core.engine import ClientProgram
 from fedjax_proj.core.types import Array, PyTree, RoundData
 
 
+def server_variables(state: PyTree) -> dict:
+  """The default ``global_variables`` of every family: the server state's ``variables`` field."""
+  return state.variables
+
+
 @runtime_checkable
 class RoundAlgorithm(Protocol):
   """What the training loop needs of a one-task method: a name, the server state's ``init``, the

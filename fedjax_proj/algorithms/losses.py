@@ -96,23 +96,6 @@ def dkd_per_example(
   return tckd, nckd
 
 
-def dkd_loss(
-  teacher_logits: Array,
-  student_logits: Array,
-  labels: Array,
-  temperature: float = 4.0,
-  mask: Array | None = None,
-) -> tuple[Array, Array]:
-  """DKD's two terms with its T² factor: (T²·TCKD, T²·NCKD), batch means over unmasked examples.
-
-  The reference form of :func:`dkd_per_example` (Zhao et al., 2022); SFedKD weights per-example
-  terms of several teachers instead (docs/methods.md, "SFedKD").
-  """
-  tckd, nckd = dkd_per_example(teacher_logits, student_logits, labels, temperature)
-  scale = temperature**2
-  return scale * masked_mean(tckd, mask), scale * masked_mean(nckd, mask)
-
-
 def not_true_kl(
   teacher_logits: Array,
   student_logits: Array,

@@ -47,8 +47,6 @@ from jax.sharding import PartitionSpec as P
 from fedjax_proj.core.sharding import CLIENT_AXIS, place_round_data
 from fedjax_proj.core.types import RoundData
 
-_AUTO = "auto"
-
 
 def initialize(
   coordinator_address: str | None,

@@ -3,9 +3,10 @@
 Library code: every input is an explicit argument (no flags). Experiments build these arguments from
 their config (see :mod:`fedjax_proj.training.experiment`).
 
-Robustness (issue 8): with a :class:`~fedjax_proj.training.checkpoint.Checkpointer` the server
-state is saved every ``checkpoint_every`` rounds, after the last round, and when SIGINT/SIGTERM
-arrives (the running round finishes first; a second signal aborts at once). ``resume=True``
+Robustness (README, "Paper presets and run management"): with a
+:class:`~fedjax_proj.training.checkpoint.Checkpointer` the server state is saved every
+``checkpoint_every`` rounds, after the last round, and when SIGINT/SIGTERM arrives (the running
+round finishes first; a second signal aborts at once). ``resume=True``
 continues from the newest valid checkpoint and rewrites ``metrics.jsonl`` after it, so the file
 equals an uninterrupted run's except for the wall-clock fields
 (:data:`~fedjax_proj.training.checkpoint.WALL_CLOCK_FIELDS`). A non-finite training loss or

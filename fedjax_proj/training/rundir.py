@@ -1,6 +1,6 @@
 """The run directory: one run at a time, never lost by a rerun, a typo or a second launch.
 
-What this module guarantees about ``<output_dir>`` (issue 13; README, "Managing runs"):
+What this module guarantees about ``<output_dir>`` (README, "Paper presets and run management"):
 
 * **One writer.** :class:`RunLock` takes an exclusive ``fcntl`` lock (``filelock``) on
   ``<output_dir>/.lock`` for the whole run and records the holder's pid, host and command in

@@ -77,7 +77,7 @@ def test_fedavg_equals_manual_loop(setup):
 
 
 def test_padded_steps_are_noops(setup):
-  """A client whose step axis is padded ends exactly where its unpadded run ends."""
+  """A client whose step axis is padded ends where its unpadded run ends (to round-off)."""
   x, y, model, fd, alg, variables, rd = setup
   key = jax.random.key(3)
   keys = jax.random.split(key, rd.idx.shape[0])
@@ -88,8 +88,12 @@ def test_padded_steps_are_noops(setup):
   out = run(rd.idx, rd.mask)
   pad = lambda a: jnp.concatenate([a, jnp.zeros_like(a[:, :3])], axis=1)
   out_padded = run(pad(rd.idx), pad(rd.mask))
-  np.testing.assert_array_equal(
-    tree_lib.tree_ravel(out["variables"]), tree_lib.tree_ravel(out_padded["variables"])
+  # A longer scan is another compiled program: equal to round-off (the padded steps are masked).
+  np.testing.assert_allclose(
+    tree_lib.tree_ravel(out["variables"]),
+    tree_lib.tree_ravel(out_padded["variables"]),
+    rtol=1e-6,
+    atol=1e-7,
   )
 
 

@@ -23,7 +23,6 @@ import math
 import pytest
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.algorithms.sequential.base import SEQUENTIAL_METHODS
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.data.sources import find_shared_data
 from fedjax_proj.training.config import validate_config
@@ -80,7 +79,7 @@ def test_sfedkd_teachers_are_capped_with_a_note():
 
 @pytest.mark.parametrize("preset", common.PRESETS)
 def test_cifar10_every_method_validates(preset):
-  assert set(cifar10.METHODS) == set(registry.methods()) - set(SEQUENTIAL_METHODS)
+  assert set(cifar10.METHODS) == set(registry.methods()) - set(registry.methods(("sequential",)))
   for method in cifar10.METHODS:
     c = cifar10.get_config(preset)
     c.method = method
@@ -88,12 +87,12 @@ def test_cifar10_every_method_validates(preset):
 
 
 @pytest.mark.parametrize("entry", ["cifar10", "cifar100", "cinic10"])
-@pytest.mark.parametrize("method", SEQUENTIAL_METHODS)
+@pytest.mark.parametrize("method", registry.methods(("sequential",)))
 def test_parallel_entry_points_refuse_sequential_methods(entry, method, capsys):
   """Exit 2 (before any data is read), naming experiments/sequential.py with this dataset."""
   module = cifar10 if entry == "cifar10" else load_experiment(entry)
   choices = {"method": common.parallel_methods()}
-  assert set(choices["method"]) | set(SEQUENTIAL_METHODS) == set(registry.methods())
+  assert set(choices["method"]) | set(registry.methods(("sequential",))) == set(registry.methods())
   code = common.main(
     [f"--method={method}", "--preset=smoke"],
     entry,

@@ -176,7 +176,8 @@ def test_resume_refuses_other_flags_and_a_new_run_replaces_a_finished_one(tmp_pa
   # The same flags resume (nothing left to run) and rewrite the same outputs.
   assert common.main([*flags, out, "--resume", "--progress"], "", entry.get_config, {}) == 0
   assert "resuming from the checkpoint of round 2" in capsys.readouterr().err
-  # Without --resume a finished run is replaced only with --overwrite (issue 13).
+  # Without --resume a finished run is replaced only with --overwrite (README, "Paper presets
+  # and run management").
   new_run = [*flags, out, "--lr=0.1", "--checkpoint_every=0"]
   assert common.main(new_run, "", entry.get_config, {}) == 1
   assert "already holds a finished run" in capsys.readouterr().err

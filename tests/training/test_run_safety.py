@@ -1,4 +1,5 @@
-"""Runs nobody can lose (issue 13): one run per directory, no silent replacement or fresh start,
+"""Runs nobody can lose (README, "Paper presets and run management"):
+one run per directory, no silent replacement or fresh start,
 truthful interrupt messages, every bad input refused before compute with the problem and the fix.
 
 Each test asserts the exit code, that the message names the problem and the fix, and that what was

@@ -9,7 +9,7 @@ logits (plain mean, or FedET's uncertainty weighting). The weight-divergence anc
 - ``"previous"`` (default): L_div = ‖θ_g − θ_g^(t)‖², the previous round's global model
   (papers 000 and 001, Algorithm 1, line 38 / line 24);
 - ``"fedavg"``: L_div = ‖θ_g − θ_avg‖², this round's FedAvg result (paper 000, Sec. 4's "remain
-  close to the averaged model"; this library's default before issue 16);
+  close to the averaged model"; this library's default before 2026-11);
 - ``"clients"``: L_div = Σ_k ‖θ_k − θ_g‖² over the K participating clients (paper 001, C.1),
   computed as K‖θ_g − θ̄‖² with θ̄ the unweighted client mean: the same gradient, and a value
   lower by Σ_k ‖θ_k − θ̄‖², a constant of the round.

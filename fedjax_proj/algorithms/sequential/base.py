@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_proj.algorithms.base import server_variables
+from fedjax_proj.algorithms.families import server_variables
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, run_vmap_scan
@@ -196,14 +196,3 @@ def check_no_server_optimizer(server_optimizer: Any, name: str) -> None:
       f"{name} is sequential FL: the last client's model is the global model, there is no server "
       "aggregation for a server optimiser. Use --server_optimizer=none."
     )
-
-
-# The registered methods of the sequential family (fedseq.py, cwc.py, sfedkd.py), read from the
-# registry. They need settings of their own (paper 004's: SGD, ExDir partitions), so entry points
-# written for parallel FL leave them to experiments/sequential.py (docs/sfedkd.md, "Entry points").
-def __getattr__(name: str):
-  if name == "SEQUENTIAL_METHODS":
-    from fedjax_proj.algorithms import registry
-
-    return registry.methods(("sequential",))
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,8 @@
 Xu et al., "SFedKD: Sequential Federated Learning with Discrepancy-Aware Multi-Teacher Knowledge
 Distillation"; docs/methods.md "SFedKD". What it computes, per round r:
 
-* The FedSeq chain (sequential.py): M sampled clients in random order, the model passed along.
+* The FedSeq chain (``base.py``'s chain round): M sampled clients in random order, the model
+  passed along.
 * Teachers: K of the M models trained in round r−1 (the model each client of that chain handed
   on), chosen at the end of round r−1 by greedy complementary selection on the clients' class
   distributions (teacher_selection.greedy_select, Algorithm 1) and kept stacked [K, ...] in the

@@ -103,7 +103,8 @@ def test_memory_kl_matches_numpy():
   np.testing.assert_allclose(
     fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t), tempered, rtol=1e-5
   )
-  # The distillation convention (this library's default before issue 16): T²·KL at T.
+  # The distillation convention (this library's default before it followed the papers' plain
+  # KL): T²·KL at T.
   np.testing.assert_allclose(
     fedproj.memory_kl_loss(model, v["params"], {}, x, jnp.asarray(zt), t, True),
     t * t * tempered,
@@ -370,7 +371,11 @@ def test_projection_off_is_feddf_and_projection_on_differs(fp_setup):
   ref, _ = _two_rounds(df, "vmap_scan", fd, x, y, public, variables)
   got, metrics = _two_rounds(off, "vmap_scan", fd, x, y, public, variables)
   assert metrics[1]["projected_fraction"] == 0.0
-  np.testing.assert_array_equal(T.tree_ravel(got.variables), T.tree_ravel(ref.variables))
+  # FedProj's client program also computes the memory gradient, so XLA may fuse (and reduce)
+  # differently from FedDF's: equal to round-off, far tighter than the projection's effect below.
+  np.testing.assert_allclose(
+    T.tree_ravel(got.variables), T.tree_ravel(ref.variables), rtol=1e-6, atol=1e-7
+  )
   proj, metrics = _two_rounds(on, "vmap_scan", fd, x, y, public, variables)
   assert metrics[1]["projected_fraction"] > 0.0
   assert not np.allclose(T.tree_ravel(proj.variables), T.tree_ravel(ref.variables), atol=1e-5)

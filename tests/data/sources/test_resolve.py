@@ -45,7 +45,7 @@ def test_missing_data_raises_with_offline_instructions(tmp_path, monkeypatch):
     raise DataNotFoundError("simulated: no network")
 
   monkeypatch.setattr(resolve, "load_tfds", offline_tfds)
-  # $FEDJAX_PROJ_DATA_DIR falls back to TFDS; an explicit data_dir never does (issue 13).
+  # $FEDJAX_PROJ_DATA_DIR falls back to TFDS; an explicit data_dir never does.
   monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path))
   with pytest.raises(DataNotFoundError) as info:
     sources.load_dataset("cifar10", "train")
