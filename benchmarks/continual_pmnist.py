@@ -64,6 +64,7 @@ def main(argv=None) -> int:
   from fedjax_proj.data.continual import permuted_mnist
   from fedjax_proj.data.sources import find_shared_data, load_dataset
   from fedjax_proj.models import mlp, multi_head
+  from fedjax_proj.training.config import parse_method_kwargs
   from fedjax_proj.training.continual import run_continual_experiment
 
   shared = find_shared_data()
@@ -105,9 +106,7 @@ def main(argv=None) -> int:
       c[field] = getattr(args, field)
     c.train_per_task, c.test_per_task = args.train_per_task, args.test_per_task
     kwargs = dict(pmnist.method_defaults(c))
-    for pair in filter(None, args.method_kwargs.split(",")):
-      key, value = pair.split("=", 1)
-      kwargs[key.strip()] = pmnist._parse_value(value.strip())
+    kwargs.update(parse_method_kwargs(args.method_kwargs))
     c.method_kwargs = kwargs
     # The --out stem keeps concurrent runs (e.g. two thresholds) out of each other's folders.
     run_name = f"bench_pmnist_{method}_{out.stem}_{time.strftime('%H%M%S')}"

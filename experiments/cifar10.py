@@ -114,7 +114,7 @@ def prepare(c):
 
 
 if __name__ == "__main__":
-  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(
     common.main(
       sys.argv[1:],

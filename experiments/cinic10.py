@@ -72,5 +72,5 @@ def prepare(c):
 
 
 if __name__ == "__main__":
-  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES, "model": MODELS}
+  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=prepare))

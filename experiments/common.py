@@ -42,14 +42,6 @@ def parallel_methods() -> tuple[str, ...]:
   return methods(("fl",))
 
 
-def parallel_method_choices() -> tuple[str, ...]:
-  """``--method`` choices of a parallel-FL entry point: its methods, then the sequential ones,
-  accepted by the parser only so :func:`refuse_sequential` can point to their entry point."""
-  from fedjax_proj.algorithms import methods
-
-  return (*parallel_methods(), *methods(("sequential",)))
-
-
 def refuse_sequential(c: ml_collections.ConfigDict) -> None:
   """Refuses a sequential method (fedseq, cwc, sfedkd) under a parallel-FL entry point.
 
@@ -105,15 +97,24 @@ HELP = {
     "skew, smaller beta = more skewed, e.g. dirichlet:0.3); shards:<shards_per_client> (e.g. "
     "shards:2); exdir:<classes_per_client>:<alpha>[:<min_size>] (e.g. exdir:2:0.5)"
   ),
-  "seed": "random seed (client sampling, batches, initialisation all derive from it)",
+  "seed": "random seed in [0, 2**32 - 1) (client sampling, batches, initialisation derive from it)",
   "strategy": "how a round is executed (auto picks the fastest for the model and backend)",
   "optimizer": "client optimiser: sgd or adam",
   "lr": "client learning rate (> 0)",
-  "momentum": "client SGD momentum (0: none)",
+  "momentum": "client SGD momentum in [0, 1) (0: none)",
   "weight_decay": "client weight decay (0: none)",
+  "lr_schedule": (
+    "local learning-rate schedule, restarted each round: constant, or step (lr x "
+    "lr_step_gamma^floor(epoch / lr_step_epochs), the FedProj code's StepLR)"
+  ),
+  "lr_step_epochs": "with --lr_schedule=step: local epochs between decays (0: local_epochs // 2)",
+  "lr_step_gamma": "with --lr_schedule=step: factor in (0, 1] applied to the lr at each decay",
+  "fedproj_alpha_by_beta": (
+    "fedproj: read its divergence weight alpha from paper 001 Table 3 for the final --partition"
+  ),
   "server_optimizer": "server optimiser on the aggregated update: none (averaging), sgd or adam",
-  "server_lr": "server learning rate",
-  "server_momentum": "server SGD momentum",
+  "server_lr": "server learning rate (> 0)",
+  "server_momentum": "server SGD momentum in [0, 1)",
   "augment": "random crop and flip of training images",
   "eval_every": "evaluate the global model every k rounds (and after the last)",
   "eval_batch_size": "batch size of evaluation",
@@ -150,7 +151,8 @@ def method_kwargs_help(methods) -> str:
   return lines[0] + "; ".join(f"{m}: {describe_hparams(m)}" for m in methods)
 
 
-def _bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+  """A boolean flag value: 1/true/yes/on or 0/false/no/off (argparse type)."""
   low = text.lower()
   if low in ("1", "true", "yes", "on"):
     return True
@@ -161,6 +163,22 @@ def _bool(text: str) -> bool:
 
 def _optional_int(text: str):
   return None if text.lower() in ("none", "") else int(text)
+
+
+def _method_type(valid: tuple[str, ...]) -> Callable[[str], str]:
+  """argparse type of --method: ``valid``, or a sequential method (refused later with a pointer)."""
+  from fedjax_proj.algorithms import methods
+
+  sequential = methods(("sequential",))
+
+  def method(text: str) -> str:
+    if text in valid or text in sequential:
+      return text
+    raise argparse.ArgumentTypeError(
+      f"invalid choice: {text!r} (choose from {', '.join(map(repr, valid))})"
+    )
+
+  return method
 
 
 def dirichlet_beta(partition: str) -> float | None:
@@ -188,30 +206,25 @@ def build_parser(
   for key, value in defaults.items():
     if isinstance(value, ml_collections.ConfigDict):
       continue
-    kind = _bool if isinstance(value, bool) else type(value)
+    kind = parse_bool if isinstance(value, bool) else type(value)
     if value is None:
       kind = _optional_int
     extra = {"nargs": "?", "const": True} if isinstance(value, bool) else {}
+    if key == "method" and choices.get(key):
+      # --help and the errors offer this entry point's methods only; a sequential method's name
+      # still parses, so that prepare() can point to experiments/sequential.py instead.
+      kind, extra = _method_type(choices[key]), {"metavar": "{" + ",".join(choices[key]) + "}"}
     parser.add_argument(
       f"--{key}",
       type=kind,
       default=None,
-      choices=choices.get(key),
+      choices=None if key == "method" else choices.get(key),
       help=f"{HELP.get(key, key.replace('_', ' '))} (default: {value!r} in the paper preset)",
       **extra,
     )
   methods = choices.get("method") or ()
   parser.add_argument("--method_kwargs", default="", help=method_kwargs_help(methods))
   return parser
-
-
-def _parse_value(text: str):
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def parse_config(
@@ -235,15 +248,29 @@ def parse_config(
     for key, value in SMOKE_METHOD_KWARGS.items():
       if key in accepted and key not in config.method_kwargs:
         config.method_kwargs[key] = value
-  if args.method_kwargs:
-    for pair in args.method_kwargs.split(","):
-      if "=" not in pair:
-        parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
-      k, v = pair.split("=", 1)
-      config.method_kwargs[k.strip()] = _parse_value(v.strip())
-  try:
-    from fedjax_proj.training.config import validate_config
+  from fedjax_proj.algorithms.registry import config_kwargs
+  from fedjax_proj.training.config import parse_method_kwargs, validate_config
 
+  try:
+    given = parse_method_kwargs(args.method_kwargs)
+    for field in config_kwargs(config.method):
+      # A hyperparameter that is also a flag (FedProj's memory_size) has one source, the field.
+      if field in given:
+        flag = getattr(args, field, None)
+        if flag is not None and flag != given[field]:
+          raise ValueError(
+            f"--{field}={flag} and --method_kwargs {field}={given[field]} disagree; pass it "
+            f"once, as --{field}."
+          )
+        try:
+          config[field] = given.pop(field)
+        except TypeError:
+          raise ValueError(
+            f"--method_kwargs {field}={given.get(field, config[field])!r} must be a "
+            f"{type(config[field]).__name__}, as --{field}."
+          ) from None
+    for key, value in given.items():
+      config.method_kwargs[key] = value
     validate_config(config)
   except ValueError as e:
     parser.error(str(e))
@@ -260,8 +287,12 @@ def resume_command(argv, output_dir: str) -> str:
 
 def on_disk(output_dir: str, argv) -> str:
   """What an aborted run left in ``output_dir``, and how to go on from it."""
+  from pathlib import Path
+
   from fedjax_proj.training.rundir import checkpoint_rounds
 
+  if not Path(output_dir).exists():
+    return f"nothing was written to {output_dir}; start the run again."
   rounds = checkpoint_rounds(output_dir)
   if rounds:
     return (
@@ -289,7 +320,7 @@ def main(
   """
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
-  from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
+  from fedjax_proj.training.loop import AbortedBySignal, NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices, presets)
   if prepare is not None:
@@ -307,10 +338,29 @@ def main(
     if e.saved:
       print(f"resume with: {resume_command(argv, config.output_dir)}", file=sys.stderr)
     return 128 + e.signum
-  except KeyboardInterrupt:
-    print(f"aborted by a second interrupt; {on_disk(config.output_dir, argv)}", file=sys.stderr)
+  except KeyboardInterrupt as e:
+    # A second signal during the rounds (AbortedBySignal), or the only one before round 1.
+    when = "by a second interrupt" if isinstance(e, AbortedBySignal) else "before round 1"
+    print(f"aborted {when}; {on_disk(config.output_dir, argv)}", file=sys.stderr)
     return 128 + signal.SIGINT
-  except (FileNotFoundError, ValueError, CheckpointError, NonFiniteError) as e:
+  except (ValueError, CheckpointError, NonFiniteError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
+    print(f"error: {os_error_line(e, config.output_dir, argv)}", file=sys.stderr)
+    return 1
   return 0
+
+
+def os_error_line(e: OSError, output_dir: str, argv) -> str:
+  """An OSError of a run as one line: cause, path and fix, then what is on disk."""
+  from fedjax_proj.data.sources import DataNotFoundError
+  from fedjax_proj.training.rundir import describe_os_error
+
+  if isinstance(e, DataNotFoundError) or (e.errno is None and not e.filename):
+    return str(e)  # the library's own message (missing data and how to provide it)
+  try:
+    left = on_disk(output_dir, argv)
+  except OSError:  # e.g. the output path itself is unusable
+    left = ""
+  return describe_os_error(e) + (f". {left[0].upper()}{left[1:]}" if left else "")

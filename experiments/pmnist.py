@@ -26,7 +26,9 @@ from pathlib import Path
 
 import ml_collections
 
-from fedjax_proj.algorithms.registry import methods
+from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, methods
+from fedjax_proj.core import ranges
+from fedjax_proj.training.config import check_fields, parse_method_kwargs
 
 PRESETS = ("paper", "cpu", "smoke")
 METHODS = methods(("continual",))  # the continual family of the method registry
@@ -118,13 +120,53 @@ def method_defaults(c) -> dict:
   return {}
 
 
-def _parse_value(text: str):
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  return {"true": True, "false": False}.get(text.lower(), text)
+# What each config field does, for --help (the default is appended), shared by split_cifar100.py.
+HELP = {
+  "method": f"continual FL method: {', '.join(METHODS)}",
+  "data_dir": "folder holding the dataset (train.npz/test.npz); empty: TFDS",
+  "output_dir": "run directory (metrics.jsonl, summary.json); empty: runs/<entry>-<method>-<time>",
+  "num_clients": "number of clients each task's training set is split over",
+  "clients_per_round": "clients sampled each round",
+  "rounds_per_task": "communication rounds per task",
+  "fl_later_rounds": "fl only: rounds of tasks 2..K (0: --rounds_per_task for every task)",
+  "local_epochs": "local epochs per client per round",
+  "batch_size": "local batch size",
+  "lr": "client SGD learning rate (> 0)",
+  "momentum": "client SGD momentum in [0, 1) (0: none)",
+  "weight_decay": "client weight decay (0: none)",
+  "seed": "random seed in [0, 2**32 - 1) (permutations, partition, sampling, initialisation)",
+  "num_tasks": "number of tasks",
+  "train_per_task": "training examples per task (0: all)",
+  "test_per_task": "test examples per task (0: all)",
+  "strategy": "how a round is executed (auto picks the fastest for the model and backend)",
+  "eval_batch_size": "batch size of evaluation",
+  "eval_every": "also evaluate the current task every k rounds (0: only at the end of each task)",
+  "end_task_batch_size": "batch size of the end-of-task pass (GPM/FOT bases, EWC Fisher, ER)",
+  "hidden": "hidden layer widths of the MLP, comma-separated (e.g. 400,400,400)",
+  "dropout": "dropout rate after each hidden layer, comma-separated, each in [0, 1)",
+  "heads": "single: one 10-way classifier shared by the tasks; multi: one head per task",
+  "fot_eps": "FOT's subspace energy threshold ε in [0, 1] (0: the paper's, 0.94 IID / 0.96 "
+  "non-IID)",
+  "ewc_normalize": "EWC: scale each task's Fisher to max 1 (true/false)",
+  "norm": "normalisation of the AlexNet-like backbone: none or batch",
+  "fc_features": "width of the backbone's two fully-connected layers",
+  "test_fraction": "fraction of each class held out as the test set, in (0, 1)",
+}
+# Ranges of the continual configs' own numeric fields, besides training/config.py's FIELD_RANGES.
+FIELD_RANGES = {
+  "rounds_per_task": ranges.AT_LEAST_ONE,
+  "num_tasks": ranges.AT_LEAST_ONE,
+  "fl_later_rounds": ranges.COUNT,
+  "train_per_task": ranges.COUNT,
+  "test_per_task": ranges.COUNT,
+  "eval_every": ranges.COUNT,  # 0 = only at the end of each task
+  "end_task_batch_size": ranges.AT_LEAST_ONE,
+  "hidden": ranges.AT_LEAST_ONE,
+  "dropout": ranges.RATE,
+  "fot_eps": ranges.FRACTION,  # 0 = the paper's
+  "fc_features": ranges.AT_LEAST_ONE,
+  "test_fraction": ranges.Interval(0.0, 1.0, low_open=True, high_open=True),
+}
 
 
 def parse(
@@ -134,6 +176,8 @@ def parse(
 
   ``method_defaults_fn(config) -> dict`` gives the method's hyperparameters (default: PMNIST's).
   """
+  from common import parse_bool  # noqa: PLC0415  (experiments/ is on the path of every entry point)
+
   parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
   parser.add_argument(
     "--preset", default="paper", choices=PRESETS, help="starting config (default: paper)"
@@ -151,37 +195,39 @@ def parse(
   parser.add_argument(
     "--method_kwargs",
     default="",
-    help="method hyperparameters as comma-separated key=value pairs, e.g. eps=0.9; fot: eps, "
-    "eps_inc, sketch_multiplier; gpm: threshold (default: the paper's)",
+    help="method hyperparameters as comma-separated key=value pairs, e.g. eps=0.9 (default: the "
+    "paper's). Keys per method (with the registry's defaults): "
+    + "; ".join(f"{m}: {describe_hparams(m)}" for m in METHODS),
   )
   defaults = get_config_fn("paper")
   for key, value in defaults.items():
     if key in ("iid", "method_kwargs", "overwrite"):
       continue
-    what = key.replace("_", " ")
     parser.add_argument(
-      f"--{key}", type=type(value), default=None, help=f"{what} (default: {value!r})"
+      f"--{key}",
+      type=parse_bool if isinstance(value, bool) else type(value),
+      default=None,
+      choices={"method": METHODS, "heads": ("single", "multi")}.get(key),
+      help=f"{HELP.get(key, key.replace('_', ' '))} (default: {value!r} in the paper preset)",
     )
   args = parser.parse_args(argv)
   if {"--iid", "--noniid"} <= set(argv):  # argparse would let the last one win silently
     parser.error("--iid and --noniid contradict each other; pass one of them (default: non-IID)")
-  if args.method is not None and args.method not in METHODS:
-    parser.error(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
-  for field in ("num_tasks", "num_clients", "clients_per_round", "rounds_per_task"):
-    value = getattr(args, field, None)
-    if value is not None and value < 1:
-      parser.error(f"--{field} must be >= 1, got {value}; e.g. --{field}={defaults[field]}")
   c = get_config_fn(args.preset)
   for key, value in vars(args).items():
     if key not in ("preset", "method_kwargs") and value is not None:
       c[key] = value
   kwargs = (method_defaults_fn or method_defaults)(c)
-  for pair in filter(None, args.method_kwargs.split(",")):
-    if "=" not in pair:
-      parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
-    k, v = pair.split("=", 1)
-    kwargs[k.strip()] = _parse_value(v.strip())
+  try:
+    kwargs.update(parse_method_kwargs(args.method_kwargs))
+  except ValueError as e:
+    parser.error(str(e))
   c.method_kwargs = kwargs
+  try:  # every number finite and in range, before any data is loaded
+    check_fields(c, FIELD_RANGES)
+    check_hparams(c.method, kwargs, flag="--method_kwargs")
+  except ValueError as e:
+    parser.error(str(e))
   if c.clients_per_round > c.num_clients:
     parser.error(f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}")
   if not c.output_dir:
@@ -227,6 +273,11 @@ def main(argv) -> int:
     run_continual_experiment(c, bench, model, shared_head=c.heads == "single")
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
+    return 1
+  except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
+    from fedjax_proj.training.rundir import describe_os_error
+
+    print(f"error: {describe_os_error(e)}", file=sys.stderr)
     return 1
   return 0
 

@@ -104,6 +104,11 @@ def main(argv) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
+    from fedjax_proj.training.rundir import describe_os_error
+
+    print(f"error: {describe_os_error(e)}", file=sys.stderr)
+    return 1
   return 0
 
 

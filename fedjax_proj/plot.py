@@ -4,7 +4,10 @@
 
 Reads each run directory's ``metrics.jsonl`` (and ``summary.json`` for its label) and draws one
 panel per metric: test accuracy, train loss and every method diagnostic present in any run
-(e.g. FedProj's ``lmem_global`` drift metric and ``projected_fraction``).
+(e.g. FedProj's ``lmem_global`` drift metric and ``projected_fraction``). Only numeric per-round
+metrics are drawn: list-valued ones (SFedKD's ``teacher_clients``) and the continual runner's
+end-of-task rows are skipped, and a torn last line (a crash mid-write) is skipped with a note. An
+unfinished run (no summary) is labelled from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -14,13 +17,18 @@ import json
 import sys
 from pathlib import Path
 
-from fedjax_proj.training.metrics import read_metrics
+from fedjax_proj.training.metrics import read_metrics_lines
+
+# The checkpoint manifest's file name (fedjax_proj.training.checkpoint.MANIFEST; not imported
+# from there so that plotting does not import JAX).
+MANIFEST = "fedjax_manifest.json"
 
 PREFERRED = ("test_accuracy", "train_loss", "lmem_global", "projected_fraction", "mean_cos")
-SKIP = {"round", "round_seconds", "test_loss"}
+SKIP = {"round", "round_seconds", "test_loss", "task", "task_round"}
 
 
 # Axis labels of the metrics the library writes; others are labelled with their own name.
+# Panel titles are the same words, capitalised (:func:`title`).
 YLABELS = {
   "test_accuracy": "test accuracy",
   "train_loss": "training loss",
@@ -28,16 +36,59 @@ YLABELS = {
   "lmem_global": "L_mem of the global model",
   "projected_fraction": "fraction of steps projected",
   "mean_cos": "mean cosine",
+  "lmem_before": "L_mem before local training",
+  "lmem_after": "L_mem after local training",
+  "distill_loss": "server distillation loss",
+  "train_accuracy": "training accuracy",
 }
 
 
+def ylabel(metric: str) -> str:
+  """The y-axis label of ``metric``: its description, else its name in words."""
+  return YLABELS.get(metric, metric.replace("_", " "))
+
+
+def panel_title(metric: str) -> str:
+  """A panel title: the metric's description, capitalised."""
+  text = ylabel(metric)
+  return text[0].upper() + text[1:]
+
+
+def _is_scalar(value) -> bool:
+  """Numbers are plotted; lists (e.g. SFedKD's ``teacher_clients``), text and flags are not."""
+  return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _newest_checkpoint_meta(run: Path) -> dict:
+  """The manifest record of ``run``'s newest checkpoint ({} if none; see training/checkpoint.py)."""
+  steps = sorted(
+    (int(p.name) for p in (run / "checkpoints").glob("*") if p.name.isdigit()), reverse=True
+  )
+  for step in steps:
+    try:
+      return json.loads((run / "checkpoints" / str(step) / MANIFEST).read_text())["meta"]
+    except (OSError, ValueError, KeyError):
+      continue
+  return {}
+
+
 def _describe(run: Path) -> tuple[str, str]:
-  """(method, seed text) of a run from its summary.json (the directory name without one)."""
+  """(method, seed text) of a run from its summary.json.
+
+  An unfinished run (no summary) is named from its newest checkpoint's config, marked
+  "unfinished" with the rounds it reached; without a checkpoint, by its directory.
+  """
   summary = run / "summary.json"
   if summary.exists():
     s = json.loads(summary.read_text())
     return str(s.get("method", run.name)), f"seed {s.get('seed', '?')}"
-  return run.name, ""
+  meta = _newest_checkpoint_meta(run)
+  config = meta.get("config") or {}
+  total = meta.get("rounds") or config.get("rounds")
+  reached = f"round {meta.get('round', '?')}" + (f" of {total}" if total else "")
+  if "method" in config:
+    return str(config["method"]), f"seed {config.get('seed', '?')}, unfinished: {reached}"
+  return run.name, "unfinished"
 
 
 def run_labels(runs: list[Path]) -> dict[Path, str]:
@@ -80,8 +131,12 @@ def figure(runs: list[Path], metrics: list[str] | None = None, title: str | None
   for run in runs:
     if not (run / "metrics.jsonl").exists():
       raise FileNotFoundError(f"{run} has no metrics.jsonl; pass run directories written by a run.")
-    records[run] = read_metrics(run)
-  present = {k for recs in records.values() for r in recs for k, v in r.items() if v is not None}
+    lines, torn = read_metrics_lines(run)
+    if torn:  # a crash or a full disk cut its last line short: plot the rounds before it
+      print(f"note: {run}/metrics.jsonl ends in a torn line; it is skipped", file=sys.stderr)
+    # Per-round records only: the continual runner's end-of-task rows have no "round".
+    records[run] = [record for record, _ in lines if _is_scalar(record.get("round"))]
+  present = {k for recs in records.values() for r in recs for k, v in r.items() if _is_scalar(v)}
   if metrics is None:
     extra = sorted(k for k in present - SKIP - set(PREFERRED) if not k.startswith("train_acc"))
     metrics = [m for m in PREFERRED if m in present] + extra
@@ -94,16 +149,21 @@ def figure(runs: list[Path], metrics: list[str] | None = None, title: str | None
   handles = {}
   for ax, metric in zip(axes.ravel(), metrics):
     for i, (run, recs) in enumerate(records.items()):
-      pts = [(r["round"], r[metric]) for r in recs if r.get(metric) is not None]
+      pts = [(r["round"], r[metric]) for r in recs if _is_scalar(r.get(metric))]
       if pts:  # one colour per run in every panel, even where another run lacks the metric
         (line,) = ax.plot(
           *zip(*pts), marker="o" if len(pts) < 30 else None, ms=3, color=f"C{i}", label=labels[run]
         )
         handles.setdefault(labels[run], line)
-    ax.set_title(metric)
+    ax.set_title(panel_title(metric))
     ax.set_xlabel("round")
-    ax.set_ylabel(YLABELS.get(metric, metric.replace("_", " ")))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel(metric))
+    rounds = sorted({r["round"] for recs in records.values() for r in recs if metric in r})
+    if 0 < len(rounds) <= 12:  # few points: tick exactly those rounds (never 0.5 or 1.25)
+      ax.set_xticks(rounds)
+      ax.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
+    else:
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
   for ax in axes.ravel()[len(metrics) :]:
     ax.axis("off")

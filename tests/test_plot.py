@@ -54,3 +54,47 @@ def test_plot_labels_axes_one_legend_integer_rounds_and_a_title(tmp_path):
   assert len(fig.legends) == 1
   assert [t.get_text() for t in fig.legends[0].get_texts()] == list(labels.values())
   assert fig._suptitle.get_text() == "fedavg: 3 runs"
+
+
+# One metrics.jsonl line of each shape the library writes (training/loop.py, training/continual.py
+# and the methods' diagnostics); plotting must read all of them.
+SHAPES = {
+  "fedavg": {"train_loss": 1.0, "test_accuracy": 0.3, "round_seconds": 0.1},
+  "fedproj": {"train_loss": 1.0, "lmem_global": 0.2, "projected_fraction": 0.5, "mean_cos": None},
+  "sfedkd": {"train_loss": 1.0, "teacher_clients": [3, 1], "test_accuracy": 0.4},
+  "fot": {"task": 0, "task_round": 1, "train_loss": 1.0, "current_task_accuracy": 0.8},
+}
+
+
+def test_plot_reads_every_metrics_shape_and_names_unfinished_runs(tmp_path, capsys):
+  runs = []
+  for method, fields in SHAPES.items():
+    run = tmp_path / method
+    run.mkdir()
+    lines = [json.dumps({"round": r, **fields}) + "\n" for r in (1, 2)]
+    if method == "fot":  # the continual runner's end-of-task row has no "round"
+      lines.append(json.dumps({"task_end": 0, "accuracies": [0.8], "end_task_seconds": 1.0}) + "\n")
+    if method == "sfedkd":
+      lines.append('{"round": 3, "train_lo')  # torn by a crash: skipped, with a note
+    (run / "metrics.jsonl").write_text("".join(lines))
+    if method != "fedproj":
+      (run / "summary.json").write_text(json.dumps({"method": method, "seed": 0}))
+    runs.append(run)
+  # fedproj is unfinished: no summary, a checkpoint manifest names it.
+  manifest = {"meta": {"round": 2, "rounds": 10, "config": {"method": "fedproj", "seed": 4}}}
+  (tmp_path / "fedproj/checkpoints/2").mkdir(parents=True)
+  (tmp_path / "fedproj/checkpoints/2" / plot.MANIFEST).write_text(json.dumps(manifest))
+  out = tmp_path / "all.png"
+  assert plot.main([*map(str, runs), "--out", str(out)]) == 0
+  assert "sfedkd/metrics.jsonl ends in a torn line" in capsys.readouterr().err
+  fig = plot.figure(runs)
+  titles = [ax.get_title() for ax in fig.axes if ax.lines]
+  assert "Test accuracy" in titles and "L_mem of the global model" in titles
+  assert not any("teacher" in t or t in ("Task", "Round seconds") for t in titles)
+  for ax in fig.axes:
+    if ax.lines:  # two rounds: ticks at exactly 1 and 2
+      assert [float(t) for t in ax.get_xticks()] == [1.0, 2.0]
+  labels = plot.run_labels(runs)
+  assert labels[tmp_path / "fedproj"] == "fedproj (seed 4, unfinished: round 2 of 10)"
+  (tmp_path / "bare").mkdir()
+  assert plot.run_labels([tmp_path / "bare"]) == {tmp_path / "bare": "bare (unfinished)"}

@@ -41,6 +41,7 @@ from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Batch, Model
 
@@ -156,5 +157,9 @@ def build(ctx, **hparams) -> FederatedAlgorithm:
 
 
 SPEC = MethodSpec(
-  "fedrcl", "fl", build, hparams=factory_hparams(fedrcl, context=("server_optimizer",))
+  "fedrcl",
+  "fl",
+  build,
+  hparams=factory_hparams(fedrcl, context=("server_optimizer",)),
+  ranges={"threshold": ranges.Interval(-1.0, 1.0)},
 )

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import optax
 
 from fedjax_proj.algorithms.families import FAMILY_PROTOCOLS, meets_family
+from fedjax_proj.core import ranges
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
 
@@ -93,6 +94,8 @@ class MethodSpec:
     hparams: the hyperparameters ``build`` accepts, name -> default (``REQUIRED`` for one without
       a default), usually :func:`factory_hparams` of the factory ``build`` forwards them to. None
       leaves them undeclared: any are passed through unchecked (e.g. a quick user method).
+    ranges: ranges of this method's numeric hyperparameters where they differ from
+      :data:`HPARAM_RANGES` (e.g. FOT's ``eps`` is a fraction, SFedKD's a small constant).
   """
 
   name: str
@@ -107,6 +110,7 @@ class MethodSpec:
   needs_validation: Callable[[Mapping[str, Any]], bool] | None = None
   validation_fix: str = "pass --train_subset below the training set's size"
   hparams: Mapping[str, Any] | None = None
+  ranges: Mapping[str, ranges.Interval] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -119,6 +123,42 @@ class MethodSpec:
         f"MethodSpec {self.name!r}: requires names {unknown}, which are not BuildContext fields "
         f"({', '.join(BuildContext._fields)})."
       )
+
+
+# The range of a numeric hyperparameter by name, declared once for every method that has it (a
+# spec's ``ranges`` overrides it for that method). A numeric hyperparameter listed nowhere must be
+# finite and >= 0: every one of the registered methods is a weight, rate, count or size.
+HPARAM_RANGES: dict[str, ranges.Interval] = {
+  **dict.fromkeys(
+    ("temperature", "distill_temperature", "distill_lr", "max_coef", "sketch_multiplier"),
+    ranges.POSITIVE,
+  ),
+  "conv_sketch_multiplier": ranges.POSITIVE,
+  **dict.fromkeys(
+    (
+      "memory_size",
+      "memory_batch_size",
+      "distill_batch_size",
+      "validation_batch_size",
+      "buffer_size",
+      "num_teachers",
+      "gpm_samples",
+      "replay_batch",
+      "max_exact_svd",
+      "server_blas_threads",
+    ),
+    ranges.AT_LEAST_ONE,
+  ),
+  **dict.fromkeys(("distill_epochs", "topk_neg", "buffer_per_task", "client_chunk"), ranges.COUNT),
+  **dict.fromkeys(("projection_prob", "decay"), ranges.FRACTION),
+}
+DEFAULT_HPARAM_RANGE = ranges.NON_NEGATIVE
+
+
+def hparam_range(name: str, key: str) -> ranges.Interval:
+  """The declared range of method ``name``'s hyperparameter ``key`` (see :data:`HPARAM_RANGES`)."""
+  own = spec(name).ranges if _available(name) else {}
+  return own.get(key) or HPARAM_RANGES.get(key, DEFAULT_HPARAM_RANGE)
 
 
 # The default of a hyperparameter that has none: the method requires it.
@@ -277,7 +317,8 @@ def check_hparams(
   name: str, given: Mapping[str, Any], flag: str = "method hyperparameters"
 ) -> None:
   """Raises a ValueError, listing what ``name`` accepts, for an unknown hyperparameter, a value
-  whose type does not match its default's (an int for a float is fine) or a missing required one.
+  whose type does not match its default's (an int for a float is fine), a number that is not
+  finite or outside its range (:func:`hparam_range`), or a missing required one.
   ``flag`` names where the values came from in the message (e.g. ``--method_kwargs``)."""
   declared = declared_hparams(name)
   if declared is None:
@@ -294,6 +335,14 @@ def check_hparams(
       raise ValueError(
         f"{flag}: {key}={value!r} is a {type(value).__name__} but {name}'s {key} "
         f"takes a {type(default).__name__} (default {default!r}); {accepted}."
+      )
+  for key, value in given.items():
+    if ranges.is_number(value):
+      ranges.check_number(
+        f"{flag} {key}",
+        value,
+        hparam_range(name, key),
+        f"{name}'s default is {declared[key]!r}.",
       )
   missing = sorted(k for k, v in declared.items() if v is REQUIRED and k not in given)
   if missing:

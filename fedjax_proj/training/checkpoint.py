@@ -25,6 +25,7 @@ between an uninterrupted and a resumed (or repeated) run; :func:`comparable_metr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ import numpy as np
 
 import fedjax_proj
 from fedjax_proj.core import distributed
-from fedjax_proj.training.metrics import to_python
+from fedjax_proj.training.metrics import read_metrics_lines, to_python
 
 MANIFEST = "fedjax_manifest.json"
 # Config fields that do not change what is computed: excluded from the fingerprint, so e.g. a run
@@ -209,14 +210,21 @@ class Checkpointer:
     }
     if round_idx in manager.all_steps():  # e.g. the final round saved twice; keep the first
       return self.directory / str(round_idx)
-    manager.save(
-      round_idx,
-      args=self._ocp.args.Composite(
-        state=self._ocp.args.StandardSave(_to_storable(state)),
-        meta=self._ocp.args.JsonSave(record),
-      ),
-    )
-    manager.wait_until_finished()
+    storable = _to_storable(state)
+    _check_free_space(self.directory, storable)
+    try:
+      manager.save(
+        round_idx,
+        args=self._ocp.args.Composite(
+          state=self._ocp.args.StandardSave(storable),
+          meta=self._ocp.args.JsonSave(record),
+        ),
+      )
+      manager.wait_until_finished()
+    except ValueError as e:  # tensorstore reports a full disk as a ValueError
+      if "No space left on device" in str(e) or "RESOURCE_EXHAUSTED" in str(e):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.directory)) from e
+      raise
     step_dir = self.directory / str(round_idx)
     if jax.process_index() == 0:  # orbax has committed every process's files by now
       manifest = {"round": int(round_idx), "meta": record, "files": _file_digests(step_dir)}
@@ -308,20 +316,45 @@ class Checkpointer:
 EVAL_FIELDS = ("test_accuracy", "test_loss")
 
 
-def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> None:
+def _check_free_space(directory: Path, tree, slack: float = 1.2) -> None:
+  """Raises ENOSPC before orbax starts a checkpoint that cannot fit on the disk.
+
+  Orbax writes from background threads; a full disk mid-write prints their tracebacks and leaves a
+  temporary directory (ignored on resume). The state's bytes plus 20% for metadata is a close
+  bound of the checkpoint's size.
+  """
+  need = int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)) * slack) + (1 << 16)
+  probe = directory if directory.exists() else directory.parent
+  free = shutil.disk_usage(probe).free
+  if free < need:
+    raise OSError(
+      errno.ENOSPC,
+      f"No space left on device (the checkpoint needs about {need / 2**20:.1f} MiB, "
+      f"{free / 2**20:.1f} MiB are free)",
+      str(directory),
+    )
+
+
+def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> str:
   """Keeps the lines of ``metrics.jsonl`` up to round ``last_round`` byte for byte (atomically).
 
   With ``drop_eval_of`` the line of ``last_round`` loses its evaluation fields (a run extended
   past its former last round would not have evaluated there); the other lines stay byte for byte.
+  A torn last line (a crash or a full disk while it was written) is dropped like the other lines
+  after the checkpoint.
+
+  Returns:
+    The torn last line that was dropped ('' if none), for the caller to report.
+
+  Raises:
+    ValueError: a line before the last is unreadable (:func:`read_metrics_lines`).
   """
   path = Path(path)
   if not path.exists():
-    return
+    return ""
+  records, torn = read_metrics_lines(path)
   kept = []
-  for line in path.read_text().splitlines(keepends=True):
-    if not line.strip():
-      continue
-    record = json.loads(line)
+  for record, line in records:
     if record.get("round", 0) > last_round:
       continue
     if drop_eval_of and record.get("round") == last_round and any(k in record for k in EVAL_FIELDS):
@@ -330,6 +363,7 @@ def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: boo
       )
     kept.append(line)
   _atomic_write(path, "".join(kept))
+  return torn
 
 
 def comparable_metrics(path: str | os.PathLike) -> str:

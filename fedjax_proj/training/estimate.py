@@ -111,3 +111,43 @@ def estimate_run(
       "under one."
     )
   return text
+
+
+def available_memory() -> int | None:
+  """Bytes the first local device can still allocate: its memory stats on an accelerator, the
+  host's available RAM on CPU (Linux ``/proc/meminfo``); None when unknown."""
+  device = jax.local_devices()[0]
+  stats = device.memory_stats() if device.platform != "cpu" else None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo") as f:
+      info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+  except (OSError, KeyError, ValueError):
+    return None
+
+
+def estimate_memory(
+  param_bytes: int,
+  clients_at_once: int,
+  optimizer_slots: int,
+  data_bytes: int,
+  available: int | None,
+) -> str:
+  """A rough check, before the round is compiled, that the run fits in memory.
+
+  Counts the global model, and per client computed at once a model copy, its gradient and the
+  optimiser's slots (Adam 2, SGD with momentum 1), plus the device-resident data. Activations and
+  XLA's temporaries come on top, so the estimate is a lower bound: a warning when it alone takes
+  more than 80% of what is available, else ''.
+  """
+  need = param_bytes * (1 + clients_at_once * (2 + optimizer_slots)) + data_bytes
+  if available is None or need <= 0.8 * available:
+    return ""
+  return (
+    f"warning: this run needs at least {need / 2**30:.1f} GiB ({clients_at_once} clients at once "
+    f"x {param_bytes / 2**20:.1f} MiB of parameters x {2 + optimizer_slots} copies, plus "
+    f"{data_bytes / 2**30:.2f} GiB of data) of the {available / 2**30:.1f} GiB available, before "
+    "activations; lower --clients_per_round, set --client_chunk, or use a smaller model."
+  )

@@ -40,7 +40,13 @@ from fedjax_proj.models.base import count_params
 from fedjax_proj.training import rundir
 from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
-from fedjax_proj.training.estimate import ETA_PROBE_MIN_STEPS, estimate_run, time_client_step
+from fedjax_proj.training.estimate import (
+  ETA_PROBE_MIN_STEPS,
+  available_memory,
+  estimate_memory,
+  estimate_run,
+  time_client_step,
+)
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.inputs import check_dataset, held_out, public_inputs, subset
 from fedjax_proj.training.loop import train
@@ -52,6 +58,30 @@ from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
 
 def default_output_dir(method: str) -> str:
   return str(Path("runs") / f"{method}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def check_batch_size(batch_size: int, parts, partition_spec: str) -> None:
+  """Refuses a batch larger than every client's data, before the model is built.
+
+  Each step then pads one batch of ``batch_size`` mostly with masked rows: the same updates as a
+  batch of the client's size at many times the memory and time (and out of memory for large ones).
+  """
+  largest = max(len(p) for p in parts)
+  if batch_size > largest:
+    raise ValueError(
+      f"--batch_size={batch_size} exceeds the largest client's data ({largest} examples under "
+      f"--partition={partition_spec} over {len(parts)} clients): every step would pad one batch "
+      f"of {batch_size} mostly with masked rows. Pass --batch_size <= {largest}."
+    )
+
+
+def _clients_at_once(c, strategy: str) -> int:
+  """Clients whose state is in memory together: the round (or an integer chunk of it) under
+  vmap_scan, one under the host-looped strategies."""
+  if strategy != "vmap_scan":
+    return 1
+  chunk = str(c.get("client_chunk", "auto"))
+  return min(c.clients_per_round, int(chunk)) if chunk.isdigit() else c.clients_per_round
 
 
 def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
@@ -109,6 +139,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   train_x, train_y = subset(train_ds, c.train_subset, c.seed)
   test_x, test_y = subset(test_ds, c.test_subset, c.seed + 1)
   parts = partition(train_y, c.partition, c.num_clients, c.seed)
+  check_batch_size(c.batch_size, parts, c.partition)
   fed = FederatedData(parts, c.batch_size, c.local_epochs)
   round_inputs, public_size = public_inputs(
     c, train_x, train_ds.num_classes, train_ds.name, load=load
@@ -172,9 +203,21 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
     f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
   )
+  warning = estimate_memory(
+    sum(x.nbytes for x in jax.tree.leaves(variables)),
+    # vmap_scan runs the round's clients (or a chunk of them) at once; host loops one at a time.
+    _clients_at_once(c, strategy),
+    {"adam": 2}.get(c.optimizer, 1 if c.momentum else 0),
+    train_x.nbytes + sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(round_inputs)),
+    available_memory(),
+  )
+  if warning:
+    log(warning)
   if c.clients_per_round * c.rounds * fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
     "resume", False
   ):
+    # Compiling and timing a large model's step is silent for up to minutes on a CPU: say so.
+    log("timing one local step for the time estimate (compiles the client step first) ...")
     step_seconds = time_client_step(
       algorithm,
       batch_fn,

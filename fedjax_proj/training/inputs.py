@@ -5,6 +5,8 @@ Also checks that data loaded for a known ``--dataset`` name is that dataset.
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import numpy as np
 
@@ -65,6 +67,29 @@ def same_label_space(public_name: str, private_name: str) -> bool:
   return bool(public_name) and canon(public_name) == canon(private_name)
 
 
+def check_not_private(public: np.ndarray, private: np.ndarray, where: str) -> None:
+  """Refuses a public set that is mostly the private training set itself.
+
+  Distillation and FedProj's memory assume the server holds data the clients do not (001 Sec. 4);
+  passing the training set as ``--public_data`` would silently make every client's data public.
+  Compared by the bytes of each example (a hash per example), so a re-saved copy is caught too.
+
+  Raises:
+    ValueError: half or more of the public examples are private training examples.
+  """
+  if public.shape[1:] != private.shape[1:] or not len(public):
+    return
+  as_rows = lambda a: np.ascontiguousarray(a).reshape(len(a), -1).view(np.uint8)
+  seen = {hash(row.tobytes()) for row in as_rows(private)}
+  shared = sum(hash(row.tobytes()) in seen for row in as_rows(public))
+  if 2 * shared >= len(public):
+    raise ValueError(
+      f"--public_data={where}: {shared} of its {len(public)} examples are in the private training "
+      "set; the public set must be data the clients do not hold (e.g. "
+      "--public_data=../shared/data/cifar100/public_20k.npz for CIFAR-10), not the training set."
+    )
+
+
 def public_inputs(
   c, train_x: np.ndarray, num_classes: int, private_name: str = "", load=load_dataset
 ) -> tuple[dict, int]:
@@ -77,8 +102,19 @@ def public_inputs(
         "--public_data=../shared/data/cifar100/public_20k.npz"
       )
     return {}, 0
-  public = load(c.public_data, "train")
+  # The docs call the public set unlabelled: an npz without "label" is accepted.
+  public = load(c.public_data, "train", labelled=False)
+  if c.public_size > len(public.labels):
+    # Capped (a preset's public_size may exceed a small set) and recorded as used: the config,
+    # and so summary.json and the checkpoint fingerprint, say what the run read.
+    print(
+      f"note: --public_size={c.public_size} exceeds the public set {c.public_data!r} "
+      f"({len(public.labels)} examples); using all {len(public.labels)}",
+      file=sys.stderr,
+    )
+    c.public_size = len(public.labels)
   images, labels = subset(public, c.public_size, c.seed + 2)
+  check_not_private(images, train_x, c.public_data)
   if images.shape[1:] != train_x.shape[1:] or images.dtype != train_x.dtype:
     raise ValueError(
       f"Public data {c.public_data!r} has examples {images.shape[1:]} {images.dtype} but the "

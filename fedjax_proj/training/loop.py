@@ -67,8 +67,20 @@ class TrainingInterrupted(Exception):
     self.saved = saved
 
 
+class AbortedBySignal(KeyboardInterrupt):
+  """A second SIGINT/SIGTERM during the rounds: the run stops at once, without saving.
+
+  A KeyboardInterrupt that is not this one arrived outside the rounds (e.g. during start-up).
+  """
+
+
 class _StopOnSignal:
-  """Turns the first SIGINT/SIGTERM into a flag checked between rounds; a second one aborts."""
+  """Turns the first SIGINT/SIGTERM into a flag checked between rounds; a second one aborts.
+
+  Python runs a signal handler between bytecodes, so signals that arrive while the main thread is
+  inside one compiled computation reach it once: a quick double Ctrl-C then counts as one (the
+  round finishes and is saved) and a later one aborts.
+  """
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -95,7 +107,7 @@ class _StopOnSignal:
   def _handle(self, signum, frame):
     del frame
     if self.signum is not None:
-      raise KeyboardInterrupt(f"second signal {signum}: aborting without saving")
+      raise AbortedBySignal(f"second signal {signum}: aborting without saving")
     self.signum = signum
     if self.announce:
       # os.write: print() is not safe inside a signal handler that interrupted another print.
@@ -266,7 +278,15 @@ def train(
       # An extended run's former last round was evaluated only because it was last: drop that
       # evaluation when off the eval_every grid, as a run started at ``rounds`` has none there.
       stale_eval = start_round < rounds and start_round % eval_every != 0
-      truncate_metrics(Path(output_dir) / "metrics.jsonl", start_round, drop_eval_of=stale_eval)
+      metrics_path = Path(output_dir) / "metrics.jsonl"
+      torn = truncate_metrics(metrics_path, start_round, drop_eval_of=stale_eval)
+      if torn:
+        print(
+          f"{metrics_path}: dropped its torn last line ({len(torn)} bytes, {torn[:40]!r}...), "
+          f"cut short by the crash or full disk that ended the last session; the rounds after "
+          f"the checkpoint of round {start_round} are run again",
+          file=sys.stderr,
+        )
     writer = MetricsWriter(output_dir, truncate=not start_round)
   tb = None
   if tensorboard_dir is not None and writes:
@@ -282,10 +302,14 @@ def train(
     return f"The last good checkpoint (round {steps[-1]}) is kept in {checkpointer.directory}."
 
   start = time.perf_counter()
+  # A progress bar redraws itself with carriage returns: only for a terminal. Into a file or a
+  # pipe (a log), every round gets one plain line instead.
+  interactive = progress and writes and getattr(sys.stderr, "isatty", lambda: False)()
+  plain_progress = progress and writes and not interactive
   bar = tqdm(
     range(start_round, rounds),
     desc=algorithm.name,
-    disable=not progress or not writes,
+    disable=not interactive,
     file=sys.stderr,
     unit="round",
     initial=start_round,
@@ -330,7 +354,14 @@ def train(
             bar.write(
               f"round {r + 1}/{rounds}  test_accuracy={ev['accuracy']:.4f}  "
               f"train_loss={record.get('train_loss') or float('nan'):.4f}"
+              + (f"  ({record['round_seconds']:.1f} s)" if plain_progress else "")
             )
+        elif plain_progress:
+          print(
+            f"round {r + 1}/{rounds}  train_loss={record.get('train_loss') or float('nan'):.4f}  "
+            f"({record['round_seconds']:.1f} s)",
+            flush=True,
+          )
         if writer is not None:
           writer.write(record)
         if tb is not None:

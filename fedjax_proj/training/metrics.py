@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,46 @@ def write_json(path: str | os.PathLike, obj: dict) -> None:
   os.replace(tmp, path)
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-  """Reads a ``metrics.jsonl`` file (or a run directory holding one)."""
+def read_metrics_lines(path: str | os.PathLike) -> tuple[list[tuple[dict, str]], str]:
+  """The records of a ``metrics.jsonl`` with their lines, and a torn last line ('' if none).
+
+  A crash or a full disk while a line is written leaves its first bytes only; that line (the
+  last one) is returned apart instead of failing the whole file. Any other unreadable line is an
+  error naming the file and the line.
+
+  Raises:
+    ValueError: a line other than the last is not a JSON object.
+  """
   path = Path(path)
   if path.is_dir():
     path = path / "metrics.jsonl"
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  lines = [line for line in path.read_text(errors="replace").splitlines(keepends=True)]
+  records, torn = [], ""
+  for i, line in enumerate(lines):
+    if not line.strip("\x00 \t\r\n"):
+      continue
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict):
+        raise ValueError(f"a {type(record).__name__}, not an object")
+    except ValueError as e:
+      if all(not rest.strip("\x00 \t\r\n") for rest in lines[i + 1 :]):
+        torn = "".join(lines[i:])
+        break
+      raise ValueError(
+        f"{path}, line {i + 1}, is not a JSON object ({e}); the lines after it are intact, so it "
+        "was edited or damaged, not cut short by a crash. Delete or repair that line."
+      ) from e
+    records.append((record, line if line.endswith("\n") else line + "\n"))
+  return records, torn
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+  """Reads a ``metrics.jsonl`` file (or a run directory holding one).
+
+  A torn last line (a crash or a full disk while it was written) is skipped with a warning.
+  """
+  records, torn = read_metrics_lines(path)
+  if torn:
+    warnings.warn(f"{path}: skipped a torn last line ({len(torn)} bytes)", stacklevel=2)
+  return [record for record, _ in records]

@@ -21,6 +21,7 @@ message names the problem and the fix.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -37,6 +38,36 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "final_variables.npz", "checkpoint
 
 class RunDirError(ValueError):
   """The output directory cannot be used as asked (in use, holds a run, not writable, ...)."""
+
+
+# What to do about an OSError, by errno (describe_os_error).
+_OS_ERROR_FIXES = {
+  errno.ENOSPC: "free space on that filesystem (or pass an --output_dir on another one)",
+  errno.EDQUOT: "free space within your quota (or pass an --output_dir elsewhere)",
+  errno.ENAMETOOLONG: "choose a shorter --output_dir (each folder name at most 255 bytes)",
+  errno.EACCES: "choose an --output_dir you may write to, or fix its permissions",
+  errno.EPERM: "choose an --output_dir you may write to, or fix its permissions",
+  errno.EROFS: "the filesystem is read-only: choose an --output_dir on a writable one",
+  errno.ENOENT: "check the path",
+  errno.EIO: "the disk reported an I/O error: check it, or use another --output_dir",
+}
+
+
+def describe_os_error(e: OSError) -> str:
+  """One line for an OSError: the cause (with its errno name), the path and what to do.
+
+  The entry points print it instead of a traceback (experiments/common.py); whatever the run had
+  checkpointed stays resumable (a checkpoint is renamed into place only once complete).
+  """
+  cause = e.strerror or str(e) or type(e).__name__
+  name = errno.errorcode.get(e.errno, "") if e.errno is not None else ""
+  path = e.filename if e.filename is not None else ""
+  if e.filename2 is not None:
+    path = f"{path} -> {e.filename2}"
+  fix = _OS_ERROR_FIXES.get(e.errno, "")
+  return f"{cause}{f' ({name})' if name else ''}{f': {path}' if path else ''}" + (
+    f"; {fix}" if fix else ""
+  )
 
 
 def _pid_alive(pid: int) -> bool:

@@ -42,23 +42,24 @@ def run_tokenizer(c: ml_collections.ConfigDict):
 
 
 def text_loader(c: ml_collections.ConfigDict) -> Callable[..., ArrayDataset]:
-  """``load(name, split, data_dir=None) -> ArrayDataset`` for the run's text sets.
+  """``load(name, split, data_dir=None, labelled=None) -> ArrayDataset`` for the run's text sets.
 
-  The private set (``c.dataset``) is read with labels; any other name (the public set) without
-  them, as the papers' public sets are used (001 Sec. 6.1). A public set given as a file path is
-  read with ``c.text.public_fields``.
+  By default the private set (``c.dataset``) is read with labels and any other name (the public
+  set) without them, as the papers' public sets are used (001 Sec. 6.1). A public set given as a
+  file path is read with ``c.text.public_fields``.
   """
   tokenizer = run_tokenizer(c)
   max_len = int(c.text.max_len)
   cache_dir = c.text.get("cache_dir") or None
 
-  def load(name: str, split: str, data_dir=None) -> ArrayDataset:
+  def load(name: str, split: str, data_dir=None, labelled: bool | None = None) -> ArrayDataset:
     if looks_like_path(name) or name.endswith(text.TEXT_SUFFIXES):
       return text.load_text_file(
         name, tokenizer, max_len, name="public", text_fields=tuple(c.text.public_fields),
         labelled=False, cache_dir=cache_dir,
       )  # fmt: skip
-    labelled = name == c.dataset
+    if labelled is None:
+      labelled = name == c.dataset
     return text.load_text(
       name, split, tokenizer, max_len, labelled=labelled, data_dir=data_dir, cache_dir=cache_dir
     )

@@ -8,6 +8,7 @@ the same metrics file (wall-clock fields aside) as an uninterrupted run.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 from pathlib import Path
@@ -231,3 +232,45 @@ def test_zero_size_leaves_round_trip(tmp_path):
   assert restored["memory_idx"].shape == (0,) and restored["memory_logits"].shape == (0, 10)
   assert restored["w"].tolist() == [0.0, 1.0, 2.0]
   ck.close()
+
+
+def test_resume_after_a_torn_last_metrics_line_drops_it_says_so_and_matches(tmp_path, capfd):
+  """A crash or a full disk mid-line leaves a torn last line in metrics.jsonl: --resume drops it
+  (and every line after the checkpoint), says so, and ends equal to an uninterrupted run."""
+  full, _ = _tiny_run(tmp_path / "full", 5)
+  cut = tmp_path / "cut"
+  with pytest.raises(TrainingInterrupted):
+    _tiny_run(cut, 5, stop_at=2)  # checkpoint of round 2 on disk
+  path = cut / "metrics.jsonl"
+  line3 = json.dumps({"round": 3, "round_seconds": 0.1, "train_loss": 0.5}) + "\n"
+  path.write_text(path.read_text() + line3 + line3[:17])  # round 3 intact, round 4 torn
+  with pytest.warns(UserWarning, match="torn last line"):
+    assert [r["round"] for r in read_metrics(cut)] == [1, 2, 3]  # readers skip it (plot)
+  capfd.readouterr()
+  resumed, _ = _tiny_run(cut, 5, resume=True)
+  err = capfd.readouterr().err
+  assert f"{path}: dropped its torn last line (17 bytes" in err
+  assert "checkpoint of round 2" in err
+  assert _same(resumed, full)
+  assert ckpt.comparable_metrics(cut) == ckpt.comparable_metrics(tmp_path / "full")
+
+
+def test_an_unreadable_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"round": 1}\n{"round": 2, "tra\n{"round": 3}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2, is not a JSON object"):
+    ckpt.truncate_metrics(path, 1)
+
+
+def test_progress_into_a_log_writes_one_clean_line_per_round(capfd):
+  """With stdout/stderr not a terminal the progress bar is off: no carriage-return frames, one
+  plain line per round instead."""
+  x, y, fed, alg, round_fn, variables = _setup()
+  train(alg, round_fn, fed, (x, y), None, None, variables, rounds=3, clients_per_round=2, seed=0)
+  out, err = capfd.readouterr()
+  assert "\r" not in out + err and "round/s" not in out + err
+  assert [line.split("  ")[0] for line in out.splitlines()] == [
+    "round 1/3",
+    "round 2/3",
+    "round 3/3",
+  ]

@@ -50,3 +50,16 @@ def test_probe_starts_a_sequential_chain_with_begin():
   alg = _counting(fedseq(model, helpers.sgd()), calls)
   seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 3, 0, 4, 1)
   assert len(calls) == 2 * 4 and seconds > 0
+
+
+def test_memory_estimate_warns_only_when_the_state_alone_nears_what_is_available():
+  from fedjax_proj.training.estimate import available_memory, estimate_memory
+
+  mib = 2**20
+  # 10 clients x 4 MiB x (model, gradient, 2 Adam slots) + 4 MiB global + 1 MiB data = 165 MiB.
+  assert estimate_memory(4 * mib, 10, 2, 1 * mib, 1000 * mib) == ""
+  text = estimate_memory(4 * mib, 10, 2, 1 * mib, 150 * mib)
+  assert text.startswith("warning: this run needs at least 0.2 GiB (10 clients at once")
+  assert "--clients_per_round" in text
+  assert estimate_memory(4 * mib, 10, 2, 0, None) == ""  # unknown: no guess
+  assert (available_memory() or 1) > 0

@@ -27,7 +27,7 @@ from fedjax_proj.data.sources import resolve
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training import experiment, rundir
 from fedjax_proj.training.estimate import estimate_run
-from fedjax_proj.training.loop import _StopOnSignal
+from fedjax_proj.training.loop import AbortedBySignal, _StopOnSignal
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["--preset=smoke", "--dataset=digits", "--model=mlp", "--progress=false"]
@@ -215,16 +215,17 @@ def test_second_interrupt_reports_what_is_actually_on_disk(
   before = snapshot(out)
 
   def aborted(config, log=print):
-    raise KeyboardInterrupt("second signal 2: aborting without saving")
+    raise AbortedBySignal("second signal 2: aborting without saving")
 
   monkeypatch.setattr(experiment, "run_experiment", aborted)
   assert run(*SMOKE, f"--output_dir={out}", "--resume" if has_checkpoint else "--rounds=2") == 130
   err = capsys.readouterr().err
+  assert "aborted by a second interrupt" in err
   if has_checkpoint:
     assert f"the checkpoint of round 2 in {out}/checkpoints is intact" in err
     assert "--resume=true" in err  # the command to continue
   else:
-    assert f"no checkpoint was saved in {out}, so the run cannot be resumed" in err
+    assert f"nothing was written to {out}" in err
     assert "is intact" not in err
   assert snapshot(out) == before
 
@@ -350,7 +351,7 @@ def test_resume_and_overwrite_together_are_refused(finished, tmp_path, capsys):
   [
     ("--lr=0", "--lr must be > 0"),
     ("--lr=-0.1", "--lr must be > 0"),
-    ("--train_subset=-5", "--train_subset must be >= 0 (0 uses the whole set)"),
+    ("--train_subset=-5", "--train_subset must be >= 0 (a whole number), got -5. Pass a number"),
     ("--test_subset=-1", "--test_subset must be >= 0"),
     ("--method_kwargs=nu=0.1", "unknown key(s) nu for --method=fedavg; fedavg accepts: (none)"),
     ("--num_client=5", "unrecognized arguments: --num_client=5"),
@@ -433,7 +434,7 @@ def test_explicit_data_dir_without_data_never_falls_back_to_tfds(tmp_path, monke
 def test_pmnist_zero_tasks_and_contradictory_split_flags(capsys):
   pmnist = _entry("pmnist")
   for flags, message in [
-    (["--num_tasks=0"], "--num_tasks must be >= 1, got 0; e.g. --num_tasks=10"),
+    (["--num_tasks=0"], "--num_tasks must be >= 1 (a whole number), got 0."),
     (["--iid", "--noniid"], "--iid and --noniid contradict each other; pass one of them"),
     (["--num_task=3"], "unrecognized arguments: --num_task=3"),
   ]:

@@ -37,6 +37,7 @@ from fedjax_proj.algorithms.continual import gpse
 from fedjax_proj.algorithms.continual.base import ContinualMethod, task_loss
 from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
 from fedjax_proj.core.types import Array, Model, RoundData
@@ -250,5 +251,6 @@ SPEC = MethodSpec(
   "continual",
   build,
   hparams=factory_hparams(fot),
+  ranges={"eps": ranges.FRACTION},
   requires=("batch_fn", "variables", "sample_x"),
 )

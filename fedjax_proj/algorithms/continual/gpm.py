@@ -26,6 +26,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_loss,
 )
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn
 from fedjax_proj.core.types import Array, Model
@@ -130,5 +131,6 @@ SPEC = MethodSpec(
   "continual",
   _build_gpm,
   hparams=factory_hparams(gpm),
+  ranges={"threshold": ranges.FRACTION},
   requires=("batch_fn", "variables", "sample_x"),
 )

@@ -19,7 +19,11 @@ from fedjax_proj.data.sources.common import (
 
 
 def load_npz(
-  path: PathLike, *, name: str | None = None, num_classes: int | None = None
+  path: PathLike,
+  *,
+  name: str | None = None,
+  num_classes: int | None = None,
+  labelled: bool = True,
 ) -> ArrayDataset:
   """Loads an npz file holding a whole split.
 
@@ -29,6 +33,8 @@ def load_npz(
     name: dataset name used for the known class count and stored in the result; defaults to the
       file name without extension.
     num_classes: overrides every other way of getting the class count.
+    labelled: whether ``label`` is required. With False (an unlabelled public set) a file without
+      it loads with every label -1 and ``num_classes`` 0.
 
   Returns:
     The split as an :class:`ArrayDataset`.
@@ -46,11 +52,12 @@ def load_npz(
     with np.load(path, allow_pickle=False) as npz:
       if not isinstance(npz, np.lib.npyio.NpzFile):
         raise ValueError("it holds a single .npy array, not an npz archive")
-      missing = [key for key in ("image", "label") if key not in npz.files]
+      required = ("image", "label") if labelled else ("image",)
+      missing = [key for key in required if key not in npz.files]
       if missing:
         raise KeyError(missing)
       image = npz["image"]
-      label = npz["label"]
+      label = npz["label"] if "label" in npz.files else None
       stored_classes = npz["num_classes"] if "num_classes" in npz.files else None
   except KeyError as e:
     raise ValueError(
@@ -75,6 +82,10 @@ def load_npz(
       f"[N, H, W, C] (add a channel axis to grayscale data with image[..., None] and scale to "
       f"0..255 before np.asarray(..., np.uint8)), or float [N, D] for tabular data. "
       f"{NPZ_FORMAT_HELP}."
+    )
+  if label is None:  # an unlabelled set (labelled=False)
+    return ArrayDataset(
+      images=image, labels=np.full(image.shape[0], -1, np.int32), num_classes=0, name=name
     )
   labels = validate_labels(label, image.shape[0], source)
   if num_classes is None and stored_classes is not None:

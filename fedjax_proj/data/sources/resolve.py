@@ -43,14 +43,14 @@ def _local_candidates(root: pathlib.Path, name: str, split: str) -> list[tuple[p
   ]
 
 
-def _load_local(path: pathlib.Path, kind: str, name: str) -> ArrayDataset:
+def _load_local(path: pathlib.Path, kind: str, name: str, labelled: bool = True) -> ArrayDataset:
   if kind == "npz":
-    return load_npz(path, name=name)
+    return load_npz(path, name=name, labelled=labelled)
   return load_image_folder(path.parent, path.name, name=name)
 
 
 def _search_local(
-  root: pathlib.Path, name: str, split: str, searched: list[str]
+  root: pathlib.Path, name: str, split: str, searched: list[str], labelled: bool = True
 ) -> ArrayDataset | None:
   """Loads (name, split) from the first local candidate under ``root``; None if none exists."""
   if root.is_file():
@@ -60,11 +60,11 @@ def _search_local(
         f"with <split>.npz or <split>/<class>/*.png|jpg. {NPZ_FORMAT_HELP}."
       )
     # A direct path to one npz is used whole, whatever the split.
-    return load_npz(root, name=name)
+    return load_npz(root, name=name, labelled=labelled)
   for path, kind in _local_candidates(root, name, split):
     searched.append(f"  {path}{'/ (image folder)' if kind == 'folder' else ''}")
     if (kind == "npz" and path.is_file()) or (kind == "folder" and path.is_dir()):
-      return _load_local(path, kind, name)
+      return _load_local(path, kind, name, labelled)
   return None
 
 
@@ -86,7 +86,12 @@ def _not_found_message(name: str, split: str, searched: list[str], tfds_error: s
 
 
 def load_dataset(
-  name: str, split: str, data_dir: PathLike | None = None, *, download: bool = True
+  name: str,
+  split: str,
+  data_dir: PathLike | None = None,
+  *,
+  download: bool = True,
+  labelled: bool = True,
 ) -> ArrayDataset:
   """Loads a dataset split from the first source that has it.
 
@@ -102,6 +107,8 @@ def load_dataset(
     split: split name, e.g. ``"train"`` or ``"test"``.
     data_dir: a local folder or npz file; overrides ``$FEDJAX_PROJ_DATA_DIR``.
     download: allow TFDS to download when it is reached.
+    labelled: False accepts a local npz without ``label`` (an unlabelled public set: labels -1,
+      ``num_classes`` 0).
 
   Returns:
     The split as an :class:`ArrayDataset`.
@@ -114,7 +121,8 @@ def load_dataset(
   if looks_like_path(name):
     path = pathlib.Path(name).expanduser()
     searched: list[str] = []
-    dataset = _search_local(path, path.stem if path.is_file() else path.name, split, searched)
+    stem = path.stem if path.is_file() else path.name
+    dataset = _search_local(path, stem, split, searched, labelled)
     if dataset is None:
       raise DataNotFoundError(_not_found_message(name, split, searched or [str(path)], None))
     return dataset
@@ -141,7 +149,7 @@ def load_dataset(
         f"Fix the path, or unset it to use TFDS.\n{NPZ_FORMAT_HELP}."
       )
     searched.append(f"local root {root} (from {origin}):")
-    dataset = _search_local(root, name, split, searched)
+    dataset = _search_local(root, name, split, searched, labelled)
     if dataset is not None:
       return dataset
     if data_dir is not None:
