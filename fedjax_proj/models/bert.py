@@ -240,27 +240,21 @@ def bert_module(
 
 
 def bert(
-  num_classes: int = 2,
-  *,
-  size: str | BertConfig | dict = "tinybert_4l_312",
-  checkpoint: str | None = None,
-  **overrides: Any,
+  num_classes: int = 2, *, size: str | BertConfig | dict = "tinybert_4l_312", **overrides: Any
 ) -> Model:
   """The encoder classifier as a :class:`Model`; features are the pooled [CLS] vector [B, d].
+
+  A Hugging Face checkpoint's weights come from
+  :func:`fedjax_proj.models.hf_checkpoint.pretrained_model` (``get_model("bert", n,
+  checkpoint=...)`` picks it), which builds this same module from the checkpoint's config.
 
   Args:
     num_classes: classifier width.
     size: "tinybert_4l_312" (default), "distilbert", "tiny", a :class:`BertConfig` or a dict of
-      its fields; ignored when ``checkpoint`` is given (its ``config.json`` decides).
-    checkpoint: a Hugging Face checkpoint folder or hub model id: ``init`` then returns its
-      weights with a freshly initialised classifier (:mod:`fedjax_proj.models.hf_checkpoint`).
+      its fields.
     **overrides: :class:`BertConfig` fields to change (e.g. ``hidden_dropout_prob=0.0``).
 
   Returns:
     The Model.
   """
-  if checkpoint is not None:
-    from fedjax_proj.models import hf_checkpoint  # noqa: PLC0415  (optional NLP dependencies)
-
-    return hf_checkpoint.pretrained_model(checkpoint, num_classes, **overrides)
   return from_flax("bert", bert_module(num_classes, size=size, **overrides), num_classes)

@@ -21,6 +21,7 @@ from fedjax_proj.models.alexnet import AlexNet, alexnet
 from fedjax_proj.models.alexnet8 import AlexNet8, alexnet8
 from fedjax_proj.models.bert import bert, bert_module
 from fedjax_proj.models.cnn import CNN, cnn
+from fedjax_proj.models.hf_checkpoint import pretrained_model
 from fedjax_proj.models.lenet import LeNet5, lenet5
 from fedjax_proj.models.mlp import MLP, mlp
 from fedjax_proj.models.resnet import (
@@ -32,6 +33,16 @@ from fedjax_proj.models.resnet import (
   resnet18_module,
 )
 
+
+def _bert(num_classes: int, *, checkpoint: str | None = None, **kwargs: Any) -> Model:
+  """``bert``, or a Hugging Face checkpoint's weights in it when ``checkpoint`` names one (its
+  ``config.json`` then decides the shape: ``size`` is ignored)."""
+  if not checkpoint:
+    return bert(num_classes, **kwargs)
+  kwargs.pop("size", None)
+  return pretrained_model(checkpoint, num_classes, **kwargs)
+
+
 MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
   "mlp": mlp,
   "cnn": cnn,
@@ -41,7 +52,7 @@ MODEL_FACTORIES: dict[str, Callable[..., Model]] = {
   "alexnet": alexnet,
   "alexnet8": alexnet8,
   "lenet5": lenet5,
-  "bert": bert,
+  "bert": _bert,
 }
 
 # Same names, but building bare linen modules; ``num_classes=None`` gives a backbone without a

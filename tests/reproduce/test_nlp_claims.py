@@ -38,7 +38,7 @@ def test_smoke_budget_runs_through_the_runner(tmp_path, monkeypatch):
   # FedAvg: the runner's text path is under test (FedProj's round: tests/experiments/test_nlp.py)
   config = run.resolve_config(claim, "smoke", "fedavg", seed=0)
   config.update(num_clients=2, clients_per_round=2, rounds=1, max_len=16, public_size=40,
-                memory_size=32, partition="iid")  # fmt: skip
+                batch_size=16, memory_size=32, partition="iid")  # fmt: skip
   with tfds.testing.mock_data(num_examples=40):
     result = run.run_one(
       claim, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path, config=config,
