@@ -127,6 +127,7 @@ HELP = {
   "process_id": "this process's rank in a multi-process job",
   "cpu_collectives": "collectives for CPU-only multi-process jobs: '' (JAX default), gloo or mpi",
   "public_data": "public (unlabelled) set for distillation methods: a name (cifar100) or a path",
+  "public_split": "split of a TFDS public set: train, or train+test (CIFAR-100's 60k, 001 6.1)",
   "public_size": "use only this many public examples (0: all)",
   "memory_size": "FedProj's memory of public examples (at most --public_size)",
   "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
@@ -213,6 +214,41 @@ def _parse_value(text: str):
   return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def resolve(
+  get_config: Callable[[str], ml_collections.ConfigDict],
+  preset: str,
+  fields=None,
+  method_kwargs=None,
+  prepare: Callable | None = None,
+) -> ml_collections.ConfigDict:
+  """The config an entry point runs: ``get_config(preset)``, then ``fields``, then the smoke
+  preset's method defaults, then ``method_kwargs``, checked, then ``prepare`` (the preset rules
+  that depend on the final fields).
+
+  The flags of :func:`main` and the claim runner (fedjax_proj/reproduce/run.py) both resolve
+  through this function, so a claim runs what its entry point runs. Raises ValueError naming the
+  field and the fix (an unknown field included).
+  """
+  config = get_config(preset)
+  for key, value in dict(fields or {}).items():
+    if key not in config:
+      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
+    config[key] = value
+  if preset == "smoke":
+    from fedjax_proj.algorithms.registry import declared_hparams
+
+    accepted = declared_hparams(config.method) or {}
+    for key, value in SMOKE_METHOD_KWARGS.items():
+      if key in accepted and key not in config.method_kwargs:
+        config.method_kwargs[key] = value
+  for key, value in dict(method_kwargs or {}).items():
+    config.method_kwargs[key] = value
+  from fedjax_proj.training.config import validate_config
+
+  validate_config(config)
+  return prepare(config) if prepare is not None else config
+
+
 def parse_config(
   argv,
   description: str,
@@ -220,33 +256,23 @@ def parse_config(
   choices: dict,
   presets: tuple[str, ...] = PRESETS,
 ) -> ml_collections.ConfigDict:
+  """The flags' config: :func:`resolve` without ``prepare`` (:func:`main` applies it, so its
+  refusals exit 2 with a one-line error rather than a usage message)."""
   parser = build_parser(description, get_config, choices, presets)
   args = parser.parse_args(argv)
-  config = get_config(args.preset)
-  for key, value in vars(args).items():
-    if key in ("preset", "method_kwargs") or value is None:
-      continue
-    config[key] = value
-  if args.preset == "smoke":
-    from fedjax_proj.algorithms.registry import declared_hparams
-
-    accepted = declared_hparams(config.method) or {}
-    for key, value in SMOKE_METHOD_KWARGS.items():
-      if key in accepted and key not in config.method_kwargs:
-        config.method_kwargs[key] = value
-  if args.method_kwargs:
-    for pair in args.method_kwargs.split(","):
-      if "=" not in pair:
-        parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
-      k, v = pair.split("=", 1)
-      config.method_kwargs[k.strip()] = _parse_value(v.strip())
+  fields = {
+    k: v for k, v in vars(args).items() if k not in ("preset", "method_kwargs") and v is not None
+  }
+  kwargs = {}
+  for pair in filter(None, args.method_kwargs.split(",")):
+    if "=" not in pair:
+      parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
+    k, v = pair.split("=", 1)
+    kwargs[k.strip()] = _parse_value(v.strip())
   try:
-    from fedjax_proj.training.config import validate_config
-
-    validate_config(config)
+    return resolve(get_config, args.preset, fields, kwargs)
   except ValueError as e:
     parser.error(str(e))
-  return config
 
 
 def resume_command(argv, output_dir: str) -> str:
@@ -284,14 +310,15 @@ def main(
   """Parses flags, runs the experiment and maps failures to exit codes with a message.
 
   ``prepare(config) -> config`` applies preset rules that depend on the chosen flags (e.g. the
-  public set a preset expects); its ValueErrors exit 2 like other flag errors.
+  public set a preset expects); its ValueErrors exit 2 like other flag errors. Flags, then
+  ``prepare``, is :func:`resolve`, the function the claim runner calls.
   """
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
   from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices, presets)
-  if prepare is not None:
+  if prepare is not None:  # the last step of resolve(), kept here for its exit code
     try:
       config = prepare(config)
     except ValueError as e:

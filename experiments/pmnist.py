@@ -127,6 +127,25 @@ def _parse_value(text: str):
   return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def resolve(
+  preset: str,
+  fields=None,
+  method_kwargs=None,
+  get_config_fn=None,
+  method_defaults_fn=None,
+) -> ml_collections.ConfigDict:
+  """The config ``--preset=<preset>`` with these flags runs: the preset, then ``fields``, then the
+  method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``. The flags and
+  the claim runner (fedjax_proj/reproduce/run.py) both resolve through it."""
+  c = (get_config_fn or get_config)(preset)
+  for key, value in dict(fields or {}).items():
+    if key not in c:
+      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
+    c[key] = value
+  c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
+  return c
+
+
 def parse(
   argv, description: str, get_config_fn, method_defaults_fn=None
 ) -> ml_collections.ConfigDict:
@@ -171,17 +190,16 @@ def parse(
     value = getattr(args, field, None)
     if value is not None and value < 1:
       parser.error(f"--{field} must be >= 1, got {value}; e.g. --{field}={defaults[field]}")
-  c = get_config_fn(args.preset)
-  for key, value in vars(args).items():
-    if key not in ("preset", "method_kwargs") and value is not None:
-      c[key] = value
-  kwargs = (method_defaults_fn or method_defaults)(c)
+  fields = {
+    k: v for k, v in vars(args).items() if k not in ("preset", "method_kwargs") and v is not None
+  }
+  kwargs = {}
   for pair in filter(None, args.method_kwargs.split(",")):
     if "=" not in pair:
       parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
     k, v = pair.split("=", 1)
     kwargs[k.strip()] = _parse_value(v.strip())
-  c.method_kwargs = kwargs
+  c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn)
   if c.clients_per_round > c.num_clients:
     parser.error(f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}")
   if not c.output_dir:

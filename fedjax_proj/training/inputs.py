@@ -76,7 +76,7 @@ def public_inputs(
         "--public_data=../shared/data/cifar100/public_20k.npz"
       )
     return {}, 0
-  public = load_dataset(c.public_data, "train")
+  public = load_dataset(c.public_data, c.get("public_split", "train"))
   images, labels = subset(public, c.public_size, c.seed + 2)
   if images.shape[1:] != train_x.shape[1:] or images.dtype != train_x.dtype:
     raise ValueError(

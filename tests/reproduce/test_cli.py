@@ -93,8 +93,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
 def _write(directory, method, seed, value):
   directory.mkdir(parents=True, exist_ok=True)
   result = {
+    "claim": "fedproj-iris-pilot",
+    "budget": "cpu",
     "method": method,
     "seed": seed,
+    "config": {"method": method, "seed": seed},
     "metrics": {"global_accuracy": value, "client_accuracy": value},
     "curve": [{"round": 1, "global_accuracy": value / 100}],
     "wall_seconds": 1.0,
@@ -106,7 +109,7 @@ def _write(directory, method, seed, value):
 
 
 def _verdicts(directory):
-  found, _ = report.load_results(directory)
+  found, _, _ = report.load_results(directory)
   return {(b, w, m): v for b, w, m, _, v in report.paired_rows(PILOT, found)}
 
 
@@ -186,7 +189,7 @@ def test_added_field_at_its_default_keeps_old_fingerprints():
 
 def test_runner_extras_go_to_detail_not_metrics(tmp_path, monkeypatch):
   def runner(claim, config, work, log):
-    return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, []
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, [{"round": 1}]
 
   monkeypatch.setitem(run.RUNNERS, "pilot", runner)
   result = run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
