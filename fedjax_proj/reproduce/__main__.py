@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import protocol, report, run, sweep
+from fedjax_proj.reproduce import docs_tables, protocol, report, run, sweep
 
 
 def _csv(text: str) -> list[str]:
@@ -271,6 +271,7 @@ def main(argv=None) -> int:
   if args.update_docs:
     doc = run.REPO_ROOT / "docs" / "reproduction.md"
     report.update_docs(doc, results)
+    docs_tables.update(doc)
     print(f"updated {os.path.relpath(doc)}")
   return 0
 
