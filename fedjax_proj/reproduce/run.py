@@ -315,6 +315,39 @@ def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
 RUNNERS = {"image": _run_image, "continual": _run_continual, "pilot": _run_pilot}
 
 
+# The test hook of tests/reproduce/test_paper_first_round.py: fields :func:`tiny` shrinks. Only
+# data sizes, round and task counts, the number of clients and the model's width change; the
+# architecture, the method's hyperparameters and everything else stay as resolved, so a budget
+# that cannot run fails in CI.
+TINY_TRAIN = 600
+TINY_WIDTH = {
+  "resnet8": {"stem_features": 16, "stage_features": (16, 16, 16)},
+  "resnet10": {"stem_features": 16, "stage_features": (16, 16, 16, 16)},
+  "alexnet8": {"fc_features": 64},
+}
+
+
+def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
+  """``config`` shrunk to its first rounds on tiny data (two rounds for image claims: FedProj
+  skips its projection in round 0, so the second is its first projected round)."""
+  c = dict(config)
+  if claim.kind == "image":
+    c.update(rounds=2, local_epochs=1, eval_every=1, test_subset=0, eval_batch_size=100)
+    c["num_clients"] = min(c["num_clients"], 10)  # ExDir(2, .) needs 5+ to cover 10 classes
+    # A sequential chain keeps its clients per round (SFedKD's teachers come from them).
+    sequential = claim.entry.endswith("sequential.py")
+    c["clients_per_round"] = min(c["clients_per_round"], 10 if sequential else 2)
+    c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
+    if c.get("train_subset"):  # keep a held-out part where the budget has one
+      c["train_subset"] = TINY_TRAIN * 9 // 10
+  elif claim.kind == "continual":
+    c.update(num_clients=4, clients_per_round=2, rounds_per_task=1, local_epochs=1, num_tasks=2)
+    c.update(train_per_task=TINY_TRAIN, test_per_task=100, fl_later_rounds=0)
+  else:
+    c.update(rounds=1, pretrain_steps=min(c.get("pretrain_steps", 0), 5))
+  return c
+
+
 class RunLocked(RuntimeError):
   """Another process holds the lock of this (claim, budget, method, seed)."""
 
