@@ -408,8 +408,8 @@ def run_one(
   """Runs one (method, seed) and writes its result JSON; returns the result.
 
   The run first takes ``<method>-seed<k>.lock`` (a second process on the same run gets
-  :class:`RunLocked` and touches nothing), then re-checks the result (another process may have
-  finished it), and only then clears its work folder. The result is checked
+  :class:`RunLocked` and touches nothing), then re-checks the result (finished by another process
+  meanwhile: :class:`RunLocked` too), and only then clears its work folder. The result is checked
   (:func:`check_result`) before it is written, atomically, so a file on disk is a whole valid
   result; a corrupt file in its place is kept as ``<name>.corrupt``.
   """
@@ -428,7 +428,7 @@ def run_one(
   try:
     state = status(path, fingerprint(config))
     if state == "done":  # another process finished it while this one waited in its queue
-      return read_result(path)[0]
+      raise RunLocked(f"{path.name} was finished by another process meanwhile")
     if state == "corrupt":
       path.replace(path.with_suffix(".json.corrupt"))
     work = path.with_suffix(".work")
