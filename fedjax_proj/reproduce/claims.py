@@ -17,7 +17,7 @@ by the power calculation of :mod:`fedjax_proj.reproduce.protocol` from ``Budget.
 
 There is no ``drift`` budget: one that puts FedProj's forgetting mechanism in play (many local
 epochs, 10% participation) must be chosen from a measured pilot, and none has been run yet
-(docs/reproduction.md, "Protocol").
+(docs/reproduction.md, "Results").
 
 Papers: 000/001 FedProj, 002 FedGKD, 003 FOT, 004 SFedKD (the files the project was given).
 """
@@ -98,6 +98,8 @@ class Claim(NamedTuple):
     entry_kwargs: extra arguments of the entry point's ``get_config`` (e.g. the dataset).
     ablations: name -> :class:`Ablation`; run like methods (``--methods=<name>``), reported
       beside them and paired against the headline, but never part of a claimed ordering.
+    readings: extra (a, b) pairs whose curves the report compares (no verdict), for readings
+      the docs state beyond the claimed orderings.
   """
 
   name: str
@@ -113,6 +115,7 @@ class Claim(NamedTuple):
   budgets: Mapping[str, Budget]
   entry_kwargs: Mapping[str, Any] = {}
   ablations: Mapping[str, Ablation] = {}
+  readings: tuple[tuple[str, str], ...] = ()
 
   def preset_of(self, budget: str) -> str:
     """The preset ``budget`` starts from."""
@@ -474,6 +477,8 @@ SFEDKD = Claim(
     ),
   },
   entry_kwargs={"dataset": "cifar10"},
+  # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
+  readings=(("fedseq", "fedavg"), ("cwc", "fedavg")),
 )
 
 # --- FOT on permuted MNIST (paper 003, Table 1) -----------------------------------------------

@@ -13,7 +13,7 @@ Verdicts within a claim carry Holm's correction: the raw two-sided paired t-test
 m orderings, sorted, p_(i) multiplied by (m - i + 1), made monotone and capped at 1. An ordering
 is ``reproduced`` when its adjusted p < α and the mean difference favours the claimed winner,
 ``not reproduced`` when adjusted p < α against it, else ``inconclusive``; with fewer than n
-pre-registered seeds it is ``incomplete``. docs/reproduction.md ("Protocol") states the same.
+pre-registered seeds it is ``incomplete``. docs/reproduction.md ("Results") states the same.
 """
 
 from __future__ import annotations
@@ -161,9 +161,10 @@ def paired_p(diffs: Sequence[float]) -> float:
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-  """Holm-adjusted p-values (nan stays nan and does not count towards m)."""
+  """Holm-adjusted p-values over all m = len(pvalues) orderings, the pre-registered family (an
+  ordering not tested yet, nan, counts in m as if its p were 1 and stays nan)."""
   idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
-  m = len(idx)
+  m = len(pvalues)
   order = sorted(idx, key=lambda i: pvalues[i])
   out = [math.nan] * len(pvalues)
   running = 0.0
