@@ -148,8 +148,9 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
     lines += ["", f"{m} (method={c['method']}):"]
     lines += [f"  {k} = {own[k]!r}" for k in sorted(own)]
     lines += [f"  {c['method']}.{k} = {v!r}" for k, v in sorted(run.effective_hparams(c).items())]
-    _, notes = run.public_fallback(c, root, claims_lib.PUBLIC) if c.get("public_data") else ({}, [])
-    lines += [f"  deviation here: {n}" for n in notes]
+  # The public set is shared by every method, so is its deviation on this machine.
+  _, notes = run.public_fallback(first, root, claims_lib.PUBLIC)
+  lines += ["", *(f"deviation on this machine: {n}" for n in notes)] if notes else []
   return "\n".join(lines)
 
 

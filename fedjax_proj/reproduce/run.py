@@ -11,6 +11,7 @@ loaded by file path from the source checkout) plus the claim's budget overrides
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -352,8 +353,10 @@ class RunLocked(RuntimeError):
   """Another process holds the lock of this (claim, budget, method, seed)."""
 
 
+@functools.cache
 def tfds_has(name: str) -> bool:
-  """Whether TFDS can give ``name`` now: prepared on disk, or downloadable (network reachable)."""
+  """Whether TFDS can give ``name`` now: prepared on disk, or downloadable (network reachable);
+  asked once per process."""
   try:
     import tensorflow_datasets as tfds
 
@@ -362,6 +365,13 @@ def tfds_has(name: str) -> bool:
     return tfds.builder(name).is_prepared() or network_available()
   except Exception:  # noqa: BLE001 - any failure means TFDS cannot serve it here
     return False
+
+
+@functools.cache
+def _dataset_size(path: str) -> int:
+  from fedjax_proj.data.sources import load_dataset
+
+  return len(load_dataset(path, "train").labels)
 
 
 def public_fallback(
@@ -377,9 +387,7 @@ def public_fallback(
   name, split = config.get("public_data", ""), config.get("public_split", "train")
   if not name or split == "train" or "/" in name or tfds_has(name):
     return config, []
-  from fedjax_proj.data.sources import load_dataset
-
-  size = len(load_dataset(fallback.replace("{data}", str(data_root)), "train").labels)
+  size = _dataset_size(fallback.replace("{data}", str(data_root)))
   out = {**config, "public_data": fallback, "public_split": "train"}
   notes = [
     f"public set: {name} {split} is not available from TFDS here (offline, not prepared); "
