@@ -249,6 +249,20 @@ def resolve(
   return prepare(config) if prepare is not None else config
 
 
+def flag_values(parser: argparse.ArgumentParser, args) -> tuple[dict, dict]:
+  """The config fields the flags set (``--preset`` and unset flags left out) and the
+  ``--method_kwargs`` pairs, parsed (a malformed pair is a parser error)."""
+  skip = ("preset", "method_kwargs")
+  fields = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
+  kwargs = {}
+  for pair in filter(None, args.method_kwargs.split(",")):
+    if "=" not in pair:
+      parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
+    k, v = pair.split("=", 1)
+    kwargs[k.strip()] = _parse_value(v.strip())
+  return fields, kwargs
+
+
 def parse_config(
   argv,
   description: str,
@@ -260,15 +274,7 @@ def parse_config(
   refusals exit 2 with a one-line error rather than a usage message)."""
   parser = build_parser(description, get_config, choices, presets)
   args = parser.parse_args(argv)
-  fields = {
-    k: v for k, v in vars(args).items() if k not in ("preset", "method_kwargs") and v is not None
-  }
-  kwargs = {}
-  for pair in filter(None, args.method_kwargs.split(",")):
-    if "=" not in pair:
-      parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
-    k, v = pair.split("=", 1)
-    kwargs[k.strip()] = _parse_value(v.strip())
+  fields, kwargs = flag_values(parser, args)
   try:
     return resolve(get_config, args.preset, fields, kwargs)
   except ValueError as e:

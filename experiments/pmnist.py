@@ -20,13 +20,17 @@ one head per task. Writes ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-import ml_collections
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fedjax_proj.algorithms.registry import methods
+import common  # noqa: E402
+import ml_collections  # noqa: E402
+
+from fedjax_proj.algorithms.registry import methods  # noqa: E402
 
 PRESETS = ("paper", "cpu", "smoke")
 METHODS = methods(("continual",))  # the continual family of the method registry
@@ -118,15 +122,6 @@ def method_defaults(c) -> dict:
   return {}
 
 
-def _parse_value(text: str):
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def resolve(
   preset: str,
   fields=None,
@@ -190,15 +185,7 @@ def parse(
     value = getattr(args, field, None)
     if value is not None and value < 1:
       parser.error(f"--{field} must be >= 1, got {value}; e.g. --{field}={defaults[field]}")
-  fields = {
-    k: v for k, v in vars(args).items() if k not in ("preset", "method_kwargs") and v is not None
-  }
-  kwargs = {}
-  for pair in filter(None, args.method_kwargs.split(",")):
-    if "=" not in pair:
-      parser.error(f"--method_kwargs expects key=value pairs, got {pair!r}")
-    k, v = pair.split("=", 1)
-    kwargs[k.strip()] = _parse_value(v.strip())
+  fields, kwargs = common.flag_values(parser, args)
   c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn)
   if c.clients_per_round > c.num_clients:
     parser.error(f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}")
