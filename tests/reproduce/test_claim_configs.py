@@ -149,3 +149,35 @@ def test_help_gives_the_defaults(capsys):
     cli.main(["--help"])
   out = "".join(capsys.readouterr().out.split())  # argparse wraps lines
   assert "(default:cpu)" in out and "(default:thebudget'spre-registeredseeds" in out
+
+
+def test_public_split_reaches_tfds(monkeypatch):
+  """The paper budgets' public_split=train+test is the split TFDS is asked for."""
+  import ml_collections
+  import numpy as np
+  import tensorflow_datasets as tfds
+
+  from fedjax_proj.training import inputs
+
+  seen = []
+
+  def load(name, split, *args, **kwargs):
+    seen.append(split)
+    return run_load(name, split, *args, download=False, **kwargs)
+
+  run_load = inputs.load_dataset
+  monkeypatch.setattr(inputs, "load_dataset", load)
+  c = ml_collections.ConfigDict(
+    dict(
+      public_data="cifar100",
+      public_split="train+test",
+      public_size=0,
+      seed=0,
+      method="feddf",
+      memory_size=0,
+      method_kwargs={},
+    )
+  )
+  with tfds.testing.mock_data(num_examples=6):
+    _, n = inputs.public_inputs(c, np.zeros((1, 32, 32, 3), np.uint8), 10, "cifar10")
+  assert seen == ["train+test"] and n == 6
