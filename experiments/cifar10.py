@@ -113,6 +113,12 @@ def prepare(c):
   return fedproj_presets.prepare(c)
 
 
+def resolve(preset: str, fields=None, method_kwargs=None):
+  """The config ``--preset=<preset>`` with these flags runs (common.resolve, then prepare); the
+  claim runner (fedjax_proj/reproduce/run.py) resolves through it too."""
+  return common.resolve(get_config, preset, fields, method_kwargs, prepare)
+
+
 if __name__ == "__main__":
   choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
   sys.exit(

@@ -129,6 +129,7 @@ HELP = {
   "process_id": "this process's rank in a multi-process job",
   "cpu_collectives": "collectives for CPU-only multi-process jobs: '' (JAX default), gloo or mpi",
   "public_data": "public (unlabelled) set for distillation methods: a name (cifar100) or a path",
+  "public_split": "split of a TFDS public set: train, or train+test (CIFAR-100's 60k, 001 6.1)",
   "public_size": "use only this many public examples (0: all)",
   "memory_size": "FedProj's memory of public examples (at most --public_size)",
   "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
@@ -227,21 +228,27 @@ def build_parser(
   return parser
 
 
-def parse_config(
-  argv,
-  description: str,
+def resolve(
   get_config: Callable[[str], ml_collections.ConfigDict],
-  choices: dict,
-  presets: tuple[str, ...] = PRESETS,
+  preset: str,
+  fields=None,
+  method_kwargs=None,
+  prepare: Callable | None = None,
 ) -> ml_collections.ConfigDict:
-  parser = build_parser(description, get_config, choices, presets)
-  args = parser.parse_args(argv)
-  config = get_config(args.preset)
-  for key, value in vars(args).items():
-    if key in ("preset", "method_kwargs") or value is None:
-      continue
+  """The config an entry point runs: ``get_config(preset)``, then ``fields``, then the smoke
+  preset's method defaults, then ``method_kwargs``, checked, then ``prepare`` (the preset rules
+  that depend on the final fields).
+
+  The flags of :func:`main` and the claim runner (fedjax_proj/reproduce/run.py) both resolve
+  through this function, so a claim runs what its entry point runs. Raises ValueError naming the
+  field and the fix (an unknown field included).
+  """
+  config = get_config(preset)
+  for key, value in dict(fields or {}).items():
+    if key not in config:
+      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
     config[key] = value
-  if args.preset == "smoke":
+  if preset == "smoke":
     from fedjax_proj.algorithms.registry import declared_hparams
 
     accepted = declared_hparams(config.method) or {}
@@ -249,32 +256,61 @@ def parse_config(
       if key in accepted and key not in config.method_kwargs:
         config.method_kwargs[key] = value
   from fedjax_proj.algorithms.registry import config_kwargs
-  from fedjax_proj.training.config import parse_method_kwargs, validate_config
+  from fedjax_proj.training.config import validate_config
 
+  given = dict(method_kwargs or {})
+  for field in config_kwargs(config.method):
+    # A hyperparameter that is also a config field (FedProj's memory_size) has one source, the
+    # field: a value given only in method_kwargs moves into it, two different values are refused.
+    if field in given:
+      if field in (fields or {}) and fields[field] != given[field]:
+        raise ValueError(
+          f"--{field}={fields[field]} and --method_kwargs {field}={given[field]} disagree; pass "
+          f"it once, as --{field}."
+        )
+      try:
+        config[field] = given.pop(field)
+      except TypeError:
+        raise ValueError(
+          f"--method_kwargs {field}={given.get(field, config[field])!r} must be a "
+          f"{type(config[field]).__name__}, as --{field}."
+        ) from None
+  for key, value in given.items():
+    config.method_kwargs[key] = value
+
+  validate_config(config)
+  return prepare(config) if prepare is not None else config
+
+
+def flag_values(parser: argparse.ArgumentParser, args) -> tuple[dict, dict]:
+  """The config fields the flags set (``--preset`` and unset flags left out) and the
+  ``--method_kwargs`` pairs, parsed (a malformed pair is a parser error)."""
+  from fedjax_proj.training.config import parse_method_kwargs
+
+  skip = ("preset", "method_kwargs")
+  fields = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
   try:
-    given = parse_method_kwargs(args.method_kwargs)
-    for field in config_kwargs(config.method):
-      # A hyperparameter that is also a flag (FedProj's memory_size) has one source, the field.
-      if field in given:
-        flag = getattr(args, field, None)
-        if flag is not None and flag != given[field]:
-          raise ValueError(
-            f"--{field}={flag} and --method_kwargs {field}={given[field]} disagree; pass it "
-            f"once, as --{field}."
-          )
-        try:
-          config[field] = given.pop(field)
-        except TypeError:
-          raise ValueError(
-            f"--method_kwargs {field}={given.get(field, config[field])!r} must be a "
-            f"{type(config[field]).__name__}, as --{field}."
-          ) from None
-    for key, value in given.items():
-      config.method_kwargs[key] = value
-    validate_config(config)
+    return fields, parse_method_kwargs(args.method_kwargs)
   except ValueError as e:
     parser.error(str(e))
-  return config
+
+
+def parse_config(
+  argv,
+  description: str,
+  get_config: Callable[[str], ml_collections.ConfigDict],
+  choices: dict,
+  presets: tuple[str, ...] = PRESETS,
+) -> ml_collections.ConfigDict:
+  """The flags' config: :func:`resolve` without ``prepare`` (:func:`main` applies it, so its
+  refusals exit 2 with a one-line error rather than a usage message)."""
+  parser = build_parser(description, get_config, choices, presets)
+  args = parser.parse_args(argv)
+  fields, kwargs = flag_values(parser, args)
+  try:
+    return resolve(get_config, args.preset, fields, kwargs)
+  except ValueError as e:
+    parser.error(str(e))
 
 
 def resume_command(argv, output_dir: str) -> str:
@@ -316,14 +352,15 @@ def main(
   """Parses flags, runs the experiment and maps failures to exit codes with a message.
 
   ``prepare(config) -> config`` applies preset rules that depend on the chosen flags (e.g. the
-  public set a preset expects); its ValueErrors exit 2 like other flag errors.
+  public set a preset expects); its ValueErrors exit 2 like other flag errors. Flags, then
+  ``prepare``, is :func:`resolve`, the function the claim runner calls.
   """
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
   from fedjax_proj.training.loop import AbortedBySignal, NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices, presets)
-  if prepare is not None:
+  if prepare is not None:  # the last step of resolve(), kept here for its exit code
     try:
       config = prepare(config)
     except ValueError as e:

@@ -36,7 +36,10 @@ def apply_paper(c: ml_collections.ConfigDict, distill_epochs: int) -> ml_collect
       "fedproj": {
         "temperature": 1.0,  # plain KL: 000 Eq. 3, 001 Eq. 4, Algorithm 1 line 14
         "temperature_squared": False,
-        "memory_batch_size": 256,  # a mini-batch per step (001 C.6); size from the code
+        # One memory mini-batch per step, as large as the private one: 001 C.6 / Table 5 count
+        # "one additional forward-backward pass on a public buffer mini-batch" that "doubles
+        # per-step client FLOPs" (the code's 256 is paper_code).
+        "memory_batch_size": c.batch_size,
         "tau": 1e-6,  # δ_proj is "small" in the text; the code's 1e-6
         "round0": "skip",  # line 16's labelled public data does not exist (CIFAR-100 labels)
         "distill_epochs": distill_epochs,  # 001 Sec. 6.1
@@ -45,10 +48,23 @@ def apply_paper(c: ml_collections.ConfigDict, distill_epochs: int) -> ml_collect
         "distill_temperature": 3.0,  # 001 Sec. 6.1, with τ² (Algorithm 1 line 37)
         "alpha": paper_alpha(c.dataset, c.partition),
         "divergence_anchor": "previous",  # Algorithm 1, line 38
-      }
+      },
+      # FedDF and FedET distil like FedProj's server (the same epochs, batch, lr and T), so
+      # FedProj - FedDF isolates the client projection (001 Sec. 6.1 gives one distillation setup).
+      **{m: _server_distillation(distill_epochs, 256) for m in ("feddf", "fedet")},
     }
   )
   return c
+
+
+def _server_distillation(distill_epochs: int, batch_size: int) -> dict:
+  """The server-distillation hyperparameters FedProj, FedDF and FedET share in a preset."""
+  return {
+    "distill_epochs": distill_epochs,
+    "distill_batch_size": batch_size,
+    "distill_lr": 1e-5,
+    "distill_temperature": 3.0,
+  }
 
 
 def apply_paper_code(
@@ -79,7 +95,8 @@ def apply_paper_code(
         # parameters), so it is identically zero whatever gamma is: α = 0 reproduces it.
         "alpha": 0.0,
         "divergence_anchor": "fedavg",
-      }
+      },
+      **{m: _server_distillation(distill_epochs, 128) for m in ("feddf", "fedet")},
     }
   )
   return c

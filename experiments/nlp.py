@@ -137,6 +137,12 @@ def prepare(c):
   return c
 
 
+def resolve(preset: str, fields=None, method_kwargs=None, task: str = "sst2"):
+  """The config ``--task=<task> --preset=<preset>`` with these flags runs (common.resolve, then
+  prepare); the claim runner (fedjax_proj/reproduce/run.py) resolves through it too."""
+  return common.resolve(lambda p: get_config(p, task), preset, fields, method_kwargs, prepare)
+
+
 def task_from(argv) -> tuple[str, list[str]]:
   """``--task`` is read first: the presets depend on it."""
   pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -156,7 +162,7 @@ DESCRIPTION = (
 
 def main(argv) -> int:
   task, rest = task_from(argv)
-  choices = {"method": common.parallel_method_choices(), "strategy": STRATEGIES}
+  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES}
   choices["bert_size"] = ("tinybert_4l_312", "distilbert", "tiny")
   choices["task"] = tuple(TASKS)
   return common.main(

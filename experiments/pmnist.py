@@ -20,15 +20,19 @@ one head per task. Writes ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-import ml_collections
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, methods
-from fedjax_proj.core import ranges
-from fedjax_proj.training.config import check_fields, parse_method_kwargs
+import common  # noqa: E402
+import ml_collections  # noqa: E402
+
+from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, methods  # noqa: E402
+from fedjax_proj.core import ranges  # noqa: E402
+from fedjax_proj.training.config import check_fields  # noqa: E402
 
 PRESETS = ("paper", "cpu", "smoke")
 METHODS = methods(("continual",))  # the continual family of the method registry
@@ -169,6 +173,28 @@ FIELD_RANGES = {
 }
 
 
+def resolve(
+  preset: str,
+  fields=None,
+  method_kwargs=None,
+  get_config_fn=None,
+  method_defaults_fn=None,
+) -> ml_collections.ConfigDict:
+  """The config ``--preset=<preset>`` with these flags runs: the preset, then ``fields``, then the
+  method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``. The flags and
+  the claim runner (fedjax_proj/reproduce/run.py) both resolve through it."""
+  c = (get_config_fn or get_config)(preset)
+  for key, value in dict(fields or {}).items():
+    if key not in c:
+      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
+    c[key] = value
+  c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
+  # Every number finite and in range, before any data is loaded.
+  check_fields(c, FIELD_RANGES)
+  check_hparams(c.method, c.method_kwargs, flag="--method_kwargs")
+  return c
+
+
 def parse(
   argv, description: str, get_config_fn, method_defaults_fn=None
 ) -> ml_collections.ConfigDict:
@@ -213,19 +239,11 @@ def parse(
   args = parser.parse_args(argv)
   if {"--iid", "--noniid"} <= set(argv):  # argparse would let the last one win silently
     parser.error("--iid and --noniid contradict each other; pass one of them (default: non-IID)")
-  c = get_config_fn(args.preset)
-  for key, value in vars(args).items():
-    if key not in ("preset", "method_kwargs") and value is not None:
-      c[key] = value
-  kwargs = (method_defaults_fn or method_defaults)(c)
+  if args.method is not None and args.method not in METHODS:
+    parser.error(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+  fields, kwargs = common.flag_values(parser, args)
   try:
-    kwargs.update(parse_method_kwargs(args.method_kwargs))
-  except ValueError as e:
-    parser.error(str(e))
-  c.method_kwargs = kwargs
-  try:  # every number finite and in range, before any data is loaded
-    check_fields(c, FIELD_RANGES)
-    check_hparams(c.method, kwargs, flag="--method_kwargs")
+    c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn)
   except ValueError as e:
     parser.error(str(e))
   if c.clients_per_round > c.num_clients:

@@ -105,6 +105,14 @@ def prepare(c, log=print):
   return c
 
 
+def resolve(preset: str, fields=None, method_kwargs=None, dataset: str = "cifar10", log=print):
+  """The config ``--preset=<preset> --dataset=<dataset>`` with these flags runs (common.resolve,
+  then prepare); the claim runner (fedjax_proj/reproduce/run.py) resolves through it too."""
+  return common.resolve(
+    lambda p: get_config(p, dataset), preset, fields, method_kwargs, lambda c: prepare(c, log)
+  )
+
+
 def main(argv) -> int:
   pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
   pre.add_argument("--dataset", default="cifar10", choices=DATASETS)

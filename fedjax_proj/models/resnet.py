@@ -208,9 +208,10 @@ def resnet_module(name: str, num_classes: int | None = 10, **options) -> ResNet:
     name: "resnet8", "resnet10" or "resnet18".
     num_classes: output width (None: no classifier, for multi-head wrappers).
     **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
-      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`.
+      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`; an architecture field
+      (e.g. ``stage_features``) replaces the named network's (narrow copies for fast tests).
   """
-  return ResNet(num_classes=num_classes, **ARCHITECTURES[name], **options)
+  return ResNet(num_classes=num_classes, **{**ARCHITECTURES[name], **options})
 
 
 def resnet8_module(num_classes: int | None = 10, **options) -> ResNet:
@@ -237,6 +238,7 @@ def resnet8(
   projection_dim: int | None = None,
   classifier_on_projection: bool = False,
   conv_impl: str = "xla",
+  **architecture,
 ) -> Model:
   """FedDF's ResNet-8 as a :class:`Model`; features are the 64-d pooled representation.
 
@@ -248,6 +250,8 @@ def resnet8(
     projection_dim: MOON projection head width (features become the projection).
     classifier_on_projection: logits from the projection (MOON's code) instead of the pool.
     conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
+    **architecture: fields of :data:`ARCHITECTURES` replacing ResNet-8's (e.g. a narrower
+      ``stage_features`` for fast tests).
 
   Returns:
     The Model.
@@ -260,6 +264,7 @@ def resnet8(
     projection_dim=projection_dim,
     classifier_on_projection=classifier_on_projection,
     conv_impl=conv_impl,
+    **architecture,
   )
   return from_flax("resnet8", module, num_classes)
 

@@ -1,15 +1,20 @@
 """``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|paper``: run a paper claim, report.
 
-    python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --seeds=0,1,2 \\
+    python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --power    # seed count
+    python -m fedjax_proj.reproduce fedgkd-cifar10 --budget=paper --dry_run        # the configs
+    python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu \\
         --methods=fedavg,feddf,fedproj --report
     python -m fedjax_proj.reproduce fedproj-iris-pilot --sweep --report   # the pilot's regimes
     python -m fedjax_proj.reproduce --update_docs                         # docs/reproduction.md
     python -m fedjax_proj.reproduce --list
 
 Runs go seed by seed (seed 0 of every method, then seed 1, ...), so an interrupted claim still has
-comparable pairs. A run whose result file exists with the same resolved config is skipped; one
-from another config is reported as stale and rerun only with ``--rerun_stale``. Every input is
-checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
+comparable pairs. ``--seeds`` defaults to the budget's pre-registered seeds 0..n-1 (claims.py,
+chosen by the power calculation ``--power`` prints); more seeds are exploratory. A run whose
+result file exists with the same resolved config is skipped; one from another config is reported
+as stale and rerun only with ``--rerun_stale``; a corrupt one is reported as corrupt, kept aside
+and rerun. A run holds a lock, so two processes never run (or delete) the same one. Every input
+is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
 See docs/reproduction.md, "Results".
 """
 
@@ -22,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import report, run, sweep
+from fedjax_proj.reproduce import docs_tables, protocol, report, run, sweep
 
 
 def _csv(text: str) -> list[str]:
@@ -34,8 +39,24 @@ def parse_args(argv) -> argparse.Namespace:
     prog="python -m fedjax_proj.reproduce", description=__doc__.split("\n")[0]
   )
   p.add_argument("claim", nargs="?", help=f"one of: {', '.join(claims_lib.CLAIMS)}")
-  p.add_argument("--budget", default="cpu", choices=claims_lib.BUDGETS)
-  p.add_argument("--seeds", default="0,1,2", help="comma-separated integers")
+  p.add_argument(
+    "--budget",
+    default="cpu",
+    choices=claims_lib.BUDGETS,
+    help="paper (the paper's setting), cpu (pinned, hours on a CPU), smoke (wiring) (default: cpu)",
+  )
+  p.add_argument(
+    "--seeds",
+    default="",
+    help="comma-separated integers (default: the budget's pre-registered seeds 0..n-1, "
+    "see --power; others are exploratory)",
+  )
+  p.add_argument(
+    "--dry_run", action="store_true", help="print every method's resolved config; run nothing"
+  )
+  p.add_argument(
+    "--power", action="store_true", help="print the power calculation behind the seed count"
+  )
   p.add_argument("--methods", default="", help="comma-separated subset (default: all)")
   p.add_argument("--report", action="store_true", help="write report.md and figures")
   p.add_argument("--no_run", action="store_true", help="only list statuses / report")
@@ -62,7 +83,8 @@ def parse_args(argv) -> argparse.Namespace:
         f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
       )
     try:
-      args.seed_list = [int(s) for s in _csv(args.seeds)]
+      declared = claim.budgets[args.budget].seeds
+      args.seed_list = [int(s) for s in _csv(args.seeds)] if args.seeds else list(range(declared))
     except ValueError:
       p.error(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
     if not args.seed_list or min(args.seed_list) < 0:
@@ -85,15 +107,51 @@ def data_root(args, claim: claims_lib.Claim) -> Path:
   return root or Path(".")
 
 
-def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path) -> dict:
+def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
+  """The config a run uses on this machine and its deviations from the budget
+  (run.public_fallback: the paper's public set when TFDS cannot give it)."""
+  config = sweep.config_for(claim, budget, method, seed, root)
+  return run.public_fallback(config, root, claims_lib.PUBLIC)
+
+
+def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, root: Path) -> dict:
   """{stem: fingerprint of today's config} for every result file in ``directory``, so a report
   after running some methods or seeds still counts the others that are current."""
   out = {}
   for path in sorted(directory.glob("*-seed*.json")):
     method, _, seed = path.stem.rpartition("-seed")
     if method in claim.runnable and seed.isdigit():
-      out[path.stem] = run.fingerprint(sweep.config_for(claim, budget, method, int(seed)))
+      out[path.stem] = run.fingerprint(planned_config(claim, budget, method, int(seed), root)[0])
   return out
+
+
+def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
+  """Every method's resolved config at ``budget`` (fields shared by all methods once, then each
+  method's own fields and its full hyperparameters), without running anything."""
+  configs = {m: run.resolve_config(claim, budget, m, 0, root) for m in methods}
+  first = next(iter(configs.values()))
+  skip = ("method", "method_kwargs", "method_defaults")
+  shared = {
+    k: v for k, v in first.items() if k not in skip and all(c.get(k) == v for c in configs.values())
+  }
+  b = claim.budgets[budget]
+  lines = [
+    f"{claim.name} --budget={budget}: {claim.entry} --preset={claim.preset_of(budget)} + the "
+    f"claim's overrides, through the entry point's resolve/prepare. Seeds: 0..{b.seeds - 1} "
+    f"(pre-registered). {{data}} = {root}.",
+    "",
+    "shared fields:",
+  ]
+  lines += [f"  {k} = {shared[k]!r}" for k in sorted(shared)]
+  for m, c in configs.items():
+    own = {k: v for k, v in c.items() if k not in skip and k not in shared}
+    lines += ["", f"{m} (method={c['method']}):"]
+    lines += [f"  {k} = {own[k]!r}" for k in sorted(own)]
+    lines += [f"  {c['method']}.{k} = {v!r}" for k, v in sorted(run.effective_hparams(c).items())]
+  # The public set is shared by every method, so is its deviation on this machine.
+  _, notes = run.public_fallback(first, root, claims_lib.PUBLIC)
+  lines += ["", *(f"deviation on this machine: {n}" for n in notes)] if notes else []
+  return "\n".join(lines)
 
 
 class RunsFailed(RuntimeError):
@@ -116,23 +174,28 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   plan, expected, failed = [], {}, []
   for seed in args.seed_list:
     for method in args.method_list:
-      config = sweep.config_for(claim, budget, method, seed)
+      config, deviations = planned_config(claim, budget, method, seed, root)
       fp = run.fingerprint(config)
       expected[f"{method}-seed{seed}"] = fp
       path = run.result_path(results, claim.name, budget, method, seed)
-      plan.append((method, seed, config, path, run.status(path, fp)))
+      plan.append((method, seed, config, deviations, path, run.status(path, fp)))
+  for note in sorted({d for p in plan for d in p[3]}):
+    print(f"deviation: {note}", flush=True)
   if claim.kind == "image":  # every run's config is valid before the first one starts
     import ml_collections
 
     from fedjax_proj.training.config import validate_config
 
-    for _, _, config, _, _ in plan:
+    for _, _, config, _, _, _ in plan:
       validate_config(ml_collections.ConfigDict(run.substitute_data(config, root)))
-  for method, seed, config, path, state in plan:
+  for method, seed, config, deviations, path, state in plan:
     tag = f"{claim.name} {budget} {method} seed {seed}"
     if state == "done":
       print(f"skip {tag}: done with the same config ({path})", flush=True)
       continue
+    if state == "corrupt":
+      _, why = run.read_result(path)
+      print(f"corrupt {tag}: {path} ({why}); kept as {path.name}.corrupt and rerun", flush=True)
     if state == "stale" and not args.rerun_stale:
       print(f"stale {tag}: {path} is from another config; rerun with --rerun_stale", flush=True)
       continue
@@ -143,8 +206,18 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
       result = run.run_one(
-        claim, budget, method, seed, results=results, data_root=root, config=config
+        claim,
+        budget,
+        method,
+        seed,
+        results=results,
+        data_root=root,
+        config=config,
+        deviations=deviations,
       )
+    except run.RunLocked as e:  # another process runs it: leave it alone, not a failure
+      print(f"locked {tag}: {e}", flush=True)
+      continue
     except Exception as e:  # noqa: BLE001 - one diverged run must not cost the queued ones
       # An hours-long queue of runs goes on past a run that fails (e.g. a diverging loss); the
       # failures are listed at the end and make the command exit 1. No result file is written,
@@ -169,7 +242,15 @@ def main(argv=None) -> int:
   if args.claim:
     claim = claims_lib.get_claim(args.claim)
     try:
+      if args.power:
+        directory = results / claim.name / args.budget
+        found = report.load_results(directory)[0] if directory.is_dir() else {}
+        print(protocol.render_plan(claim, args.budget, report.measured_sd(claim, found)))
+        return 0
       root = data_root(args, claim)
+      if args.dry_run:
+        print(dry_run(claim, args.budget, args.method_list, root))
+        return 0
       if args.sweep:
         sweep.run_sweep(args, claim, root, results, run_claim)
       else:
@@ -180,7 +261,8 @@ def main(argv=None) -> int:
           failed, expected = e, e.expected
         if args.report:
           directory = results / claim.name / args.budget
-          expected = {**current_fingerprints(claim, args.budget, directory), **expected}
+          current = current_fingerprints(claim, args.budget, directory, root)
+          expected = {**current, **expected}
           print(report.write_report(claim, args.budget, directory, expected))
         if failed is not None:
           raise failed
@@ -190,6 +272,7 @@ def main(argv=None) -> int:
   if args.update_docs:
     doc = run.REPO_ROOT / "docs" / "reproduction.md"
     report.update_docs(doc, results)
+    docs_tables.update(doc)
     print(f"updated {os.path.relpath(doc)}")
   return 0
 

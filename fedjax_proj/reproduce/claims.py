@@ -3,12 +3,21 @@
 A :class:`Claim` names one experiment of a seed paper: the entry point that runs it, the methods it
 compares, the paper's numbers, the orderings the paper claims, and per budget the config overrides.
 
-Budgets: ``paper`` starts from the entry point's ``--preset=paper`` config and changes only what
-the claim's table differs in (partition, public data); ``cpu`` and ``smoke`` also start from the
-paper preset but pin every field and method hyperparameter they depend on here, so a claim's
-``cpu`` budget does not silently change when a preset or a module default changes. String values
-may hold ``{data}``, the shared data folder, substituted only when a run starts (the result's
-fingerprint keeps the placeholder, so results move between machines).
+Budgets: ``paper`` starts from the claim's own preset of its entry point (``Claim.preset``, e.g.
+``fedgkd_paper`` for FedGKD) and changes only what the claim's table differs in (partition, public
+data); ``cpu`` and ``smoke`` start from a preset too but pin every field and method hyperparameter
+they depend on here, so a claim's ``cpu`` budget does not silently change when a preset or a module
+default changes. Every budget resolves through the entry point's own ``resolve`` (the preset, the
+overrides, then the entry point's ``prepare``), so a claim runs what its entry point runs. String
+values may hold ``{data}``, the shared data folder, substituted only when a run starts (the
+result's fingerprint keeps the placeholder, so results move between machines).
+
+Each budget pre-registers its seed count (``Budget.seeds``: the verdict uses seeds 0..n-1, chosen
+by the power calculation of :mod:`fedjax_proj.reproduce.protocol` from ``Budget.power_sd``).
+
+There is no ``drift`` budget: one that puts FedProj's forgetting mechanism in play (many local
+epochs, 10% participation) must be chosen from a measured pilot, and none has been run yet
+(docs/reproduction.md, "Results").
 
 Papers: 000/001 FedProj, 002 FedGKD, 003 FOT, 004 SFedKD (the files the project was given).
 """
@@ -31,11 +40,20 @@ class Budget(NamedTuple):
     shared: config fields set for every method (``method_kwargs`` here merges into each method's).
     per_method: method -> config fields; its ``method_kwargs`` are the method's hyperparameters.
     note: why this budget puts the paper's mechanism in play, and its measured cost.
+    preset: the entry point's preset the budget starts from (None: the claim's ``preset``).
+    seeds: the pre-registered seed count n; the verdict uses seeds 0..n-1 (more are exploratory).
+    power_sd: metric -> the paired sd (percentage points) the power calculation that chose
+      ``seeds`` used (None: not measured; the seed count is then the minimum).
+    power_source: where ``power_sd`` was measured.
   """
 
   shared: Mapping[str, Any]
   per_method: Mapping[str, Mapping[str, Any]] = {}
   note: str = ""
+  preset: str | None = None
+  seeds: int = 3
+  power_sd: Mapping[str, float] | None = None
+  power_source: str = "not measured"
 
 
 class Ordering(NamedTuple):
@@ -66,10 +84,11 @@ class Claim(NamedTuple):
   Attributes:
     name: the CLI name.
     reference: paper, table/figure.
+    preset: the entry point's preset the claim's ``paper`` budget starts from.
     entry: the entry point, relative to the repository root (``experiments/*.py``).
     kind: ``image`` (training.experiment.run_experiment, also the sequential methods),
       ``continual`` (experiments/pmnist.py), ``pilot`` (experiments/pilot_iris.py) or ``nlp``
-      (experiments/nlp.py: the image runner after the entry point's ``prepare``).
+      (experiments/nlp.py: the image runner on token ids).
     methods: the methods compared (registry names).
     headline: the paper's method; the report pairs it against every other method.
     metrics: the reported metrics; the first is the headline metric.
@@ -80,10 +99,13 @@ class Claim(NamedTuple):
     entry_kwargs: extra arguments of the entry point's ``get_config`` (e.g. the dataset).
     ablations: name -> :class:`Ablation`; run like methods (``--methods=<name>``), reported
       beside them and paired against the headline, but never part of a claimed ordering.
+    readings: extra (a, b) pairs whose curves the report compares (no verdict), for readings
+      the docs state beyond the claimed orderings.
   """
 
   name: str
   reference: str
+  preset: str
   entry: str
   kind: str
   methods: tuple[str, ...]
@@ -94,6 +116,11 @@ class Claim(NamedTuple):
   budgets: Mapping[str, Budget]
   entry_kwargs: Mapping[str, Any] = {}
   ablations: Mapping[str, Ablation] = {}
+  readings: tuple[tuple[str, str], ...] = ()
+
+  def preset_of(self, budget: str) -> str:
+    """The preset ``budget`` starts from."""
+    return self.budgets[budget].preset or self.preset
 
   @property
   def runnable(self) -> tuple[str, ...]:
@@ -108,25 +135,53 @@ def _beats(headline: str, others, metrics=("test_accuracy",)) -> tuple[Ordering,
 # --- FedProj on CIFAR-10 (paper 001, Table 1) ------------------------------------------------
 
 PUBLIC = "{data}/cifar100/public_20k.npz"
-# Distillation hyperparameters pinned for every distilling method (the module defaults of today).
+# The paper's public set (001 Sec. 6.1, Table 4's 60,000 row): CIFAR-100 train + test from TFDS.
+# Offline the run falls back to PUBLIC and caps |M| at its size, and records the deviation
+# (fedjax_proj/reproduce/run.py, ``public_fallback``).
+PAPER_PUBLIC = dict(public_data="cifar100", public_split="train+test", public_size=0)
+# Distillation hyperparameters pinned for every distilling method at cpu (the module defaults when
+# the budget was set; equal across FedProj, FedDF and FedET, so FedProj - FedDF is the projection).
 DISTILL = dict(distill_epochs=1, distill_lr=1e-4, distill_batch_size=256, distill_temperature=3.0)
-# FedProj's memory loss is plain KL (T = 1, 001 Eq. 3); the rest is the module's current setting.
+# FedProj's memory loss is plain KL (T = 1, 001 Eq. 3); the memory batch is the private batch (001
+# C.6); α is not pinned: the entry point's prepare() sets it per β from 001 Table 3.
 FEDPROJ_KW = dict(
   temperature=1.0,
   memory_batch_size=64,
   tau=1e-6,
   projection_prob=1.0,
   round0="skip",
-  alpha=0.0,
   **DISTILL,
 )
+# 001 Table 1's baselines: the module defaults when the budget was set, pinned (the paper gives no
+# baseline hyperparameters); MOON's μ = 5 is MOON's CIFAR-10 value (the paper preset's).
+BASELINE_KW = {
+  "fedprox": {"method_kwargs": dict(mu=0.01)},
+  "fednova": {},
+  "feddyn": {"method_kwargs": dict(alpha=0.01)},
+  "moon": {"method_kwargs": dict(mu=5.0, temperature=0.5)},
+  "fedrcl": {
+    "method_kwargs": dict(
+      temperature=0.05,
+      threshold=0.7,
+      topk_neg=2,
+      scl_weight=1.0,
+      penalty_weight=1.0,
+      clip_norm=10.0,
+    )
+  },
+}
 IMAGE_METHOD_KW = {
   "fedproj": {"method_kwargs": FEDPROJ_KW},
   "feddf": {"method_kwargs": {**DISTILL, "alpha": 0.0}},
   "fedet": {"method_kwargs": {**DISTILL, "alpha": 0.0}},
   "fedgkd": {"method_kwargs": dict(buffer_size=5, gamma=0.2, temperature=1.0)},
-  "fedgkd_vote": {"method_kwargs": dict(buffer_size=5, gamma=0.2, temperature=1.0, lam=0.1)},
+  "fedgkd_vote": {
+    "method_kwargs": dict(
+      buffer_size=5, gamma=0.2, temperature=1.0, lam=0.1, vote_validation="server"
+    )
+  },
   "fedntd": {"method_kwargs": dict(beta=1.0, temperature=1.0)},
+  **BASELINE_KW,
 }
 
 # The cpu budget (docs/reproduction.md, "Results"): the FedAvg CNN on the full 50k CIFAR-10
@@ -171,7 +226,20 @@ CIFAR_SMOKE = {
   "public_size": 500,
   "memory_size": 500,
 }
-FEDPROJ_METHODS = ("fedavg", "feddf", "fedet", "fedgkd", "fedntd", "fedproj")
+# 001 Table 1's eight baselines, our FedGKD and FedNTD, then FedProj.
+FEDPROJ_METHODS = (
+  "fedavg",
+  "fedprox",
+  "fednova",
+  "feddyn",
+  "moon",
+  "fedrcl",
+  "feddf",
+  "fedet",
+  "fedgkd",
+  "fedntd",
+  "fedproj",
+)
 # FedProj has two parts, the client's projection against the memory loss and the server's
 # distillation. Without the projection it is FedDF bit for bit (same server; memory_size equals
 # public_size here; tests/algorithms/distillation/test_fedproj.py), so FedProj - FedDF is the
@@ -185,29 +253,61 @@ FEDPROJ_ABLATIONS = {
     "fedproj", {"projection_prob": 0.5}, "projection at a random half of the local steps"
   ),
 }
+# 001 Table 1, CIFAR-10 columns (mean over 3 seeds).
+FEDPROJ_TABLE1 = {
+  "0.3": {
+    "fedavg": 63.19,
+    "fedprox": 61.40,
+    "fednova": 63.43,
+    "feddyn": 63.35,
+    "moon": 61.09,
+    "fedrcl": 62.14,
+    "feddf": 63.92,
+    "fedet": 62.79,
+    "fedproj": 65.52,
+  },
+  "0.5": {
+    "fedavg": 66.41,
+    "fedprox": 67.34,
+    "fednova": 67.93,
+    "feddyn": 67.53,
+    "moon": 68.83,
+    "fedrcl": 67.26,
+    "feddf": 68.04,
+    "fedet": 66.46,
+    "fedproj": 69.88,
+  },
+}
 
 
-def _fedproj_cifar(beta: str, paper: Mapping[str, float]) -> Claim:
+def _fedproj_cifar(beta: str, seeds: dict, sd: Mapping[str, float], source: str) -> Claim:
   partition = f"dirichlet:{beta}"
   return Claim(
     name=f"fedproj-cifar10-dir{beta}",
     reference=f"001 Table 1, CIFAR-10 Dir(beta={beta}) (FedGKD and FedNTD are not in the table)",
+    preset="paper",
     entry="experiments/cifar10.py",
     kind="image",
     methods=FEDPROJ_METHODS,
     headline="fedproj",
     metrics=("test_accuracy",),
-    paper={m: {"test_accuracy": v} for m, v in paper.items()},
+    paper={m: {"test_accuracy": v} for m, v in FEDPROJ_TABLE1[beta].items()},
     orderings=_beats("fedproj", [m for m in FEDPROJ_METHODS if m != "fedproj"]),
     budgets={
       "paper": Budget(
-        {"partition": partition, "data_dir": "{data}/cifar10", "public_data": PUBLIC}
+        {"partition": partition, "data_dir": "{data}/cifar10", **PAPER_PUBLIC},
+        seeds=seeds["paper"],
+        power_sd=sd,
+        power_source=f"{source} (no paper-budget run exists)",
       ),
       "cpu": Budget(
         {**CIFAR_CPU, "partition": partition},
         IMAGE_METHOD_KW,
         f"FedAvg CNN, full 50k train, 20 clients Dir({beta}), 5/round, 8 rounds x 1 local "
         "epoch (Adam 1e-3), 2,000 public CIFAR-100 images as memory and distillation set",
+        seeds=seeds["cpu"],
+        power_sd=sd,
+        power_source=source,
       ),
       "smoke": Budget({**CIFAR_SMOKE, "partition": partition}, IMAGE_METHOD_KW, "wiring only"),
     },
@@ -215,57 +315,82 @@ def _fedproj_cifar(beta: str, paper: Mapping[str, float]) -> Claim:
   )
 
 
-FEDPROJ_DIR03 = _fedproj_cifar(
-  "0.3", {"fedavg": 63.19, "feddf": 63.92, "fedet": 62.79, "fedproj": 65.52}
+# The power calculation's paired sd (protocol.py), measured before the protocol existed: the
+# largest paired sd of FedProj (and its ablations) against any method at the dir0.3 cpu budget.
+FEDPROJ_SD = {"test_accuracy": 5.23}
+FEDPROJ_SD_SOURCE = (
+  "fedproj-cifar10-dir0.3 cpu results (3-6 seeds per method, commits up to c96894d)"
 )
+FEDPROJ_DIR03 = _fedproj_cifar("0.3", {"paper": 10, "cpu": 10}, FEDPROJ_SD, FEDPROJ_SD_SOURCE)
 FEDPROJ_DIR05 = _fedproj_cifar(
-  "0.5", {"fedavg": 66.41, "feddf": 68.04, "fedet": 66.46, "fedproj": 69.88}
+  "0.5", {"paper": 10, "cpu": 10}, FEDPROJ_SD, FEDPROJ_SD_SOURCE + ", borrowed for Dir(0.5)"
 )
 
-# --- FedGKD (paper 002, Table 3: CIFAR-10, alpha = 0.1) ----------------------------------------
+# --- FedGKD (paper 002: CIFAR-10, alpha = 0.1) --------------------------------------------------
 
 FEDGKD_METHODS = ("fedavg", "fedgkd", "fedgkd_vote")
+# The cpu budget on FedGKD's preset: the FedProj cpu budget's CNN and schedule at the paper's
+# Dir(0.1), on the paper's 90% training split (VOTE's server validation uses the other 10%).
+FEDGKD_CPU = {
+  **{k: v for k, v in CIFAR_CPU.items() if k not in ("public_data", "public_size", "memory_size")},
+  "partition": "dirichlet:0.1",
+  "train_subset": 45_000,
+  "model_kwargs": {},
+  "eval_every": 1,  # the best accuracy over the rounds (002 Table 3) needs every round
+}
 FEDGKD = Claim(
   name="fedgkd-cifar10",
-  reference="002 Table 3 (tbl:table_compare), CIFAR-10 alpha=0.1, 20 clients C=0.2",
+  reference="002 Table 3 (tbl:table_compare, best accuracy over rounds) and Table 6 "
+  "(tbl:acc_straggler, round 100), CIFAR-10 alpha=0.1, 20 clients C=0.2",
+  preset="fedgkd_paper",
   entry="experiments/cifar10.py",
   kind="image",
   methods=FEDGKD_METHODS,
   headline="fedgkd",
-  metrics=("test_accuracy",),
+  metrics=("best_test_accuracy", "test_accuracy"),
+  # Table 3 is the best accuracy over the rounds (its α = 0.5 row equals Table 5's "Best" column);
+  # Table 6 gives the final (round 100) accuracy at α = 0.1.
   paper={
-    "fedavg": {"test_accuracy": 69.22},
-    "fedgkd": {"test_accuracy": 72.27},
-    "fedgkd_vote": {"test_accuracy": 72.99},
+    "fedavg": {"best_test_accuracy": 69.22, "test_accuracy": 40.09},
+    "fedgkd": {"best_test_accuracy": 72.27, "test_accuracy": 64.84},
+    "fedgkd_vote": {"best_test_accuracy": 72.99, "test_accuracy": 64.87},
   },
   orderings=(
+    Ordering("fedgkd", "fedavg", "best_test_accuracy"),
+    Ordering("fedgkd_vote", "fedavg", "best_test_accuracy"),
     Ordering("fedgkd", "fedavg", "test_accuracy"),
     Ordering("fedgkd_vote", "fedavg", "test_accuracy"),
   ),
   budgets={
-    # 002 §Implementation: 20 clients, C = 0.2, 100 rounds, 20 local epochs, SGD 0.05 momentum
-    # 0.9 weight decay 1e-5, ResNet-8 (GroupNorm).
+    # The fedgkd_paper preset (002 Sec. 5): ResNet-8 with GroupNorm (16 channels per group), 45k
+    # training images, 20 clients C = 0.2, 100 rounds x 20 local epochs, SGD 0.05; buffer M = 5
+    # (002 Table 7: M = 5 gives Table 3's 72.27 at α = 0.1), VOTE's server-side validation.
+    # Evaluated every round: Table 3 is the best accuracy over the rounds.
     "paper": Budget(
-      dict(
-        data_dir="{data}/cifar10",
-        num_clients=20,
-        clients_per_round=4,
-        partition="dirichlet:0.1",
-        rounds=100,
-        local_epochs=20,
-        optimizer="sgd",
-        lr=0.05,
-        momentum=0.9,
-        weight_decay=1e-5,
-      )
+      {"data_dir": "{data}/cifar10", "eval_every": 1},
+      seeds=10,
+      power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
+      power_source=FEDPROJ_SD_SOURCE + ", borrowed (no FedGKD run exists)",
     ),
     "cpu": Budget(
-      {**CIFAR_CPU, "partition": "dirichlet:0.1", "public_data": "", "public_size": 0},
+      FEDGKD_CPU,
       IMAGE_METHOD_KW,
-      "the fedproj-cifar10 cpu budget at the paper's stronger skew Dir(0.1)",
+      "the fedproj-cifar10 cpu budget (CNN, 8 rounds x 1 local epoch, Adam) at the paper's "
+      "stronger skew Dir(0.1) on the paper's 45k training split",
+      seeds=10,
+      power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
+      power_source=FEDPROJ_SD_SOURCE + ", borrowed (no FedGKD run exists)",
     ),
     "smoke": Budget(
-      {**CIFAR_SMOKE, "partition": "dirichlet:0.1", "public_data": "", "public_size": 0},
+      {
+        **FEDGKD_CPU,
+        "num_clients": 10,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "train_subset": 2000,
+        "test_subset": 500,
+        "eval_every": 1,
+      },
       IMAGE_METHOD_KW,
       "wiring only",
     ),
@@ -305,9 +430,12 @@ SEQ_CPU = dict(
   public_data="",
 )
 SFEDKD_METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
+SEQ_SD = {"test_accuracy": 2.34}
+SEQ_SD_SOURCE = "sfedkd-cifar10-exdir cpu results (3 seeds per method, commits up to c96894d)"
 SFEDKD = Claim(
   name="sfedkd-cifar10-exdir",
   reference="004 Table 1, CIFAR-10 ExDir(2, 0.5)",
+  preset="paper",
   entry="experiments/sequential.py",
   kind="image",
   methods=SFEDKD_METHODS,
@@ -321,12 +449,20 @@ SFEDKD = Claim(
   },
   orderings=_beats("sfedkd", ("fedavg", "fedseq", "cwc")),
   budgets={
-    "paper": Budget({"data_dir": "{data}/cifar10"}),
+    "paper": Budget(
+      {"data_dir": "{data}/cifar10"},
+      seeds=5,
+      power_sd=SEQ_SD,
+      power_source=SEQ_SD_SOURCE + ", borrowed (no paper-budget run exists)",
+    ),
     "cpu": Budget(
       SEQ_CPU,
       SEQ_METHOD_KW,
       "the paper's chain (10 clients per round, 2 classes each, SGD 0.01, 5 teachers) on 5,000 "
       "CIFAR-10 images over 20 clients, 2 local epochs, 20 rounds",
+      seeds=5,
+      power_sd=SEQ_SD,
+      power_source=SEQ_SD_SOURCE,
     ),
     "smoke": Budget(
       {
@@ -342,21 +478,36 @@ SFEDKD = Claim(
     ),
   },
   entry_kwargs={"dataset": "cifar10"},
+  # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
+  readings=(("fedseq", "fedavg"), ("cwc", "fedavg")),
 )
 
 # --- FOT on permuted MNIST (paper 003, Table 1) -----------------------------------------------
 
 FOT_METHODS = ("fl", "ewc", "er", "gpm", "fot")
 FOT_METHOD_KW = {
-  # 003 F.2/F.4: per-client Fishers, λ = 40 on PMNIST (normalised at this budget, whose lr 0.05
-  # x λ 40 = 2 makes local SGD unstable along any Fisher entry above 1: experiments/pmnist.py).
-  "ewc": {"method_kwargs": {"lam": 40.0, "fisher": "client", "normalize": True}},
+  # 003 F.2/F.4: per-client Fishers, λ = 40 on PMNIST, the Fisher as F.2 describes it (not
+  # rescaled; the max-normalised Fisher is the ``ewc-maxnorm`` ablation).
+  "ewc": {"method_kwargs": {"lam": 40.0, "fisher": "client", "normalize": False}},
   # F.4: 125 stored examples among 125 clients, i.e. one per client per task.
   "er": {"method_kwargs": {"buffer_per_task": 1}},
   # F.4 gives no GPM threshold; 0.95 is GPM's own PMNIST value.
   "gpm": {"method_kwargs": {"threshold": 0.95}},
-  # eps 0.90 at the cpu budget (experiments/pmnist.py: 0.96 fills the input space by task 10).
-  "fot": {"method_kwargs": {"eps": 0.90, "eps_inc": 0.0, "sketch_multiplier": 1.0}},
+}
+# Measured on FOT at ε 0.90 (the ablation below) and EWC with its max-normalised Fisher against the
+# others, the only FOT runs there were when the protocol was set.
+FOT_SD = {"acc": 0.94, "fgt": 0.7}
+FOT_SD_SOURCE = "fot-pmnist-noniid cpu results (1-5 seeds per method, commits up to c96894d)"
+# 003 Table 9: FOT's ε, 0.96 non-IID and 0.94 IID (the headline uses the paper's).
+FOT_EPS = {False: 0.96, True: 0.94}
+FOT_ABLATIONS = {
+  # Chosen after ε 0.96 lost to FL at the cpu budget: an ablation, never the headline.
+  "fot-eps0.90": Ablation(
+    "fot", {"eps": 0.90}, "ε 0.90 instead of the paper's (chosen after seeing results)"
+  ),
+  "ewc-maxnorm": Ablation(
+    "ewc", {"normalize": True}, "EWC's Fisher scaled to max 1 (not in 003 F.2)"
+  ),
 }
 PMNIST_CPU = dict(
   data_dir="{data}/mnist",
@@ -372,7 +523,7 @@ PMNIST_CPU = dict(
   test_per_task=2000,
   weight_decay=1e-5,
   fl_later_rounds=0,
-  ewc_normalize=True,
+  ewc_normalize=False,
   # The paper's network (003 F.3), as experiments/pmnist.py's presets build it.
   hidden="400,400,400",
   dropout="0.2,0.5,0.5",
@@ -381,8 +532,12 @@ PMNIST_CPU = dict(
 )
 
 
-def _fot(iid: bool, paper: Mapping[str, tuple[float, float]]) -> Claim:
+def _fot(iid: bool, paper: Mapping[str, tuple[float, float]], seeds: int) -> Claim:
   split = "iid" if iid else "noniid"
+  method_kw = {
+    **FOT_METHOD_KW,
+    "fot": {"method_kwargs": {"eps": FOT_EPS[iid], "eps_inc": 0.0, "sketch_multiplier": 1.0}},
+  }
   smoke = {
     **PMNIST_CPU,
     "iid": iid,
@@ -399,6 +554,7 @@ def _fot(iid: bool, paper: Mapping[str, tuple[float, float]]) -> Claim:
   return Claim(
     name=f"fot-pmnist-{split}",
     reference=f"003 Table 1, PMNIST {'IID' if iid else 'non-IID'} (ACC and FGT, %)",
+    preset="paper",
     entry="experiments/pmnist.py",
     kind="continual",
     methods=FOT_METHODS,
@@ -407,15 +563,24 @@ def _fot(iid: bool, paper: Mapping[str, tuple[float, float]]) -> Claim:
     paper={m: {"acc": a, "fgt": f} for m, (a, f) in paper.items()},
     orderings=_beats("fot", FOT_METHODS[:-1], ("acc", "fgt")),
     budgets={
-      "paper": Budget({"iid": iid, "data_dir": "{data}/mnist"}),
+      "paper": Budget(
+        {"iid": iid, "data_dir": "{data}/mnist"},
+        power_sd=FOT_SD,
+        seeds=seeds,
+        power_source=FOT_SD_SOURCE + ", borrowed (no paper-budget run exists)",
+      ),
       "cpu": Budget(
         {**PMNIST_CPU, "iid": iid},
-        FOT_METHOD_KW,
+        method_kw,
         "experiments/pmnist.py's measured cpu budget (docs/fot.md), pinned: 10 tasks, 20 rounds "
         "per task of 3 local epochs, so the shared network drifts to each new permutation",
+        seeds=seeds,
+        power_sd=FOT_SD,
+        power_source=FOT_SD_SOURCE + ("" if not iid else ", borrowed for IID"),
       ),
-      "smoke": Budget(smoke, FOT_METHOD_KW, "wiring only"),
+      "smoke": Budget(smoke, method_kw, "wiring only"),
     },
+    ablations=FOT_ABLATIONS,
   )
 
 
@@ -428,6 +593,7 @@ FOT_NONIID = _fot(
     "gpm": (72.17, 22.6),
     "fot": (85.21, 1.97),
   },
+  seeds=6,
 )
 FOT_IID = _fot(
   True,
@@ -438,15 +604,18 @@ FOT_IID = _fot(
     "gpm": (88.27, 6.88),
     "fot": (90.35, 1.75),
   },
+  seeds=8,
 )
 
 # --- The Iris pilot (paper 000 §3, Figure 1; 001 §3 and C.5) -----------------------------------
 
 PILOT_METHODS = ("fedavg", "feddf", "fedproj")
-# The pilot has no table: the paper shows FedAvg/FedDF clients forgetting the global boundaries
-# (Figure 1) while FedProj's keep them. Metrics: the final global accuracy on all 150 points,
-# and the clients' accuracy on all 150 points right after local training (mean over rounds),
-# the forgetting the figure shows.
+PILOT_SD = {"global_accuracy": 0.3, "client_accuracy": 0.35}
+PILOT_SD_SOURCE = "the sweep's iris_labelled-b10-pretrained regime (this budget's config), 5 seeds"
+# The paper shows FedAvg/FedDF clients forgetting the global boundaries (Figure 1) while FedProj's
+# keep them; the caption gives the global accuracies (64% FedAvg and FedDF, 93.33% FedProj).
+# Metrics: the final global accuracy on all 150 points, and the clients' accuracy on all 150
+# points right after local training (mean over rounds), the forgetting the figure shows.
 PILOT_BASE = dict(
   rounds=20,
   local_epochs=5,
@@ -458,22 +627,35 @@ PILOT_BASE = dict(
 )
 PILOT = Claim(
   name="fedproj-iris-pilot",
-  reference="000 §3 Figure 1 (001 §3, Appendix C.5): no numbers, forgetting shown in figures",
+  reference="000 §3 Figure 1 and its caption (001 §3, Appendix C.5)",
+  preset="paper",
   entry="experiments/pilot_iris.py",
   kind="pilot",
   methods=PILOT_METHODS,
   headline="fedproj",
   metrics=("global_accuracy", "client_accuracy"),
-  paper={},
+  paper={
+    "fedavg": {"global_accuracy": 64.0},
+    "feddf": {"global_accuracy": 64.0},
+    "fedproj": {"global_accuracy": 93.33},
+  },
   orderings=_beats("fedproj", ("fedavg", "feddf"), ("global_accuracy", "client_accuracy")),
   budgets={
-    "paper": Budget({}),
+    "paper": Budget(
+      {},
+      seeds=3,
+      power_sd=PILOT_SD,
+      power_source=PILOT_SD_SOURCE + ", borrowed",
+    ),
     # The pilot is tiny: the cpu budget is the paper setting, regime pinned.
     "cpu": Budget(
       {**PILOT_BASE, "public": "iris_labelled", "batch_size": 10, "pretrain_steps": 200},
       note="the paper's setting (20 rounds x 5 local epochs, SGD 1e-3 momentum 0.9) in the "
       "regime closest to its text (labelled public Iris with CE memory loss, pretrained start, "
       "batch 10); the other regimes: the sweep below",
+      seeds=3,
+      power_sd=PILOT_SD,
+      power_source=PILOT_SD_SOURCE,
     ),
     "smoke": Budget(
       {
@@ -526,6 +708,7 @@ def _fedproj_nlp(task: str, beta: str) -> Claim:
   return Claim(
     name=f"fedproj-{task}-dir{beta}",
     reference=f"001 Table 2, {task.upper()} with {NLP_PUBLIC[task]} as public set, Dir({beta})",
+    preset="paper",
     entry="experiments/nlp.py",
     kind="nlp",
     methods=NLP_FEDPROJ_METHODS,
@@ -549,6 +732,7 @@ NLP_FEDPROJ = tuple(_fedproj_nlp(t, b) for t in TABLE2 for b in ("0.3", "0.5"))
 FEDGKD_AGNEWS = Claim(
   name="fedgkd-agnews",
   reference="002 NLP table (DistilBERT, 4 participants a round, 10 rounds), AG News alpha=0.1",
+  preset="fedgkd_paper",
   entry="experiments/nlp.py",
   kind="nlp",
   methods=("fedavg", "fedgkd"),
@@ -574,9 +758,8 @@ FEDGKD_AGNEWS = Claim(
         train_subset=60_000,
         public_data="",
         public_size=0,
-        method_kwargs={"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
       ),  # fmt: skip
-      {"fedavg": {"method_kwargs": {}}},
+      {"fedgkd": {"method_kwargs": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0}}},
     ),
     "smoke": Budget(
       {**NLP_SMOKE, "partition": "dirichlet:0.1", "public_data": "", "public_size": 0},

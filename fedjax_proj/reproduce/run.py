@@ -11,6 +11,7 @@ loaded by file path from the source checkout) plus the claim's budget overrides
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -72,24 +73,24 @@ def load_entry(claim: Claim, repo_root: Path = REPO_ROOT) -> ModuleType:
   return module
 
 
-def _apply(config, overrides: dict[str, Any]):
-  """Sets ``overrides`` on a ConfigDict (unknown fields are an error naming the claim fix)."""
-  for key, value in overrides.items():
-    if key == "method_kwargs":
-      for k, v in value.items():
-        config.method_kwargs[k] = v
-      continue
-    if key not in config:
-      raise ValueError(
-        f"Config field {key!r} does not exist in the entry point's config; fix the claim in "
-        "fedjax_proj/reproduce/claims.py."
-      )
-    config[key] = value
-  return config
+def default_data_root() -> Path:
+  """The shared data folder (fedjax_proj.data.sources.find_shared_data), else a folder named
+  ``shared-data-not-found`` (configs still resolve; their paths then fail validation)."""
+  from fedjax_proj.data.sources import find_shared_data
+
+  return find_shared_data() or REPO_ROOT.parent / "shared-data-not-found"
 
 
-def resolve_config(claim: Claim, budget: str, method: str, seed: int) -> dict[str, Any]:
-  """The full config of one run, with ``{data}`` placeholders kept."""
+def resolve_config(
+  claim: Claim, budget: str, method: str, seed: int, data_root: Path | None = None
+) -> dict[str, Any]:
+  """The full config of one run, with ``{data}`` placeholders kept.
+
+  Image and continual claims resolve through their entry point's own ``resolve`` (the budget's
+  preset, the overrides, the entry point's ``prepare``), exactly as its flags do; the pilot merges
+  the overrides into its ``default_config``. The entry point checks paths, so ``{data}`` is
+  ``data_root`` (default :func:`default_data_root`) while it resolves, then put back.
+  """
   if method not in claim.runnable:
     raise ValueError(
       f"Method {method!r} is not part of claim {claim.name!r}; choose from "
@@ -103,16 +104,32 @@ def resolve_config(claim: Claim, budget: str, method: str, seed: int) -> dict[st
     config = {**entry.default_config(), **overrides, "method": method, "seed": seed}
     config.pop("output_dir", None)
     return config
-  config = entry.get_config("paper", **claim.entry_kwargs)
-  config.method = method
-  config.seed = seed
-  _apply(config, overrides)
-  if claim.kind == "continual":
-    config.method_kwargs = {**entry.method_defaults(config), **dict(config.method_kwargs)}
+  root = str(data_root or default_data_root())
+  kwargs = overrides.pop("method_kwargs", {})
+  fields = {**substitute_data(overrides, Path(root)), "method": method, "seed": seed}
+  try:
+    config = entry.resolve(claim.preset_of(budget), fields, kwargs, **claim.entry_kwargs)
+  except ValueError as e:
+    raise ValueError(
+      f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims.py."
+    ) from e
   out = config.to_dict()
   for field in RUN_FIELDS:  # set by the runner; not part of what a run computes
     out.pop(field, None)
-  return out
+  return {k: v.replace(root, "{data}") if isinstance(v, str) else v for k, v in out.items()}
+
+
+def effective_hparams(config: dict[str, Any]) -> dict[str, Any]:
+  """The method's hyperparameters a run uses: the registry defaults, then the preset's
+  ``method_defaults`` for the method, then ``method_kwargs`` (training/config.method_hparams)."""
+  from fedjax_proj.algorithms.registry import config_kwargs, declared_hparams
+
+  # Hyperparameters read from config fields (e.g. FedProj's memory_size) show as those fields.
+  fields = config_kwargs(config["method"])
+  declared = declared_hparams(config["method"]) or {}
+  declared = {k: v for k, v in declared.items() if k not in fields}
+  defaults = dict(config.get("method_defaults", {}).get(config["method"], {}))
+  return {**declared, **defaults, **dict(config.get("method_kwargs", {}))}
 
 
 # Config fields added after results were first recorded, with the value that reproduces the runs
@@ -122,13 +139,31 @@ ADDED_FIELDS = {
   "lr_schedule": "constant",
   "lr_step_epochs": 0,
   "lr_step_gamma": 0.1,
+  "public_split": "train",
 }
+# Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
+# (or ``method_defaults``) already hold: they compute nothing themselves.
+DEFAULT_ONLY_FIELDS = ("fedproj_alpha_by_beta", "ewc_normalize", "fot_eps")
+
+
+def canonical(config: dict[str, Any]) -> dict[str, Any]:
+  """What a config computes: the preset's ``method_defaults`` for the run's method folded into
+  ``method_kwargs`` (the other methods' defaults dropped), :data:`DEFAULT_ONLY_FIELDS` dropped,
+  and :data:`ADDED_FIELDS` at their default left out."""
+  c = {k: v for k, v in config.items() if k not in DEFAULT_ONLY_FIELDS}
+  defaults = c.pop("method_defaults", None)
+  if defaults is not None:
+    c["method_kwargs"] = {
+      **dict(defaults.get(c.get("method"), {})),
+      **dict(c.get("method_kwargs", {})),
+    }
+  return {k: v for k, v in c.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
 
 
 def fingerprint(config: dict[str, Any]) -> str:
-  """SHA-256 (16 hex digits) of the resolved config, without :data:`ADDED_FIELDS` at default."""
-  kept = {k: v for k, v in config.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
-  return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+  """SHA-256 (16 hex digits) of :func:`canonical` of the resolved config."""
+  text = json.dumps(canonical(config), sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def substitute_data(config: dict[str, Any], data_root: Path) -> dict[str, Any]:
@@ -142,14 +177,70 @@ def result_path(results: Path, claim: str, budget: str, method: str, seed: int) 
   return results / claim / budget / f"{method}-seed{seed}.json"
 
 
+REQUIRED_KEYS = ("claim", "budget", "method", "seed", "metrics", "curve", "config")
+
+
+def check_result(result: Any) -> str | None:
+  """Why ``result`` is not a usable result (missing keys, an empty curve, a metric that is not a
+  number), or None when it is."""
+  if not isinstance(result, dict):
+    return "not a JSON object"
+  missing = [k for k in REQUIRED_KEYS if k not in result]
+  if missing:
+    return f"missing {', '.join(missing)}"
+  if not isinstance(result["curve"], list) or not result["curve"]:
+    return "empty curve"
+  metrics = result["metrics"]
+  if not isinstance(metrics, dict) or not metrics:
+    return "no metrics"
+  bad = [k for k, v in metrics.items() if not isinstance(v, int | float) or v != v]
+  if bad:
+    return f"metric {', '.join(bad)} is not a number"
+  return None
+
+
+def read_result(path: Path) -> tuple[dict | None, str | None]:
+  """(result, None), or (None, why it is corrupt)."""
+  try:
+    result = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    return None, f"unreadable ({type(e).__name__}: {e})"
+  problem = check_result(result)
+  return (None, problem) if problem else (result, None)
+
+
 def status(path: Path, fp: str) -> str:
-  """``done`` (a result with fingerprint ``fp``), ``stale`` (another config) or ``missing``."""
+  """``done`` (a valid result of the config with fingerprint ``fp``), ``stale`` (a valid result
+  of another config), ``corrupt`` (unreadable, or failing :func:`check_result`) or ``missing``."""
   if not path.is_file():
     return "missing"
-  try:
-    return "done" if json.loads(path.read_text()).get("fingerprint") == fp else "stale"
-  except json.JSONDecodeError:
-    return "stale"
+  result, _ = read_result(path)
+  if result is None:
+    return "corrupt"
+  return "done" if fingerprint(result["config"]) == fp else "stale"
+
+
+# Files whose content decides what a run computes: the package (less the report side of the
+# reproduce tool, which only reads results) and the entry points. Their hash is a result's code
+# fingerprint; two results pair only when it is equal (or recorded as equivalent, report.py).
+REPORT_ONLY = ("report.py", "stats.py", "protocol.py", "__main__.py", "docs_tables.py", "plot.py")
+
+
+def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
+  files = [
+    f
+    for f in (repo_root / "fedjax_proj").rglob("*.py")
+    if not (f.parent.name in ("reproduce", "plot") and f.name in REPORT_ONLY)
+  ]
+  return sorted(files + list((repo_root / "experiments").glob("*.py")))
+
+
+def code_fingerprint(repo_root: Path = REPO_ROOT) -> str:
+  """SHA-256 (16 hex digits) over the paths and contents of :func:`code_files`."""
+  h = hashlib.sha256()
+  for f in code_files(repo_root):
+    h.update(f.relative_to(repo_root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+  return h.hexdigest()[:16]
 
 
 def git_commit(repo_root: Path = REPO_ROOT) -> str:
@@ -186,9 +277,12 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
   c.output_dir, c.progress, c.checkpoint_every = str(work), False, 0
   summary = run_experiment(c, log=log)
-  return {"test_accuracy": 100 * summary["final_test_accuracy"]}, _read_curve(
-    work / "metrics.jsonl"
-  )
+  curve = _read_curve(work / "metrics.jsonl")
+  metrics = {"test_accuracy": 100 * summary["final_test_accuracy"]}
+  evaluated = [r["test_accuracy"] for r in curve if "test_accuracy" in r]
+  if evaluated:  # 002 Table 3 reports the best accuracy over the (evaluated) rounds
+    metrics["best_test_accuracy"] = 100 * max(evaluated)
+  return metrics, curve
 
 
 def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
@@ -219,20 +313,106 @@ def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   return metrics, curve
 
 
-def _run_nlp(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  """The image runner after experiments/nlp.py's ``prepare`` (text flags -> model_kwargs, text)."""
-  import ml_collections
-
-  c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
-  return _run_image(claim, load_entry(claim).prepare(c).to_dict(), work, log)
-
-
 RUNNERS = {
   "image": _run_image,
   "continual": _run_continual,
   "pilot": _run_pilot,
-  "nlp": _run_nlp,
+  "nlp": _run_image,  # experiments/nlp.py resolves to an image-runner config (token ids)
 }
+
+
+# The test hook of tests/reproduce/test_paper_first_round.py: fields :func:`tiny` shrinks. Only
+# data sizes, round and task counts, the number of clients and the model's width change; the
+# architecture, the method's hyperparameters and everything else stay as resolved, so a budget
+# that cannot run fails in CI.
+TINY_TRAIN = 600
+TINY_WIDTH = {
+  "resnet8": {"stem_features": 16, "stage_features": (16, 16, 16)},
+  "resnet10": {"stem_features": 16, "stage_features": (16, 16, 16, 16)},
+  "alexnet8": {"fc_features": 64},
+}
+
+
+def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
+  """``config`` shrunk to its first rounds on tiny data (two rounds for image claims: FedProj
+  skips its projection in round 0, so the second is its first projected round)."""
+  c = dict(config)
+  if claim.kind == "image":
+    c.update(rounds=2, local_epochs=1, eval_every=1, test_subset=0, eval_batch_size=100)
+    c["num_clients"] = min(c["num_clients"], 10)  # ExDir(2, .) needs 5+ to cover 10 classes
+    # A sequential chain keeps its clients per round (SFedKD's teachers come from them).
+    sequential = claim.entry.endswith("sequential.py")
+    c["clients_per_round"] = min(c["clients_per_round"], 10 if sequential else 2)
+    c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
+    if c.get("train_subset"):  # keep a held-out part where the budget has one
+      c["train_subset"] = TINY_TRAIN * 9 // 10
+  elif claim.kind == "nlp":
+    # The hub checkpoint cannot be fetched offline: a random-init tiny encoder of the same family
+    # (its loading is tested on a real checkpoint in tests/models/test_bert.py).
+    c.update(rounds=2, local_epochs=1, eval_every=1, num_clients=4, clients_per_round=2)
+    c.update(train_subset=0, test_subset=0, max_len=16, batch_size=8, eval_batch_size=100)
+    kwargs = {k: v for k, v in dict(c.get("model_kwargs", {})).items() if k != "checkpoint"}
+    c.update(checkpoint="", bert_size="tiny", model_kwargs={**kwargs, "size": "tiny"})
+    if c.get("public_size"):
+      c.update(public_size=32, memory_size=min(c.get("memory_size", 32), 32))
+  elif claim.kind == "continual":
+    c.update(num_clients=4, clients_per_round=2, rounds_per_task=1, local_epochs=1, num_tasks=2)
+    c.update(train_per_task=TINY_TRAIN, test_per_task=100, fl_later_rounds=0)
+  else:
+    c.update(rounds=1, pretrain_steps=min(c.get("pretrain_steps", 0), 5))
+  return c
+
+
+class RunLocked(RuntimeError):
+  """Another process holds the lock of this (claim, budget, method, seed)."""
+
+
+@functools.cache
+def tfds_has(name: str) -> bool:
+  """Whether TFDS can give ``name`` now: prepared on disk, or downloadable (network reachable);
+  asked once per process."""
+  try:
+    import tensorflow_datasets as tfds
+
+    from fedjax_proj.data.sources.tfds_source import network_available
+
+    return tfds.builder(name).is_prepared() or network_available()
+  except Exception:  # noqa: BLE001 - any failure means TFDS cannot serve it here
+    return False
+
+
+@functools.cache
+def _dataset_size(path: str) -> int:
+  from fedjax_proj.data.sources import load_dataset
+
+  return len(load_dataset(path, "train").labels)
+
+
+def public_fallback(
+  config: dict[str, Any], data_root: Path, fallback: str
+) -> tuple[dict[str, Any], list[str]]:
+  """The config a run can use here, and its deviations from the resolved one.
+
+  A TFDS public set with a split other than ``train`` (the paper budgets' CIFAR-100 train +
+  test) that TFDS cannot give here (offline, not prepared) becomes the ``fallback`` file
+  (``{data}`` placeholder kept) with the memory capped at its size, so the run goes on and the
+  report states the deviation instead of the run failing on ``memory_size > public set``.
+  """
+  name, split = config.get("public_data", ""), config.get("public_split", "train")
+  if not name or split == "train" or "/" in name or tfds_has(name):
+    return config, []
+  size = _dataset_size(fallback.replace("{data}", str(data_root)))
+  out = {**config, "public_data": fallback, "public_split": "train"}
+  notes = [
+    f"public set: {name} {split} is not available from TFDS here (offline, not prepared); "
+    f"used {fallback} ({size:,} images)"
+  ]
+  if out.get("public_size", 0) and out["public_size"] > size:
+    out["public_size"] = 0
+  if out.get("memory_size", 0) > size:
+    notes.append(f"memory_size {out['memory_size']:,} capped at the public set's {size:,}")
+    out["memory_size"] = size
+  return out, notes
 
 
 def run_one(
@@ -244,33 +424,67 @@ def run_one(
   results: Path,
   data_root: Path,
   config: dict | None = None,
+  deviations: list[str] | None = None,
   log=print,
 ) -> dict:
-  """Runs one (method, seed) and writes its result JSON; returns the result."""
-  config = config or resolve_config(claim, budget, method, seed)
+  """Runs one (method, seed) and writes its result JSON; returns the result.
+
+  The run first takes ``<method>-seed<k>.lock`` (a second process on the same run gets
+  :class:`RunLocked` and touches nothing), then re-checks the result (finished by another process
+  meanwhile: :class:`RunLocked` too), and only then clears its work folder. The result is checked
+  (:func:`check_result`) before it is written, atomically, so a file on disk is a whole valid
+  result; a corrupt file in its place is kept as ``<name>.corrupt``.
+  """
+  from filelock import FileLock, Timeout
+
+  config = config or resolve_config(claim, budget, method, seed, data_root)
   path = result_path(results, claim.name, budget, method, seed)
-  work = path.with_suffix(".work")
-  shutil.rmtree(work, ignore_errors=True)
-  work.mkdir(parents=True, exist_ok=True)
-  start = time.time()
-  metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
-  # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
-  detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
-  result = {
-    "claim": claim.name,
-    "budget": budget,
-    "method": method,
-    "seed": seed,
-    "metrics": metrics,
-    "curve": curve,
-    "detail": detail,
-    "wall_seconds": time.time() - start,
-    "fingerprint": fingerprint(config),
-    "config": config,
-    "git_commit": git_commit(),
-    "load_average": list(os.getloadavg()),
-    "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-  }
-  path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-  shutil.rmtree(work, ignore_errors=True)
-  return result
+  path.parent.mkdir(parents=True, exist_ok=True)
+  lock = FileLock(str(path.with_suffix(".lock")))
+  try:
+    lock.acquire(timeout=0)
+  except Timeout:
+    raise RunLocked(
+      f"{path.name} is being run by another process (lock {path.with_suffix('.lock')}); left to it"
+    ) from None
+  try:
+    state = status(path, fingerprint(config))
+    if state == "done":  # another process finished it while this one waited in its queue
+      raise RunLocked(f"{path.name} was finished by another process meanwhile")
+    if state == "corrupt":
+      path.replace(path.with_suffix(".json.corrupt"))
+    work = path.with_suffix(".work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
+    # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
+    detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
+    commit = git_commit()
+    result = {
+      "claim": claim.name,
+      "budget": budget,
+      "method": method,
+      "seed": seed,
+      "metrics": metrics,
+      "curve": curve,
+      "detail": detail,
+      "wall_seconds": time.time() - start,
+      "fingerprint": fingerprint(config),
+      "config": config,
+      "deviations": list(deviations or []),
+      "git_commit": commit,
+      "code": {"git_commit": commit, "fingerprint": code_fingerprint()},
+      "load_average": list(os.getloadavg()),
+      "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    problem = check_result(result)
+    if problem:
+      raise RuntimeError(f"{claim.name} {budget} {method} seed {seed}: invalid result ({problem})")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    tmp.replace(path)
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+  finally:
+    lock.release()

@@ -42,10 +42,10 @@ def regimes() -> dict[str, dict]:
   return out
 
 
-def config_for(claim: Claim, budget: str, method: str, seed: int) -> dict:
+def config_for(claim: Claim, budget: str, method: str, seed: int, data_root=None) -> dict:
   """The resolved config of a claim budget, or of a sweep regime (``sweep/<regime>``)."""
   if not budget.startswith("sweep/"):
-    return run.resolve_config(claim, budget, method, seed)
+    return run.resolve_config(claim, budget, method, seed, data_root)
   regime = budget.split("/", 1)[1]
   table = regimes()
   if regime not in table:
@@ -60,7 +60,7 @@ def run_sweep(args, claim: Claim, root: Path, results: Path, run_claim) -> None:
     budget = f"sweep/{name}"
     expected = run_claim(args, claim, budget, root, results)
     directory = results / claim.name / budget
-    found, _ = report.load_results(directory, expected)
+    found, _, _ = report.load_results(directory, expected)
     if args.report and found:
       report.write_report(claim, budget, directory, expected)
     rows.append((name, found))

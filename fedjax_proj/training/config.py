@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.process_id = 0
   c.cpu_collectives = ""
   c.public_data = ""  # name (e.g. cifar100) or path (npz / image folder); "" = none
+  # The public set's split: "train", or "train+test" (TFDS names only: 001 Sec. 6.1 distils on
+  # CIFAR-100 train + test, 60k images). A local npz or folder is used as it is.
+  c.public_split = "train"
   c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
   c.method_kwargs = ml_collections.ConfigDict()

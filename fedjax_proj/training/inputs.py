@@ -103,7 +103,7 @@ def public_inputs(
       )
     return {}, 0
   # The docs call the public set unlabelled: an npz without "label" is accepted.
-  public = load(c.public_data, "train", labelled=False)
+  public = load(c.public_data, c.get("public_split", "train"), labelled=False)
   if c.public_size > len(public.labels):
     # Capped (a preset's public_size may exceed a small set) and recorded as used: the config,
     # and so summary.json and the checkpoint fingerprint, say what the run read.

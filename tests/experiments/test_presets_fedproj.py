@@ -19,6 +19,7 @@ import pytest
 
 from fedjax_proj.algorithms import moon
 from fedjax_proj.algorithms.distillation import fedgkd, fedproj
+from fedjax_proj.algorithms.registry import declared_hparams
 from fedjax_proj.models import count_params, get_model
 from tests.paper_table import check_table, read_tables
 
@@ -63,10 +64,12 @@ def _config(module, preset: str, method: str, partition: str | None = None):
 
 
 def _hyperparameter(c, method: str, name: str):
-  params = inspect.signature(METHOD_FNS[method]).parameters
   given = {**dict(c.get("method_defaults", {}).get(method, {})), **dict(c.method_kwargs)}
   if name in given:
     return given[name]
+  if method not in METHOD_FNS:  # a method built by a factory: its registry defaults
+    return declared_hparams(method)[name]
+  params = inspect.signature(METHOD_FNS[method]).parameters
   if name not in params:
     raise AssertionError(f"{method} has no hyperparameter {name!r}")
   return params[name].default
@@ -81,7 +84,7 @@ def _resolver(module, preset: str, method: str):
       shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
       return count_params(shapes)
     head, _, rest = key.partition(".")
-    if head in METHOD_FNS and rest:
+    if (head in METHOD_FNS or head in ("feddf", "fedet")) and rest:
       return _hyperparameter(c, head, rest)
     value = c
     for part in key.split("."):

@@ -93,8 +93,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
 def _write(directory, method, seed, value):
   directory.mkdir(parents=True, exist_ok=True)
   result = {
+    "claim": "fedproj-iris-pilot",
+    "budget": "cpu",
     "method": method,
     "seed": seed,
+    "config": {"method": method, "seed": seed},
     "metrics": {"global_accuracy": value, "client_accuracy": value},
     "curve": [{"round": 1, "global_accuracy": value / 100}],
     "wall_seconds": 1.0,
@@ -106,7 +109,7 @@ def _write(directory, method, seed, value):
 
 
 def _verdicts(directory):
-  found, _ = report.load_results(directory)
+  found, _, _ = report.load_results(directory)
   return {(b, w, m): v for b, w, m, _, v in report.paired_rows(PILOT, found)}
 
 
@@ -186,7 +189,7 @@ def test_added_field_at_its_default_keeps_old_fingerprints():
 
 def test_runner_extras_go_to_detail_not_metrics(tmp_path, monkeypatch):
   def runner(claim, config, work, log):
-    return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, []
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, [{"round": 1}]
 
   monkeypatch.setitem(run.RUNNERS, "pilot", runner)
   result = run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
@@ -228,3 +231,68 @@ def test_ablation_table_pairs_headline_against_ablation(tmp_path):
   # Differences 1, -1, 1: mean 1/3, 2 of 3 seeds favour the headline, straddles 0.
   assert "| fedproj-nodistill | no server distillation: client projection only | 3 | 0.33 |" in text
   assert "| 2/3 |" in text and "inconclusive" in text
+
+
+def test_a_run_held_by_another_process_is_left_alone(tmp_path, capsys, monkeypatch):
+  """Lock first, then clean: a second runner on the same run touches nothing and exits 0."""
+  from filelock import FileLock
+
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  path = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
+  work = path.with_suffix(".work")
+  work.mkdir(parents=True)
+  (work / "metrics.jsonl").write_text('{"round": 1}\n')  # the other process's work in progress
+  args = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]
+  with FileLock(str(path.with_suffix(".lock"))):
+    assert cli.main(args) == 0
+  assert "locked fedproj-iris-pilot smoke fedavg seed 0" in capsys.readouterr().out
+  assert calls == [] and (work / "metrics.jsonl").is_file() and not path.exists()
+  assert cli.main(args) == 0 and calls == [0]  # once free, it runs
+  assert run.status(path, json.loads(path.read_text())["fingerprint"]) == "done"
+
+
+def test_two_concurrent_runners_keep_one_valid_result(tmp_path):
+  """Two processes on the same claim, method and seed: both exit 0, one result, valid."""
+  import subprocess
+  import sys
+
+  cmd = [sys.executable, "-m", "fedjax_proj.reproduce", *PILOT_SMOKE, "--seeds=0"]
+  cmd.append(f"--results={tmp_path}")
+  procs = [
+    subprocess.Popen(cmd, cwd=run.REPO_ROOT, stdout=subprocess.PIPE, text=True) for _ in range(2)
+  ]
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  assert sum("done fedproj-iris-pilot" in o for o in outs) == 1, outs  # exactly one ran it
+  path = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
+  result, problem = run.read_result(path)
+  assert problem is None and len(result["curve"]) == 2
+  assert not path.with_suffix(".work").exists()
+
+
+@pytest.mark.parametrize(
+  "text, why", [("{not json", "unreadable"), ('{"method": "fedavg"}', "missing claim")]
+)
+def test_corrupt_result_is_reported_as_corrupt_and_rerun(tmp_path, capsys, monkeypatch, text, why):
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  path = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
+  path.parent.mkdir(parents=True)
+  path.write_text(text)
+  found, stale, corrupt = report.load_results(path.parent, {})
+  assert not found and not stale and corrupt[0].startswith(f"fedavg-seed0.json ({why}")
+  assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert "corrupt fedproj-iris-pilot smoke fedavg seed 0" in out
+  assert "from another config" not in out
+  assert calls == [0] and path.with_suffix(".json.corrupt").read_text() == text
+  assert run.read_result(path)[1] is None
+
+
+def test_a_result_with_an_empty_curve_is_not_done(tmp_path):
+  path = tmp_path / "fedavg-seed0.json"
+  result = {k: 1 for k in run.REQUIRED_KEYS} | {"metrics": {"a": 1.0}, "curve": [], "config": {}}
+  path.write_text(json.dumps(result))
+  assert run.status(path, run.fingerprint({})) == "corrupt"
+  assert run.read_result(path) == (None, "empty curve")

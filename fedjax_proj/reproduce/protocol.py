@@ -1,0 +1,185 @@
+"""The pre-registered protocol: seed counts from a power calculation, Holm-corrected verdicts.
+
+Before a claim × budget runs, its seed count n is declared in claims.py (``Budget.seeds``) from
+:func:`plan`: for every claimed ordering with a paper effect δ (the paper's difference between the
+two methods, signed to favour the claimed winner) and a paired sd σ measured at the budget
+(``Budget.power_sd``, per metric), the smallest n >= :data:`MIN_SEEDS` at which a two-sided paired
+t-test at level α/m (m orderings in the claim: the strictest step of Holm's procedure) has power
+>= :data:`POWER`; n is the largest of these, capped at :data:`MAX_SEEDS` (an ordering that needs
+more is reported as underpowered, with its power at n). The verdict uses exactly seeds 0..n-1
+(:func:`confirmatory`); other seeds are exploratory and never change it.
+
+Verdicts within a claim carry Holm's correction: the raw two-sided paired t-test p-values of the
+m orderings, sorted, p_(i) multiplied by (m - i + 1), made monotone and capped at 1. An ordering
+is ``reproduced`` when its adjusted p < α and the mean difference favours the claimed winner,
+``not reproduced`` when adjusted p < α against it, else ``inconclusive``; with fewer than n
+pre-registered seeds it is ``incomplete``. docs/reproduction.md ("Results") states the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from scipy import stats as sps
+
+ALPHA = 0.05
+POWER = 0.80
+MIN_SEEDS = 3
+MAX_SEEDS = 10
+INCOMPLETE = "incomplete"
+
+
+def power(n: int, effect: float, sd: float, alpha: float) -> float:
+  """Power of the two-sided paired t-test with n pairs at level ``alpha`` for a true mean
+  difference ``effect`` with paired sd ``sd`` (noncentral t)."""
+  if n < 2:
+    return 0.0
+  if sd <= 0:
+    return 1.0
+  df = n - 1
+  nc = effect / sd * math.sqrt(n)
+  crit = sps.t.ppf(1 - alpha / 2, df)
+  value = float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+  if math.isnan(value):  # scipy's noncentral t fails far in the tail: all mass beyond crit
+    return 1.0 if abs(nc) > crit else 0.0
+  return value
+
+
+def required_seeds(
+  effect: float, sd: float, alpha: float, max_seeds: int = MAX_SEEDS
+) -> int | None:
+  """The smallest n in [MIN_SEEDS, max_seeds] with power >= POWER, or None."""
+  for n in range(MIN_SEEDS, max_seeds + 1):
+    if power(n, effect, sd, alpha) >= POWER:
+      return n
+  return None
+
+
+class PlanRow(NamedTuple):
+  """One ordering's power calculation (``effect`` None: the paper gives no number for it)."""
+
+  better: str
+  worse: str
+  metric: str
+  effect: float | None
+  sd: float | None
+  alpha: float
+  needed: int | None
+  power_at_declared: float | None
+
+
+def paper_effect(claim, better: str, worse: str, metric: str, lower_is_better: bool):
+  a = claim.paper.get(better, {}).get(metric)
+  b = claim.paper.get(worse, {}).get(metric)
+  if a is None or b is None:
+    return None
+  return (b - a) if lower_is_better else (a - b)
+
+
+def plan(claim, budget: str, sd: dict[str, float] | None = None) -> list[PlanRow]:
+  """The power calculation of every ordering of ``claim`` at ``budget``; ``sd`` (metric -> paired
+  sd) defaults to the budget's pre-registered ``power_sd``."""
+  from fedjax_proj.reproduce.claims import LOWER_IS_BETTER
+
+  b = claim.budgets[budget]
+  sd = b.power_sd if sd is None else sd
+  m = len(claim.orderings)
+  alpha = ALPHA / m
+  rows = []
+  for o in claim.orderings:
+    effect = paper_effect(claim, o.better, o.worse, o.metric, o.metric in LOWER_IS_BETTER)
+    s = (sd or {}).get(o.metric)
+    usable = effect is not None and effect > 0 and s is not None
+    needed = required_seeds(effect, s, alpha) if usable else None
+    at = power(b.seeds, effect, s, alpha) if usable else None
+    rows.append(PlanRow(o.better, o.worse, o.metric, effect, s, alpha, needed, at))
+  return rows
+
+
+def recommended_seeds(rows: Sequence[PlanRow]) -> int:
+  """The seed count the plan asks for: the largest ``needed`` (MAX_SEEDS where one needs more
+  than MAX_SEEDS), at least MIN_SEEDS; MIN_SEEDS where no ordering has an effect and an sd."""
+  usable = [r for r in rows if r.effect is not None and r.effect > 0 and r.sd is not None]
+  if not usable:
+    return MIN_SEEDS
+  return max(MAX_SEEDS if r.needed is None else r.needed for r in usable)
+
+
+def render_plan(claim, budget: str, measured: dict[str, float] | None = None) -> str:
+  """The printed power calculation (``--power``) with the declared seed count."""
+  b = claim.budgets[budget]
+  rows = plan(claim, budget)
+  lines = [
+    f"Power calculation, {claim.name} budget {budget}: two-sided paired t-test at "
+    f"alpha {ALPHA}/{len(claim.orderings)} (Holm's strictest step), target power {POWER:.0%}, "
+    f"{MIN_SEEDS}..{MAX_SEEDS} seeds.",
+    f"Paired sd used (pre-registered): {b.power_sd or 'none'} from {b.power_source}.",
+  ]
+  if measured:
+    lines.append(f"Paired sd measured now from the result files (max per metric): {measured}.")
+  lines += [
+    "",
+    "| ordering | metric | paper effect | sd | seeds needed | power at declared n |",
+    "|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    eff = "n/a" if r.effect is None else f"{r.effect:+.2f}"
+    sd = "n/a" if r.sd is None else f"{r.sd:.2f}"
+    needed = (
+      f">{MAX_SEEDS} (underpowered)"
+      if r.needed is None and r.power_at_declared is not None
+      else ("n/a" if r.needed is None else str(r.needed))
+    )
+    pw = "n/a" if r.power_at_declared is None else f"{r.power_at_declared:.2f}"
+    lines.append(f"| {r.better} > {r.worse} | {r.metric} | {eff} | {sd} | {needed} | {pw} |")
+  lines += [
+    "",
+    f"Recommended: {recommended_seeds(rows)} seeds; declared (claims.py): {b.seeds} "
+    f"(seeds 0..{b.seeds - 1} decide the verdict; others are exploratory).",
+  ]
+  return "\n".join(lines)
+
+
+def confirmatory(per_seed: dict[int, float], n: int) -> dict[int, float]:
+  """The pre-registered seeds 0..n-1 of ``per_seed``."""
+  return {s: v for s, v in per_seed.items() if s < n}
+
+
+def paired_p(diffs: Sequence[float]) -> float:
+  """Two-sided p of the paired t-test of mean(diffs) = 0 (nan below 2 seeds; 0 sd: 0 or 1)."""
+  n = len(diffs)
+  if n < 2:
+    return math.nan
+  mean = sum(diffs) / n
+  sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+  if sd == 0:
+    return 0.0 if mean != 0 else 1.0
+  t = mean / (sd / math.sqrt(n))
+  return float(2 * sps.t.sf(abs(t), n - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+  """Holm-adjusted p-values over all m = len(pvalues) orderings, the pre-registered family (an
+  ordering not tested yet, nan, counts in m as if its p were 1 and stays nan)."""
+  idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+  m = len(pvalues)
+  order = sorted(idx, key=lambda i: pvalues[i])
+  out = [math.nan] * len(pvalues)
+  running = 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (m - rank) * pvalues[i]))
+    out[i] = running
+  return out
+
+
+def verdict(mean: float, adjusted: float, n: int, declared: int) -> str:
+  """The confirmatory verdict of one ordering (module docstring)."""
+  from fedjax_proj.reproduce import stats
+
+  if n < declared:
+    return INCOMPLETE
+  if math.isnan(adjusted) or adjusted >= ALPHA:
+    return stats.INCONCLUSIVE
+  return stats.REPRODUCED if mean > 0 else stats.NOT_REPRODUCED

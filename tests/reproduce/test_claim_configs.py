@@ -1,0 +1,182 @@
+"""What each claim x budget resolves to: the generated docs table, ``--dry_run``, the protocol."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedjax_proj.reproduce import __main__ as cli
+from fedjax_proj.reproduce import claims, docs_tables, protocol, report, run
+from fedjax_proj.reproduce.claims import CLAIMS
+
+DOC = run.REPO_ROOT / "docs" / "reproduction.md"
+
+
+def test_docs_claim_tables_equal_the_resolved_configs():
+  """Every field of every claim x budget x method, as resolved, is the committed table."""
+  assert docs_tables.committed_block(DOC) == docs_tables.generate().strip("\n"), (
+    "docs/reproduction.md's claim-config tables are stale: run "
+    "`python -m fedjax_proj.reproduce --update_docs`"
+  )
+
+
+def test_dry_run_prints_every_field_and_hyperparameter(capsys):
+  assert cli.main(["fedgkd-cifar10", "--budget=paper", "--dry_run"]) == 0
+  out = capsys.readouterr().out
+  for method in claims.FEDGKD.methods:
+    config = run.resolve_config(claims.FEDGKD, "paper", method, 0)
+    for key, value in config.items():
+      if key not in ("method", "method_kwargs", "method_defaults"):
+        assert f"  {key} = {value!r}" in out
+    for key, value in run.effective_hparams(config).items():
+      assert f"  {method}.{key} = {value!r}" in out
+  # 002 Sec. 5: ResNet-8 with GroupNorm (16 channels per group), 45k, server-side validation.
+  assert "  model = 'resnet8'" in out and "  train_subset = 45000" in out
+  assert "  model_kwargs = {'group_size': 16, 'norm': 'group'}" in out
+  assert "  fedgkd_vote.vote_validation = 'server'" in out
+  assert "--preset=fedgkd_paper" in out
+
+
+@pytest.mark.parametrize("budget", ["paper", "cpu"])
+def test_fedproj_alpha_follows_001_table3(budget):
+  alpha = {
+    claim: run.effective_hparams(run.resolve_config(CLAIMS[claim], budget, "fedproj", 0))["alpha"]
+    for claim in ("fedproj-cifar10-dir0.3", "fedproj-cifar10-dir0.5")
+  }
+  assert alpha == {"fedproj-cifar10-dir0.3": 0.0, "fedproj-cifar10-dir0.5": 0.3}
+
+
+def test_paper_budget_distils_alike_and_memory_batch_is_the_private_batch():
+  claim = claims.FEDPROJ_DIR03
+  hp = {
+    m: run.effective_hparams(run.resolve_config(claim, "paper", m, 0))
+    for m in ("fedproj", "feddf", "fedet")
+  }
+  keys = ("distill_lr", "distill_epochs", "distill_batch_size", "distill_temperature")
+  assert {tuple(h[k] for k in keys) for h in hp.values()} == {(1e-5, 1, 256, 3.0)}
+  config = run.resolve_config(claim, "paper", "fedproj", 0)
+  assert hp["fedproj"]["memory_batch_size"] == config["batch_size"] == 64
+  assert config["public_data"] == "cifar100" and config["public_split"] == "train+test"
+
+
+def test_fedproj_claims_carry_all_table1_baselines():
+  for claim in (claims.FEDPROJ_DIR03, claims.FEDPROJ_DIR05):
+    baselines = {"fedavg", "fedprox", "fednova", "feddyn", "moon", "fedrcl", "feddf", "fedet"}
+    assert baselines <= set(claim.paper) and baselines <= set(claim.methods)
+    assert {o.worse for o in claim.orderings} >= baselines
+
+
+def test_public_fallback_caps_memory_and_says_so(tmp_path, monkeypatch):
+  import numpy as np
+
+  (tmp_path / "cifar100").mkdir()
+  np.savez(
+    tmp_path / "cifar100" / "public_20k.npz",
+    image=np.zeros((30, 32, 32, 3), np.uint8),
+    label=np.zeros(30, np.int64),
+  )
+  monkeypatch.setattr(run, "tfds_has", lambda name: False)
+  config = run.resolve_config(claims.FEDPROJ_DIR05, "paper", "fedproj", 0)
+  used, notes = run.public_fallback(config, tmp_path, claims.PUBLIC)
+  assert used["public_data"] == claims.PUBLIC and used["memory_size"] == 30
+  assert "memory_size 50,000 capped at the public set's 30" in notes[1]
+  monkeypatch.setattr(run, "tfds_has", lambda name: True)
+  assert run.public_fallback(config, tmp_path, claims.PUBLIC) == (config, [])
+
+
+def test_power_matches_a_known_value_and_declared_seeds_follow_the_plan():
+  # Paired t-test, d = 1, n = 10, two-sided 0.05: power 0.803 (G*Power).
+  assert abs(protocol.power(10, 1.0, 1.0, 0.05) - 0.803) < 0.005
+  assert protocol.required_seeds(1.0, 1.0, 0.05) == 10
+  assert protocol.power(3, 50.0, 0.1, 0.005) == 1.0  # scipy's tail failure handled
+  for claim in CLAIMS.values():
+    for budget in {"paper", "cpu"} & set(claim.budgets):
+      rows = protocol.plan(claim, budget)
+      assert claim.budgets[budget].seeds == protocol.recommended_seeds(rows), (claim.name, budget)
+
+
+def test_power_command_prints_the_plan(capsys, tmp_path):
+  assert cli.main(["sfedkd-cifar10-exdir", "--budget=cpu", "--power", f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert "| sfedkd > fedseq | test_accuracy | +6.90 | 2.34 | 5 |" in out
+  assert "declared (claims.py): 5" in out
+
+
+def test_holm_adjustment():
+  adjusted = protocol.holm([0.01, 0.04, 0.03])
+  assert adjusted == pytest.approx([0.03, 0.06, 0.06])
+  adjusted = protocol.holm([0.01, 0.04, 0.03, math.nan])  # an untested ordering still counts
+  assert adjusted[:3] == pytest.approx([0.04, 0.09, 0.09]) and math.isnan(adjusted[3])
+
+
+def _result(method, seed, value, code=None):
+  out = {
+    "claim": "fedproj-iris-pilot",
+    "budget": "cpu",
+    "method": method,
+    "seed": seed,
+    "config": {},
+    "metrics": {"global_accuracy": value, "client_accuracy": value},
+    "curve": [{"round": 1}],
+  }
+  if code:
+    out["code"] = {"fingerprint": code}
+  return out
+
+
+def test_verdict_uses_only_preregistered_seeds_and_refuses_mixed_code():
+  pilot = claims.PILOT  # 3 pre-registered seeds at cpu
+  found = {
+    "fedproj": {s: _result("fedproj", s, 90.0 + s, "A") for s in range(5)},
+    "fedavg": {s: _result("fedavg", s, 60.0 + 0.5 * s, "A") for s in range(5)},
+    "feddf": {s: _result("feddf", s, 60.0, "A" if s else "B") for s in range(5)},
+  }
+  found["fedavg"][4] = _result("fedavg", 4, 99.0, "A")  # an exploratory seed cannot flip it
+  rows = {(r.worse, r.metric): r for r in report.confirmatory_rows(pilot, found, "cpu")}
+  r = rows[("fedavg", "global_accuracy")]
+  assert r.paired.n == 3 and r.verdict == "reproduced" and r.p_holm >= r.p
+  # Seed 0 of feddf ran other code: refused, leaving 2 of 3 seeds: incomplete.
+  r = rows[("feddf", "global_accuracy")]
+  assert r.refused == (0,) and r.paired.n == 2 and r.verdict == protocol.INCOMPLETE
+  assert report.confirmatory_rows(pilot, found, "cpu", [{"A", "B"}])[1].paired.n == 3
+  text = "\n".join(report.verdict_table(pilot, found, "cpu"))
+  assert "Pairs refused (the two runs recorded different code): fedproj > feddf seeds [0]" in text
+
+
+def test_help_gives_the_defaults(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["--help"])
+  out = "".join(capsys.readouterr().out.split())  # argparse wraps lines
+  assert "(default:cpu)" in out and "(default:thebudget'spre-registeredseeds" in out
+
+
+def test_public_split_reaches_tfds(monkeypatch):
+  """The paper budgets' public_split=train+test is the split TFDS is asked for."""
+  import ml_collections
+  import numpy as np
+  import tensorflow_datasets as tfds
+
+  from fedjax_proj.training import inputs
+
+  seen = []
+
+  def load(name, split, *args, **kwargs):
+    seen.append(split)
+    return run_load(name, split, *args, download=False, **kwargs)
+
+  run_load = inputs.load_dataset
+  c = ml_collections.ConfigDict(
+    dict(
+      public_data="cifar100",
+      public_split="train+test",
+      public_size=0,
+      seed=0,
+      method="feddf",
+      memory_size=0,
+      method_kwargs={},
+    )
+  )
+  with tfds.testing.mock_data(num_examples=6):
+    _, n = inputs.public_inputs(c, np.zeros((1, 32, 32, 3), np.uint8), 10, "cifar10", load=load)
+  assert seen == ["train+test"] and n == 6
