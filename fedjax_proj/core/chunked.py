@@ -47,7 +47,7 @@ from jax.sharding import PartitionSpec as P
 
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, run_vmap_scan
-from fedjax_proj.core.rounds import drive_round, host_pieces, streaming_of
+from fedjax_proj.core.rounds import drive_host_round, drive_round, host_pieces, streaming_of
 from fedjax_proj.core.sharding import CLIENT_AXIS
 from fedjax_proj.core.types import PyTree, RoundData
 
@@ -309,15 +309,6 @@ def make_chunked_round(
         del outputs  # Free the chunk's client outputs before the next chunk runs.
       return acc
 
-    return drive_round(
-      pieces["broadcast"],
-      run_chunks,
-      finish_jit,
-      state,
-      rd,
-      key,
-      split_keys=pieces["split_keys"],
-      client_keys=pieces["client_keys"],
-    )
+    return drive_host_round(pieces, run_chunks, finish_jit, state, rd, key)
 
   return host_round

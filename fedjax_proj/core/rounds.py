@@ -111,6 +111,20 @@ def host_pieces(broadcast: BroadcastFn) -> dict:
   }
 
 
+def drive_host_round(pieces: dict, run_clients, finish, state: PyTree, rd: RoundData, key: Array):
+  """:func:`drive_round` with the jitted :func:`host_pieces` of a host-looped driver."""
+  return drive_round(
+    pieces["broadcast"],
+    run_clients,
+    finish,
+    state,
+    rd,
+    key,
+    split_keys=pieces["split_keys"],
+    client_keys=pieces["client_keys"],
+  )
+
+
 def make_parallel_round(algorithm, engine: ClientEngine) -> Callable:
   """The ordinary parallel round: ``round_fn(state, round_data, key) -> (state, metrics)``.
 
@@ -131,15 +145,6 @@ def make_parallel_round(algorithm, engine: ClientEngine) -> Callable:
   pieces = host_pieces(algorithm.broadcast)
 
   def host_round(state, rd: RoundData, key):
-    return drive_round(
-      pieces["broadcast"],
-      engine.run,
-      aggregate,
-      state,
-      rd,
-      key,
-      split_keys=pieces["split_keys"],
-      client_keys=pieces["client_keys"],
-    )
+    return drive_host_round(pieces, engine.run, aggregate, state, rd, key)
 
   return host_round
