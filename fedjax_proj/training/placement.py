@@ -3,9 +3,10 @@
 :func:`plan_execution` builds the run's :class:`~fedjax_proj.core.executor.Executor` once: it
 resolves ``auto`` (:func:`~fedjax_proj.core.engine.choose_strategy`), decides whether the client
 axis is sharded and over which devices (:func:`client_mesh_for`) and whether clients run in chunks
-with streaming aggregation, and how many (``auto``: :func:`~fedjax_proj.core.chunked.
-auto_client_chunk`). :func:`build_round` builds a method's round on it and :func:`placed_round`
-puts each round's inputs on the mesh (docs/performance.md; docs/design.md, "Execution").
+with streaming aggregation, and how many (``auto``:
+:func:`~fedjax_proj.core.chunked.auto_client_chunk`). :func:`build_round` builds a method's round
+on it and :func:`placed_round` puts each round's inputs on the mesh (docs/performance.md;
+docs/design.md, "Execution").
 """
 
 from __future__ import annotations
