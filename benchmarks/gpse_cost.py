@@ -106,6 +106,7 @@ def measure(
   from fedjax_proj.algorithms.continual.fl import fl
   from fedjax_proj.algorithms.continual.fot import fot
   from fedjax_proj.core import engine as engine_lib
+  from fedjax_proj.core.executor import Executor
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model, task_partition
   from fedjax_proj.data.federated import FederatedData
@@ -128,7 +129,7 @@ def measure(
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
-  strategy = engine_lib.choose_strategy("auto", has_conv=has_conv)
+  executor = Executor(engine_lib.choose_strategy("auto", has_conv=has_conv), batch_fn)
   parts = task_partition(bench, 0, num_clients, iid=False, seed=seed)
   sampled = np.arange(clients, dtype=np.int32)
   images = jax.device_put(bench.images)
@@ -139,7 +140,7 @@ def measure(
 
   rd = round_data(batch_size)
   method = fl(model, optax.sgd(0.01))
-  round_fn = make_round(method.algorithm, strategy, batch_fn)
+  round_fn = make_round(method.algorithm, executor)
   state = {"s": method.algorithm.init(variables, jax.random.key(0))}
 
   def epoch():
@@ -149,7 +150,7 @@ def measure(
   fot_method = fot(
     model,
     optax.sgd(0.01),
-    batch_fn,
+    executor,
     variables=variables,
     sample_x=sample,
     sketch_dist=sketch_dist,
@@ -162,12 +163,12 @@ def measure(
   populated = {}
 
   def gpse_empty():
-    populated["s"], m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0, strategy)
+    populated["s"], m = fot_method.end_task(fstate, rd_g, jax.random.key(2), 0)
     last["empty"] = m
     return jnp.zeros(())
 
   def gpse_full():
-    _, m = fot_method.end_task(populated["s"], rd_g, jax.random.key(3), 1, strategy)
+    _, m = fot_method.end_task(populated["s"], rd_g, jax.random.key(3), 1)
     last["full"] = m
     return jnp.zeros(())
 
@@ -181,7 +182,7 @@ def measure(
   return {
     "model": model_name,
     "data": source,
-    "strategy": strategy,
+    "strategy": executor.strategy,
     "sketch_dist": sketch_dist,
     "clients": clients,
     "examples": examples,

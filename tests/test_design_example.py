@@ -65,7 +65,6 @@ def test_design_example_builds_through_the_registry():
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=optax.sgd(0.1),
-    batch_fn=helpers.float_batch_fn(),
     normalize=lambda v: v,
     num_clients=4,
   )

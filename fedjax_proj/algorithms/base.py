@@ -4,13 +4,14 @@ An algorithm is a factory (closing over the model, optimisers and hyperparameter
 returning a :class:`FederatedAlgorithm`: ``init(variables, key) -> state`` and three pure round
 pieces, ``broadcast`` (server -> clients), ``client`` (a :class:`ClientProgram` for ONE client) and
 ``aggregate`` (clients -> server). :func:`fedjax_proj.core.rounds.drive_round` is the one round
-driver composing them, and :func:`make_round` builds that round for an execution strategy and the
-run's batch builder (docs/design.md, "The algorithm contract"). The batch builder is not part of
-the algorithm: how each step's batch is made from the device data (normalisation, augmentation)
-is an input-pipeline choice of the run, so the caller gives it to the execution side. The
-execution machinery (the driver, the aggregate forms
-:class:`~fedjax_proj.core.rounds.StreamingAggregate` and :class:`~fedjax_proj.core.engine.TwoForms`,
-the chunked round) lives in fedjax_proj.core.
+driver composing them, and :func:`make_round` builds that round on the run's
+:class:`~fedjax_proj.core.executor.Executor` (strategy, batch builder, mesh, chunk; docs/design.md,
+"The algorithm contract" and "Execution"). The batch builder is not part of the algorithm: how each
+step's batch is made from the device data (normalisation, augmentation) is an input-pipeline
+choice of the run, so it travels with the execution side. The execution machinery (the executor,
+the driver, the aggregate forms :class:`~fedjax_proj.core.rounds.StreamingAggregate` and
+:class:`~fedjax_proj.core.engine.TwoForms`, the chunked and chain rounds) lives in
+fedjax_proj.core.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-import jax
-
 from fedjax_proj.algorithms.families import FLFamily, SequentialFamily, server_variables
-from fedjax_proj.algorithms.sequential.base import make_sequential_round
-from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram, host_form
-from fedjax_proj.core.rounds import AggregateFn, BroadcastFn, drive_round, host_pieces
+from fedjax_proj.core.engine import BatchFn, ClientProgram
+from fedjax_proj.core.executor import Executor
+from fedjax_proj.core.rounds import AggregateFn, BroadcastFn
 from fedjax_proj.core.types import Array, PyTree, RoundData
 
 
@@ -52,43 +51,39 @@ class FederatedAlgorithm(NamedTuple):
 
 
 def make_round(
-  algorithm: FLFamily | SequentialFamily, strategy: str, batch_fn: BatchFn, unroll: int = 1
+  algorithm: FLFamily | SequentialFamily,
+  executor: Executor | str,
+  batch_fn: BatchFn | None = None,
+  unroll: int = 1,
 ) -> Callable[[PyTree, RoundData, Array], tuple[PyTree, dict]]:
-  """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` for an execution strategy.
+  """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` of ``algorithm``.
 
-  ``batch_fn`` builds each local step's :class:`~fedjax_proj.core.types.Batch` from the
-  device-resident data and the step's indices (the run's input pipeline, e.g.
-  :func:`fedjax_proj.data.pipeline.make_batch_fn`). ``vmap_scan`` compiles the whole round into
-  one program. Host-looped strategies jit ``broadcast`` and ``aggregate`` separately around the
-  engine's loop, and run the host-loop form of an aggregate that has one
-  (:class:`~fedjax_proj.core.engine.TwoForms`). The input server state is donated (its buffers
-  are reused for the new state): copy any leaf you keep across rounds (``tree.tree_copy``). A
-  :class:`fedjax_proj.algorithms.sequential.base.SequentialAlgorithm` (the ``"sequential"``
-  family, a chain of clients rather than broadcast/aggregate) gets its chain round.
+  ``executor`` is the run's :class:`~fedjax_proj.core.executor.Executor` (strategy, batch builder,
+  unroll, mesh, chunk), or, as a shorthand, a resolved strategy name with the batch builder
+  (``make_round(alg, "vmap_scan", batch_fn)`` is ``make_round(alg, Executor("vmap_scan",
+  batch_fn))``). ``batch_fn`` builds each local step's :class:`~fedjax_proj.core.types.Batch`
+  from the device-resident data and the step's indices (the run's input pipeline, e.g.
+  :func:`fedjax_proj.data.pipeline.make_batch_fn`). The family's Protocol picks the round: a
+  :class:`~.families.SequentialFamily` value (a chain of clients rather than broadcast/aggregate)
+  gets the executor's chain round, every other one its parallel round (``vmap_scan`` compiles it
+  into one program; host-looped strategies jit ``broadcast`` and ``aggregate`` separately around
+  the engine's loop and run the host-loop form of a :class:`~fedjax_proj.core.engine.TwoForms`
+  aggregate; with a chunk, clients run in chunks with streaming aggregation). The input server
+  state is donated (its buffers are reused for the new state): copy any leaf you keep across
+  rounds (``tree.tree_copy``).
   """
+  if isinstance(executor, Executor):
+    if batch_fn is not None or unroll != 1:
+      raise ValueError(
+        "make_round(algorithm, executor) takes the batch builder and unroll from the executor; "
+        "pass batch_fn and unroll only with a strategy name."
+      )
+  else:
+    if batch_fn is None:
+      raise ValueError(
+        f"make_round(algorithm, {executor!r}) needs the run's batch_fn (or pass an Executor)."
+      )
+    executor = Executor(executor, batch_fn, unroll)
   if isinstance(algorithm, SequentialFamily):
-    return make_sequential_round(algorithm, strategy, batch_fn, unroll)
-  engine = ClientEngine(algorithm.client, batch_fn, strategy, unroll=unroll)
-  if engine.traceable:
-
-    def traced(state, rd, key):
-      return drive_round(algorithm.broadcast, engine.run, algorithm.aggregate, state, rd, key)
-
-    return jax.jit(traced, donate_argnums=0)
-
-  aggregate = host_form(algorithm.aggregate) or jax.jit(algorithm.aggregate, donate_argnums=0)
-  pieces = host_pieces(algorithm.broadcast)
-
-  def host_round(state, rd: RoundData, key):
-    return drive_round(
-      pieces["broadcast"],
-      engine.run,
-      aggregate,
-      state,
-      rd,
-      key,
-      split_keys=pieces["split_keys"],
-      client_keys=pieces["client_keys"],
-    )
-
-  return host_round
+    return executor.chain_round(algorithm)
+  return executor.parallel_round(algorithm)

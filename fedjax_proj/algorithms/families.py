@@ -11,8 +11,9 @@ A method's factory returns a value of its family (docs/design.md, "The algorithm
   ``end_task`` hook (:class:`fedjax_proj.algorithms.continual.base.ContinualMethod`).
 
 The FL and sequential families are both a :class:`RoundAlgorithm`, which is all the training loop
-needs; ``make_round(algorithm, strategy, batch_fn)`` builds either one's round, with the batch
-builder the run gives it (an input-pipeline choice, not part of the algorithm). The registry
+needs; ``make_round(algorithm, executor)`` builds either one's round on the run's
+:class:`~fedjax_proj.core.executor.Executor` (strategy, batch builder, mesh, chunk: how clients run,
+not part of the algorithm), dispatching on these Protocols. The registry
 checks that what a method's ``build`` returns meets its declared family
 (:data:`FAMILY_PROTOCOLS`).
 """
@@ -80,10 +81,10 @@ class SequentialFamily(RoundAlgorithm, Protocol):
 @runtime_checkable
 class ContinualFamily(Protocol):
   """Continual FL: an FL round ``algorithm`` and an optional ``end_task`` hook run after each task
-  with the task driver's execution strategy."""
+  (a client pass it runs uses the executor the method was built with)."""
 
   algorithm: FLFamily
-  end_task: Any  # end_task(state, rd_all_clients, key, task, strategy) -> (state, metrics) or None
+  end_task: Any  # end_task(state, rd_all_clients, key, task) -> (state, metrics), or None
 
 
 FAMILY_PROTOCOLS: dict[str, type] = {

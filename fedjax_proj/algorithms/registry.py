@@ -25,7 +25,7 @@ import optax
 
 from fedjax_proj.algorithms.families import FAMILY_PROTOCOLS, meets_family
 from fedjax_proj.core import ranges
-from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Array, Model
 
 # The method families (docs/design.md, "The algorithm contract"), each a Protocol of
@@ -44,8 +44,9 @@ class BuildContext(NamedTuple):
     client_optimizer: the local optimiser.
     normalize: maps raw (uint8) images to model inputs, for public data.
     num_clients: total number of clients (for per-client state).
-    batch_fn: the run's batch builder for private data, for the continual methods that build
-      batches themselves (replay, Fisher, GPM/GPSE passes); rounds get it from ``make_round``.
+    executor: the run's :class:`~fedjax_proj.core.executor.Executor` (strategy, batch builder,
+      mesh, chunk), for the methods that run clients or build batches themselves (the continual
+      methods' replay, Fisher, GPM and GPSE passes); rounds get it from ``make_round``.
     server_optimizer: optional optax server optimiser (FedAvgM/FedAdam), else None.
     public_size: number of public examples in ``RoundData.extra["public_images"]`` (0 if none).
     num_classes: number of classes of the private task.
@@ -61,7 +62,7 @@ class BuildContext(NamedTuple):
   client_optimizer: optax.GradientTransformation
   normalize: Callable[[Array], Array]
   num_clients: int
-  batch_fn: BatchFn | None = None
+  executor: Executor | None = None
   server_optimizer: optax.GradientTransformation | None = None
   public_size: int = 0
   num_classes: int = 10
@@ -82,7 +83,7 @@ class MethodSpec:
       ``SequentialAlgorithm`` or ``ContinualMethod``, by family).
     needs_public: the method reads a public set from ``RoundData.extra``.
     requires: :class:`BuildContext` fields that default to None and that ``build`` reads (e.g.
-      ``batch_fn``, ``variables``, ``sample_x``); :func:`build_algorithm` refuses a context
+      ``executor``, ``variables``, ``sample_x``); :func:`build_algorithm` refuses a context
       without them.
     model_kwargs: model options the method requires (e.g. MOON's ``projection_dim``).
     config_kwargs: experiment-config fields the method consumes as hyperparameters.

@@ -25,11 +25,12 @@ no client between devices, and the per-chunk sums become one cross-device reduct
 is added per device block. The client order inside a chunk differs from the unsharded chunking,
 which again changes results only by float summation order.
 
-``client_chunk="auto"`` (default; :func:`auto_client_chunk`): all clients in one chunk when
+The ``auto`` chunk size rule is :func:`auto_client_chunk`: all clients in one chunk when
 ``C * per_client_bytes`` fits the budget, else the fewest equal chunks that fit, where
 ``per_client_bytes = 8 * param_bytes`` (local params, gradients, optimiser state, the output copy
 and its float32 sum, with slack) and the budget is 1 GiB, or a quarter of the device memory when the
-backend reports it (GPU/TPU).
+backend reports it (GPU/TPU). A run applies it in one place, when it decides its execution
+(:func:`fedjax_proj.training.placement.plan_execution`); the round here takes a number.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from jax.sharding import PartitionSpec as P
 
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import BatchFn, ClientEngine, run_vmap_scan
-from fedjax_proj.core.rounds import drive_round, host_pieces, streaming_of
+from fedjax_proj.core.rounds import drive_host_round, drive_round, host_pieces, streaming_of
 from fedjax_proj.core.sharding import CLIENT_AXIS
 from fedjax_proj.core.types import PyTree, RoundData
 
@@ -89,16 +90,34 @@ def tree_bytes(tree: PyTree) -> int:
   return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _resolve_chunk(
-  client_chunk: int | str, num_clients: int, state: PyTree, alg, shards: int = 1
-) -> int:
+def _per_device_chunk(client_chunk: int, num_clients: int, shards: int) -> int:
   """Clients per chunk on each of ``shards`` devices (the whole chunk when ``shards=1``)."""
-  local = max(1, num_clients // shards)
-  if client_chunk == "auto":
-    return auto_client_chunk(local, tree_bytes(alg.global_variables(state)))
-  if not isinstance(client_chunk, int) or client_chunk < 1:
-    raise ValueError(f"client_chunk={client_chunk!r} must be a positive int or 'auto'.")
-  return min(math.ceil(client_chunk / shards), local)
+  return min(math.ceil(client_chunk / shards), max(1, num_clients // shards))
+
+
+def check_client_chunk(client_chunk) -> int:
+  """``client_chunk`` if it is a positive int; a ValueError naming the fix otherwise."""
+  if isinstance(client_chunk, bool) or not isinstance(client_chunk, int) or client_chunk < 1:
+    raise ValueError(
+      f"client_chunk={client_chunk!r} must be a positive int (clients per chunk). 'auto' is "
+      "decided once per run by fedjax_proj.training.placement.plan_execution (the rule: "
+      "auto_client_chunk)."
+    )
+  return client_chunk
+
+
+def require_streaming(algorithm):
+  """The method's :class:`StreamingAggregate`; a ValueError if its clients cannot run in chunks."""
+  streaming = streaming_of(algorithm)
+  if streaming is None:
+    raise ValueError(
+      f"Method {algorithm.name!r} has no streaming aggregate (its aggregate is not a "
+      "StreamingAggregate, e.g. a method that replaced its aggregate with a plain function), so "
+      "its clients cannot run in chunks; use make_round, or give the method a "
+      "StreamingAggregate(reduce, finish) (possible when its aggregate is a weighted mean over "
+      "clients)."
+    )
+  return streaming
 
 
 def _client_fields(rd: RoundData) -> dict:
@@ -138,26 +157,25 @@ def make_chunked_round(
   algorithm: Any,
   strategy: str,
   batch_fn: BatchFn,
-  client_chunk: int | str = "auto",
+  client_chunk: int,
   unroll: int = 1,
   mesh: Mesh | None = None,
 ) -> Callable[[PyTree, RoundData, jax.Array], tuple[PyTree, dict]]:
   """Builds ``round_fn(state, round_data, key) -> (state, metrics)`` processing clients in chunks.
 
   Same contract as :func:`~fedjax_proj.algorithms.base.make_round` (the input state is donated);
-  with ``client_chunk >= C`` it computes the ordinary round (up to float summation order).
+  with ``client_chunk >= C`` it computes the ordinary round (up to float summation order). A run
+  gets it from its :class:`~fedjax_proj.core.executor.Executor` when that has a chunk.
 
   Args:
     algorithm: a method whose aggregate is a ``StreamingAggregate`` (e.g. FedAvg): any value with
-      a ``FederatedAlgorithm``'s fields (``name``, ``broadcast``, ``client``, ``aggregate``,
-      ``global_variables``), read by attribute, so core needs no algorithm type.
+      a ``FederatedAlgorithm``'s fields (``name``, ``broadcast``, ``client``, ``aggregate``),
+      read by attribute, so core needs no algorithm type.
     strategy: ``vmap_scan``, ``vmap_stepwise`` or ``sequential`` (resolve ``auto`` first).
     batch_fn: builds each local step's batch from the device data and indices (the run's input
       pipeline, as for ``make_round``).
-    client_chunk: clients per chunk, or ``"auto"`` (:func:`auto_client_chunk`, resolved from the
-      first round's state and cohort; fixed afterwards, so later rounds do not recompile). With a
-      ``mesh`` of D devices each chunk holds ``ceil(client_chunk / D)`` clients per device, and
-      ``"auto"`` budgets each device's share.
+    client_chunk: clients per chunk (:func:`auto_client_chunk` is the rule of a run's ``auto``).
+      With a ``mesh`` of D devices each chunk holds ``ceil(client_chunk / D)`` clients per device.
     unroll: ``lax.scan`` unroll factor over local steps (``vmap_scan``).
     mesh: a ``"clients"`` mesh (:func:`fedjax_proj.core.sharding.client_mesh` or
       :func:`fedjax_proj.core.distributed.global_client_mesh`) over which every chunk's client axis
@@ -169,17 +187,8 @@ def make_chunked_round(
       was given for a host-looped strategy. At call time: the cohort is not a multiple of the
       mesh size.
   """
-  streaming = streaming_of(algorithm)
-  if streaming is None:
-    raise ValueError(
-      f"Method {algorithm.name!r} has no streaming aggregate (its aggregate is not a "
-      "StreamingAggregate, e.g. a method that replaced its aggregate with a plain function), so "
-      "its clients cannot run in chunks; use make_round, or give the method a "
-      "StreamingAggregate(reduce, finish) (possible when its aggregate is a weighted mean over "
-      "clients)."
-    )
-  if client_chunk != "auto":
-    _resolve_chunk(client_chunk, 1, None, algorithm)  # Validate early.
+  streaming = require_streaming(algorithm)
+  check_client_chunk(client_chunk)
   engine = ClientEngine(algorithm.client, batch_fn, strategy, unroll=unroll)
   if mesh is not None and not engine.traceable:
     raise ValueError(
@@ -190,7 +199,7 @@ def make_chunked_round(
   reduce, finish = streaming.reduce, streaming.finish
   resolved: dict[int, int] = {}
 
-  def chunk_of(state, rd) -> int:
+  def chunk_of(rd) -> int:
     c = int(rd.idx.shape[0])
     if c % shards:
       raise ValueError(
@@ -198,7 +207,7 @@ def make_chunked_round(
         f"{shards} clients per round."
       )
     if c not in resolved:
-      resolved[c] = _resolve_chunk(client_chunk, c, state, algorithm, shards)
+      resolved[c] = _per_device_chunk(client_chunk, c, shards)
     return resolved[c]
 
   def constrain(x, axis: int):
@@ -249,11 +258,11 @@ def make_chunked_round(
     jitted = jax.jit(traced, donate_argnums=0, static_argnums=3)
 
     def round_fn(state, rd, key):
-      return jitted(state, rd, key, chunk_of(state, rd))
+      return jitted(state, rd, key, chunk_of(rd))
 
     round_fn._cache_size = jitted._cache_size  # For no-recompilation checks.
     # For inspecting the compiled program (e.g. which collectives a sharded round uses).
-    round_fn.lower = lambda state, rd, key: jitted.lower(state, rd, key, chunk_of(state, rd))
+    round_fn.lower = lambda state, rd, key: jitted.lower(state, rd, key, chunk_of(rd))
     return round_fn
 
   pieces = host_pieces(algorithm.broadcast)
@@ -274,7 +283,7 @@ def make_chunked_round(
   finish_jit = jax.jit(finish, donate_argnums=0)
 
   def host_round(state, rd: RoundData, key):
-    chunk = chunk_of(state, rd)
+    chunk = chunk_of(rd)
     c = int(rd.idx.shape[0])
 
     def run_chunks(shared, client_inputs, images, labels, idx, mask, keys):
@@ -300,15 +309,6 @@ def make_chunked_round(
         del outputs  # Free the chunk's client outputs before the next chunk runs.
       return acc
 
-    return drive_round(
-      pieces["broadcast"],
-      run_chunks,
-      finish_jit,
-      state,
-      rd,
-      key,
-      split_keys=pieces["split_keys"],
-      client_keys=pieces["client_keys"],
-    )
+    return drive_host_round(pieces, run_chunks, finish_jit, state, rd, key)
 
   return host_round

@@ -72,12 +72,29 @@ class ClientProgram(NamedTuple):
   round_steps: bool = False
 
 
+# The host-looped strategy whose client loop runs one client at a time (the pre-run step timing).
+HOST_LOOP = "sequential"
+
+
 def validate_strategy(strategy: str) -> str:
   if strategy not in STRATEGIES:
     raise ValueError(
       f"Unknown execution strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}."
     )
   return strategy
+
+
+def one_program(strategy: str) -> bool:
+  """Whether ``strategy`` compiles a round into one program (``vmap_scan``): pure and traceable,
+  the only form that can be sharded over devices."""
+  return validate_strategy(strategy) == "vmap_scan"
+
+
+def can_shard(strategy: str) -> bool:
+  """Whether a run with ``strategy`` can shard its clients over devices or processes: the
+  one-program strategy, or ``auto``, which resolves to it for a sharded run
+  (:func:`choose_strategy`)."""
+  return strategy == "auto" or one_program(strategy)
 
 
 def has_convolution(fn: Callable[..., Any], *args: Any) -> bool:
@@ -253,7 +270,7 @@ class ClientEngine:
     self.batch_fn = batch_fn
     self.strategy = strategy
     self.unroll = unroll
-    self.traceable = strategy == "vmap_scan"
+    self.traceable = one_program(strategy)
     p = program
     if strategy == "vmap_stepwise":
       self._init = jax.jit(

@@ -3,7 +3,8 @@
 Execution machinery shared by every parallel-FL round, below the algorithm contract
 (docs/design.md, "The algorithm contract"): :func:`drive_round` is the one round driver (broadcast
 -> per-client keys -> clients -> server update), :func:`host_pieces` its jitted pieces for
-host-looped strategies, and :class:`StreamingAggregate` the aggregate written as a sum over
+host-looped strategies, :func:`make_parallel_round` the ordinary round built from it, and
+:class:`StreamingAggregate` the aggregate written as a sum over
 clients that :mod:`fedjax_proj.core.chunked` runs in chunks (as
 :class:`~fedjax_proj.core.engine.TwoForms` is the aggregate with a host-loop form). Everything here
 takes plain functions, never an algorithm type, so core imports nothing from
@@ -18,6 +19,7 @@ from collections.abc import Callable
 import jax
 
 from fedjax_proj.core import random as random_lib
+from fedjax_proj.core.engine import ClientEngine, host_form
 from fedjax_proj.core.types import Array, PyTree, RoundData
 
 # broadcast(state, round_data, key) -> (shared, client_inputs)
@@ -107,3 +109,42 @@ def host_pieces(broadcast: BroadcastFn) -> dict:
     "split_keys": jax.jit(_round_keys),
     "client_keys": jax.jit(random_lib.client_keys, static_argnums=1),
   }
+
+
+def drive_host_round(pieces: dict, run_clients, finish, state: PyTree, rd: RoundData, key: Array):
+  """:func:`drive_round` with the jitted :func:`host_pieces` of a host-looped driver."""
+  return drive_round(
+    pieces["broadcast"],
+    run_clients,
+    finish,
+    state,
+    rd,
+    key,
+    split_keys=pieces["split_keys"],
+    client_keys=pieces["client_keys"],
+  )
+
+
+def make_parallel_round(algorithm, engine: ClientEngine) -> Callable:
+  """The ordinary parallel round: ``round_fn(state, round_data, key) -> (state, metrics)``.
+
+  ``algorithm`` is read by attribute (``broadcast``, ``aggregate``), so core needs no algorithm
+  type; ``engine`` runs its client program. The one-program strategy jits the whole round;
+  host-looped ones jit ``broadcast`` and ``aggregate`` separately around the engine's loop and run
+  the host-loop form of an aggregate that has one (:class:`~fedjax_proj.core.engine.TwoForms`).
+  The input server state is donated.
+  """
+  if engine.traceable:
+
+    def traced(state, rd, key):
+      return drive_round(algorithm.broadcast, engine.run, algorithm.aggregate, state, rd, key)
+
+    return jax.jit(traced, donate_argnums=0)
+
+  aggregate = host_form(algorithm.aggregate) or jax.jit(algorithm.aggregate, donate_argnums=0)
+  pieces = host_pieces(algorithm.broadcast)
+
+  def host_round(state, rd: RoundData, key):
+    return drive_host_round(pieces, engine.run, aggregate, state, rd, key)
+
+  return host_round

@@ -64,7 +64,8 @@ def base_config() -> ml_collections.ConfigDict:
   # Split each round's clients over all local devices (vmap_scan only; a no-op on one device).
   c.shard_clients = True
   # Clients per chunk for large cohorts (streaming aggregation, peak memory bounded by the chunk):
-  # "auto" chunks methods that support it when the cohort would not fit (core/chunked.py),
+  # "auto" chunks methods that support it when the cohort would not fit (training/placement.py
+  # decides, with core/chunked.py's rule),
   # "none" disables chunking, an integer forces that chunk size.
   c.client_chunk = "auto"
   # Several processes (jax.distributed): every process passes the same coordinator "host:port"

@@ -28,6 +28,7 @@ from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.continual.base import ContinualMethod
 from fedjax_proj.algorithms.families import ContinualFamily
 from fedjax_proj.core import random as random_lib
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
@@ -84,7 +85,6 @@ def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) 
 def train_continual(
   method: ContinualFamily,
   round_fn: Callable,
-  strategy: str,
   bench: ContinualBenchmark,
   evaluate: Callable,
   init_variables: dict,
@@ -107,9 +107,8 @@ def train_continual(
 
   Args:
     method: the continual method (round algorithm + end-of-task hook).
-    round_fn: the compiled round (:func:`fedjax_proj.algorithms.base.make_round`).
-    strategy: the resolved execution strategy ``round_fn`` was built for; the end-of-task hook's
-      client pass runs with it too.
+    round_fn: the compiled round (:func:`fedjax_proj.algorithms.base.make_round`, on the executor
+      the method was built with).
     bench: the benchmark.
     evaluate: from :func:`make_task_evaluator`.
     init_variables: initial global model.
@@ -187,7 +186,7 @@ def train_continual(
         fed_all = FederatedData(parts, end_task_batch_size or batch_size, 1)
         rd_all = task_round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
         key = random_lib.stream_key(random_lib.round_key(seed_key, t), "end_task")
-        state, end_metrics = method.end_task(state, rd_all, key, t, strategy)
+        state, end_metrics = method.end_task(state, rd_all, key, t)
         end_metrics = {**to_python(end_metrics), "end_task_seconds": time.perf_counter() - t0}
         timings["end_task_seconds"] += end_metrics["end_task_seconds"]
       variables = algorithm.global_variables(state)
@@ -229,7 +228,7 @@ def build_continual_method(
   name: str,
   model: Model,
   optimizer,
-  batch_fn: Callable,
+  executor: Executor,
   *,
   variables: dict,
   sample_x,
@@ -237,7 +236,8 @@ def build_continual_method(
   num_tasks: int,
   **hparams,
 ) -> ContinualMethod:
-  """Builds a continual method of the registry (:mod:`fedjax_proj.algorithms.registry`)."""
+  """Builds a continual method of the registry (:mod:`fedjax_proj.algorithms.registry`) on the
+  run's ``executor`` (its end-of-task client passes run on it)."""
   from fedjax_proj.algorithms import registry
 
   continual = registry.methods(("continual",))
@@ -246,7 +246,7 @@ def build_continual_method(
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=optimizer,
-    batch_fn=batch_fn,
+    executor=executor,
     normalize=lambda x: x,  # continual methods read no public set
     num_clients=num_clients,
     variables=variables,
@@ -303,6 +303,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model
   from fedjax_proj.models.base import count_params
+  from fedjax_proj.training.placement import build_round, plan_execution
 
   model = task_model(model, input_transform(bench), shared_head=shared_head)
   normalize = pipeline.normalizer_for(bench.normalizer_name, bench.images)
@@ -312,7 +313,10 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
   )
-  strategy = engine_lib.choose_strategy(c.strategy, has_conv=has_conv)
+  # The task driver does not place its rounds' inputs on devices: no sharding.
+  executor = plan_execution(
+    c, batch_fn, has_conv=has_conv, variables=variables, log=log, shard=False
+  )
   optimizer = torch_sgd(c.lr, c.momentum, c.get("weight_decay", 0.0))
   num_tasks = c.num_tasks or bench.num_tasks
   rounds = rounds_schedule(c.method, c.rounds_per_task, num_tasks, c.get("fl_later_rounds", 0))
@@ -320,18 +324,16 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     c.method,
     model,
     optimizer,
-    batch_fn,
+    executor,
     variables=variables,
     sample_x=sample,
     num_clients=c.num_clients,
     num_tasks=num_tasks,
     **dict(c.method_kwargs),
   )
-  from fedjax_proj.algorithms.base import make_round
-
-  round_fn = make_round(method.algorithm, strategy, batch_fn)
+  round_fn = build_round(method.algorithm, executor, log)
   log(
-    f"backend={jax.default_backend()} devices={jax.device_count()} strategy={strategy} "
+    f"backend={jax.default_backend()} devices={jax.device_count()} strategy={executor.strategy} "
     f"method={c.method} benchmark={bench.name} tasks={num_tasks} params={count_params(variables)} "
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds_per_task={rounds} "
     f"local_epochs={c.local_epochs} {'iid' if c.iid else 'noniid'} output_dir={c.output_dir}"
@@ -340,7 +342,6 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   _, summary = train_continual(
     method,
     round_fn,
-    strategy,
     bench,
     make_task_evaluator(model, normalize, c.eval_batch_size),
     variables,
@@ -356,7 +357,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     eval_every=c.eval_every,
     output_dir=c.output_dir or None,
     summary_extra={
-      "strategy": strategy,
+      "strategy": executor.strategy,
       "config": c.to_dict(),
       "acc_matrix_layout": "acc_matrix[i][t] = accuracy on task i after task t",
     },

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_proj.algorithms.families import SequentialFamily
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Array
 from fedjax_proj.data.federated import FederatedData
 
@@ -17,7 +19,7 @@ ETA_PROBE_MIN_STEPS = 2000
 
 def time_client_step(
   algorithm,
-  batch_fn,
+  executor: Executor,
   variables: dict,
   fed: FederatedData,
   images: Array,
@@ -30,23 +32,23 @@ def time_client_step(
 ) -> float:
   """Seconds per local step of the method's own client program, measured now.
 
-  Runs round 1's broadcast (``begin`` for sequential FL) and then the sampled client with the
-  most steps for up to ``max_steps`` of its steps with the host-looped engine, once to compile and
-  ``repeats`` times timed (the median), divided by the steps run. So a step costs what the
-  method's local step costs (FedProj's memory loss and projection, MOON's extra forward passes,
-  SFedKD's teachers), and the client's init and final work is spread over the steps. The server
-  side (aggregation, FedDF/FedProj's distillation) is not included.
+  Runs round 1's broadcast (``begin`` for sequential FL) and then the sampled client with the most
+  steps for up to ``max_steps`` of its steps on the run's ``executor`` host-looped (its batch
+  builder, one client at a time, :meth:`~fedjax_proj.core.executor.Executor.host_looped`), once to
+  compile and ``repeats`` times timed (the median), divided by the steps run. So a step costs what
+  the method's local step costs (FedProj's memory loss and projection, MOON's extra forward passes,
+  SFedKD's teachers), and the client's init and final work is spread over the steps. The server side
+  (aggregation, FedDF/FedProj's distillation) is not included.
   """
   from fedjax_proj.core import random as random_lib  # noqa: PLC0415
   from fedjax_proj.core import tree as tree_lib  # noqa: PLC0415
-  from fedjax_proj.core.engine import ClientEngine  # noqa: PLC0415
 
   key = jax.random.key(seed)
   sampled = fed.sample_clients(0, clients_per_round, seed)
   rd = fed.round_data(images, labels, sampled, 0, seed, dict(round_inputs))
   idx, mask = np.asarray(rd.idx), np.asarray(rd.mask)
   state = algorithm.init(variables, key)
-  if hasattr(algorithm, "begin"):  # sequential FL: the first client of the chain starts from this
+  if isinstance(algorithm, SequentialFamily):  # the first client of the chain starts from this
     context, carry, inputs = jax.jit(algorithm.begin)(state, rd, key)
     shared = {**context, **carry}
   else:
@@ -55,7 +57,7 @@ def time_client_step(
   c = int(np.argmax(active.sum(axis=1)))
   k = min(max_steps, int(active[c].sum()))
   steps = np.flatnonzero(active[c])[:k]
-  engine = ClientEngine(algorithm.client, batch_fn, "sequential")
+  engine = executor.host_looped().clients(algorithm.client)
   one = tree_lib.index_clients(inputs, jnp.asarray([c]))
   keys = random_lib.client_keys(key, 1)
   sub_idx, sub_mask = idx[c : c + 1, steps], mask[c : c + 1, steps]

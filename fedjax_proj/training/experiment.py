@@ -1,13 +1,14 @@
-"""Config-driven experiments: build data, model, algorithm and strategy from one ConfigDict, run.
+"""Config-driven experiments: build data, model, algorithm and executor from one ConfigDict, run.
 
-Experiments (``experiments/*.py``) own a ``get_config(preset)`` and parse flags into it; this
-module only reads the config object it is given. The pieces live beside it:
+Experiments (``experiments/*.py``) own a ``get_config(preset)`` and parse flags into it; this module
+only reads the config object it is given. The pieces live beside it:
 :mod:`~fedjax_proj.training.config` (defaults, and ``validate_config``, which rejects impossible
 settings before any data is loaded), :mod:`~fedjax_proj.training.processes` (multi-process
 start-up), :mod:`~fedjax_proj.training.optimizers`, :mod:`~fedjax_proj.training.inputs` (subsets,
-held-out and public data), :mod:`~fedjax_proj.training.placement` (sharding and chunking) and
-:mod:`~fedjax_proj.training.estimate` (the time estimate). Data-dependent checks (the partition,
-the public set against ``memory_size``) run before the model is built or anything is compiled.
+held-out and public data), :mod:`~fedjax_proj.training.placement` (the run's executor: strategy,
+sharding and chunking) and :mod:`~fedjax_proj.training.estimate` (the time estimate). Data-dependent
+checks (the partition, the public set against ``memory_size``) run before the model is built or
+anything is compiled.
 
 Each run's ``output_dir`` holds ``metrics.jsonl``, ``summary.json``, ``final_variables.npz``,
 ``checkpoints/`` (see :mod:`fedjax_proj.training.checkpoint`; ``resume=True`` continues from the
@@ -51,7 +52,7 @@ from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.inputs import check_dataset, held_out, public_inputs, subset
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
-from fedjax_proj.training.placement import build_round, client_mesh_for, placed_round
+from fedjax_proj.training.placement import build_round, plan_execution
 from fedjax_proj.training.processes import init_processes
 from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
 
@@ -73,15 +74,6 @@ def check_batch_size(batch_size: int, parts, partition_spec: str) -> None:
       f"--partition={partition_spec} over {len(parts)} clients): every step would pad one batch "
       f"of {batch_size} mostly with masked rows. Pass --batch_size <= {largest}."
     )
-
-
-def _clients_at_once(c, strategy: str) -> int:
-  """Clients whose state is in memory together: the round (or an integer chunk of it) under
-  vmap_scan, one under the host-looped strategies."""
-  if strategy != "vmap_scan":
-    return 1
-  chunk = str(c.get("client_chunk", "auto"))
-  return min(c.clients_per_round, int(chunk)) if chunk.isdigit() else c.clients_per_round
 
 
 def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
@@ -167,11 +159,15 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   variables = model.init(jax.random.key(c.seed), sample)
   normalize = token_ids if text_run else pipeline.normalizer_for(c.dataset, train_x)
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
+  has_conv = engine_lib.has_convolution(
+    lambda v, x: model.apply(v, x, train=False).logits, variables, sample
+  )
+  executor = plan_execution(c, batch_fn, has_conv=has_conv, variables=variables, log=log)
 
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=client_optimizer(c),
-    batch_fn=batch_fn,
+    executor=executor,
     normalize=normalize,
     num_clients=c.num_clients,
     server_optimizer=make_server_optimizer(c),
@@ -185,28 +181,20 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   caveat = registry.optimizer_caveat(c.method, c.optimizer)
   if caveat:
     log(f"warning: {caveat}")
-  has_conv = engine_lib.has_convolution(
-    lambda v, x: model.apply(v, x, train=False).logits, variables, sample
-  )
-  strategy = engine_lib.choose_strategy(
-    c.strategy,
-    has_conv=has_conv,
-    num_clients=c.clients_per_round,
-    # Sharding over local devices needs the one-program round (docs/performance.md).
-    sharded=c.get("shard_clients", True) and jax.local_device_count() > 1,
-  )
   log(
     f"backend={jax.default_backend()} devices={jax.device_count()} "
     + (f"processes={jax.process_count()} " if jax.process_count() > 1 else "")
-    + f"strategy={strategy} "
+    + f"strategy={executor.strategy} "
     f"method={c.method} model={c.model} params={count_params(variables)} "
     f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
     f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
   )
   warning = estimate_memory(
     sum(x.nbytes for x in jax.tree.leaves(variables)),
-    # vmap_scan runs the round's clients (or a chunk of them) at once; host loops one at a time.
-    _clients_at_once(c, strategy),
+    # One program holds the round's clients (or a chunk of them) at once; host loops one at a time.
+    min(c.clients_per_round, executor.client_chunk or c.clients_per_round)
+    if executor.one_program
+    else 1,
     {"adam": 2}.get(c.optimizer, 1 if c.momentum else 0),
     train_x.nbytes + sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(round_inputs)),
     available_memory(),
@@ -220,7 +208,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     log("timing one local step for the time estimate (compiles the client step first) ...")
     step_seconds = time_client_step(
       algorithm,
-      batch_fn,
+      executor,
       variables,
       fed,
       jax.device_put(train_x),
@@ -229,9 +217,8 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
       c.clients_per_round,
       c.seed,
     )
-    log(estimate_run(c, fed, step_seconds, padded=strategy == "vmap_scan"))
-  mesh = client_mesh_for(c, strategy, log)
-  round_fn = placed_round(build_round(algorithm, strategy, batch_fn, c, variables, log, mesh), mesh)
+    log(estimate_run(c, fed, step_seconds, padded=executor.one_program))
+  round_fn = build_round(algorithm, executor, log)
   sys.stdout.flush()
   checkpointer = Checkpointer(
     Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)
@@ -250,7 +237,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     eval_every=c.eval_every,
     output_dir=output_dir,
     round_inputs=round_inputs,
-    summary_extra={"strategy": strategy, "config": c.to_dict(), "output_dir": output_dir},
+    summary_extra={"strategy": executor.strategy, "config": c.to_dict(), "output_dir": output_dir},
     progress=c.progress,
     checkpointer=checkpointer,
     checkpoint_every=c.get("checkpoint_every", 0),

@@ -1,25 +1,32 @@
-"""Device placement and the chunking decision: how a round's clients meet the devices.
+"""The run's execution, decided in one place: strategy, device placement and chunking.
 
-:func:`client_mesh_for` decides whether the client axis is sharded (and over which devices),
-:func:`build_round` whether clients run in chunks with streaming aggregation, and
-:func:`placed_round` puts each round's inputs on the mesh (docs/performance.md).
+:func:`plan_execution` builds the run's :class:`~fedjax_proj.core.executor.Executor` once: it
+resolves ``auto`` (:func:`~fedjax_proj.core.engine.choose_strategy`), decides whether the client
+axis is sharded and over which devices (:func:`client_mesh_for`) and whether clients run in chunks
+with streaming aggregation, and how many (``auto``:
+:func:`~fedjax_proj.core.chunked.auto_client_chunk`). :func:`build_round` builds a method's round
+on it and :func:`placed_round` puts each round's inputs on the mesh (docs/performance.md;
+docs/design.md, "Execution").
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.core import distributed, sharding
-from fedjax_proj.core.chunked import auto_client_chunk, make_chunked_round, tree_bytes
-from fedjax_proj.core.rounds import streaming_of
+from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
+from fedjax_proj.core.engine import BatchFn, can_shard, choose_strategy
+from fedjax_proj.core.executor import Executor
 
 
 def client_mesh_for(c, strategy: str, log):
   """The mesh the client axis is sharded over, or None for the plain single-device round."""
   if jax.process_count() > 1:
     devices = jax.device_count()
-    if strategy != "vmap_scan":
+    if not can_shard(strategy):
       raise ValueError(
         f"A multi-process run needs --strategy=vmap_scan (the sharded round); auto chose "
         f"{strategy!r} for this model and backend."
@@ -35,7 +42,7 @@ def client_mesh_for(c, strategy: str, log):
     )
     return distributed.global_client_mesh()
   devices = jax.local_device_count()
-  if not c.get("shard_clients", True) or devices == 1 or strategy != "vmap_scan":
+  if not c.get("shard_clients", True) or devices == 1 or not can_shard(strategy):
     return None
   if c.clients_per_round % devices:
     log(
@@ -47,33 +54,62 @@ def client_mesh_for(c, strategy: str, log):
   return sharding.client_mesh()
 
 
-def build_round(algorithm, strategy: str, batch_fn, c, variables, log, mesh=None):
-  """The round function: chunked (streaming aggregation) when asked for and possible.
+def _client_chunk(c, shards: int, variables) -> tuple[int | None, bool]:
+  """(clients per chunk or None, whether the run chose it) from ``--client_chunk``.
 
-  ``batch_fn`` is the run's batch builder (:func:`fedjax_proj.data.pipeline.make_batch_fn`). With
-  a ``mesh`` each chunk's clients are sharded over its devices, so ``auto`` budgets one device's
-  share of the cohort.
+  ``auto`` chunks only a cohort whose clients do not fit the memory budget together, and budgets
+  one device's share of it when the client axis is sharded over ``shards`` devices.
   """
   chunk = str(c.get("client_chunk", "auto")).lower()
   if chunk == "none":
-    return make_round(algorithm, strategy, batch_fn)
+    return None, False
+  if chunk != "auto":
+    return int(chunk), False
+  local = c.clients_per_round // shards
+  size = auto_client_chunk(local, tree_bytes(variables))
+  if size >= local:  # the whole cohort fits: the ordinary round
+    return None, False
+  return size * shards, True
+
+
+def plan_execution(
+  c, batch_fn: BatchFn, *, has_conv: bool, variables, log, shard: bool = True
+) -> Executor:
+  """The run's executor for config ``c`` (``strategy``, ``clients_per_round``, ``shard_clients``,
+  ``client_chunk``), decided once.
+
+  Args:
+    c: the run's config.
+    batch_fn: the run's batch builder (:func:`fedjax_proj.data.pipeline.make_batch_fn`).
+    has_conv: the model has a convolution (the ``auto`` strategy table's model kind).
+    variables: the model's variables (the ``auto`` chunk's memory per client).
+    log: progress printer (the sharding decision).
+    shard: whether this run may shard its clients over devices (the continual task driver does
+      not place its rounds' inputs, so it passes False).
+  """
+  sharded = shard and c.get("shard_clients", True) and jax.local_device_count() > 1
+  strategy = choose_strategy(
+    c.strategy,
+    has_conv=has_conv,
+    num_clients=c.clients_per_round,
+    # Sharding over local devices needs the one-program round (docs/performance.md).
+    sharded=sharded,
+  )
+  mesh = client_mesh_for(c, strategy, log) if shard else None
   shards = 1 if mesh is None else int(mesh.devices.size)
-  per_device = f" ({-(-int(chunk) // shards)} per device)" if shards > 1 and chunk.isdigit() else ""
-  if chunk == "auto":
-    if streaming_of(algorithm) is None:
-      return make_round(algorithm, strategy, batch_fn)
-    local = c.clients_per_round // shards
-    size = auto_client_chunk(local, tree_bytes(variables))
-    if size >= local:  # the whole cohort fits: the ordinary round
-      return make_round(algorithm, strategy, batch_fn)
-    per_device = f" ({size} per device)" if shards > 1 else ""
-    log(
-      f"clients run in chunks of {size * shards}{per_device} with streaming aggregation "
-      "(client_chunk=auto)"
-    )
-    return make_chunked_round(algorithm, strategy, batch_fn, size * shards, mesh=mesh)
-  log(f"clients run in chunks of {int(chunk)}{per_device} with streaming aggregation")
-  return make_chunked_round(algorithm, strategy, batch_fn, int(chunk), mesh=mesh)
+  chunk, optional = _client_chunk(c, shards, variables)
+  return Executor(strategy, batch_fn, mesh=mesh, client_chunk=chunk, chunk_optional=optional)
+
+
+def build_round(algorithm, executor: Executor, log):
+  """``algorithm``'s round on the run's ``executor``, its inputs placed on the executor's mesh."""
+  if executor.runs_in_chunks(algorithm):
+    shards = 1 if executor.mesh is None else int(executor.mesh.devices.size)
+    chunk = executor.client_chunk
+    per_device = f" ({math.ceil(chunk / shards)} per device)" if shards > 1 else ""
+    auto = " (client_chunk=auto)" if executor.chunk_optional else ""
+    log(f"clients run in chunks of {chunk}{per_device} with streaming aggregation{auto}")
+  return placed_round(make_round(algorithm, executor), executor.mesh)
 
 
 def placed_round(round_fn, mesh):

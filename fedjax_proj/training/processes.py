@@ -11,6 +11,7 @@ import jax
 import ml_collections
 
 from fedjax_proj.core import distributed
+from fedjax_proj.core import engine as engine_lib
 
 CPU_COLLECTIVES = ("", "gloo", "mpi")
 
@@ -57,7 +58,7 @@ def validate_processes(c: ml_collections.ConfigDict) -> None:
       "--num_processes > 1 shards the clients over all processes' devices; drop "
       "--shard_clients=false."
     )
-  if c.strategy not in ("auto", "vmap_scan"):
+  if not engine_lib.can_shard(c.strategy):
     raise ValueError(
       f"A multi-process run needs --strategy=vmap_scan (the sharded round), got {c.strategy!r}."
     )

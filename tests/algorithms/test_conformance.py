@@ -28,6 +28,7 @@ import pytest
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.core import random as random_lib
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import RoundData
 from fedjax_proj.data import partition as partition_lib
 from fedjax_proj.data.federated import FederatedData
@@ -136,7 +137,7 @@ def setup(method: str) -> Setup:
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=optax.sgd(CLIENT_LR, momentum=CLIENT_MOMENTUM),
-    batch_fn=batch_fn,
+    executor=Executor("vmap_scan", batch_fn),
     normalize=normalize,
     num_clients=NUM_CLIENTS,
     public_size=NUM_PUBLIC if public else 0,

@@ -12,6 +12,7 @@ import pytest
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.families import ContinualFamily, FLFamily, SequentialFamily
 from fedjax_proj.algorithms.fedavg import build as build_fedavg
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.models.multihead import multi_head
 from tests import helpers
 
@@ -22,7 +23,7 @@ def _ctx(**extra) -> registry.BuildContext:
   return registry.BuildContext(
     model=model,
     client_optimizer=optax.sgd(0.1),
-    batch_fn=helpers.float_batch_fn(),
+    executor=Executor("vmap_scan", helpers.float_batch_fn()),
     normalize=lambda v: v,
     num_clients=4,
     num_classes=3,
@@ -118,11 +119,11 @@ def test_undeclared_or_mistyped_hyperparameters_fail_before_building():
 
 
 def test_a_context_without_a_required_field_is_refused_before_building():
-  # One-task methods no longer need the batch builder in their context; GPM builds batches for
-  # its bases and traces the model, so it refuses a context without them.
-  bare = _ctx()._replace(batch_fn=None, variables=None, sample_x=None)
+  # One-task methods need no executor in their context; GPM builds batches for its bases and
+  # traces the model, so it refuses a context without them.
+  bare = _ctx()._replace(executor=None, variables=None, sample_x=None)
   assert registry.build_algorithm("fedavg", bare).name == "fedavg"
-  with pytest.raises(ValueError, match="'gpm' needs BuildContext field.s. batch_fn, variables, sa"):
+  with pytest.raises(ValueError, match="'gpm' needs BuildContext field.s. executor, variables, sa"):
     registry.build_algorithm("gpm", bare)
   with pytest.raises(ValueError, match=r"requires names \['batchfn'\], which are not"):
     registry.MethodSpec("typo", "fl", build_fedavg, requires=("batchfn",))

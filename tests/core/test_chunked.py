@@ -125,12 +125,12 @@ def test_bad_input_is_refused(setup):
     make_chunked_round(alg, "vmap_scan", BATCH_FN, client_chunk=0)
   with pytest.raises(ValueError, match="streaming"):
     make_chunked_round(
-      alg._replace(aggregate=alg.aggregate.direct, name="x"), "vmap_scan", BATCH_FN
+      alg._replace(aggregate=alg.aggregate.direct, name="x"), "vmap_scan", BATCH_FN, 4
     )
   # A derived method with its own aggregate (e.g. FedNova) must not inherit FedAvg's streaming.
   with pytest.raises(ValueError, match="replaced its aggregate"):
-    make_chunked_round(alg._replace(aggregate=lambda *a: None), "vmap_scan", BATCH_FN)
+    make_chunked_round(alg._replace(aggregate=lambda *a: None), "vmap_scan", BATCH_FN, 4)
   # Methods that only change the client (FedProx) keep a valid streaming aggregate.
   from fedjax_proj.algorithms.fedprox import fedprox
 
-  make_chunked_round(fedprox(model, helpers.sgd(), mu=0.1), "vmap_scan", BATCH_FN)
+  make_chunked_round(fedprox(model, helpers.sgd(), mu=0.1), "vmap_scan", BATCH_FN, 4)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training.estimate import time_client_step
 from tests import helpers
@@ -32,11 +33,12 @@ def _counting(alg, calls: list):
 
 def test_probe_runs_the_methods_own_step_on_the_largest_client():
   model, x, y, fed, variables = _setup()
-  batch_fn = helpers.float_batch_fn()
+  # The probe host-loops one client whatever the run's strategy.
+  executor = Executor("vmap_scan", helpers.float_batch_fn())
   for max_steps, expected in ((20, 8), (6, 6)):
     calls = []
     alg = _counting(fedavg(model, helpers.sgd()), calls)
-    seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 4, 0, max_steps, 2)
+    seconds = time_client_step(alg, executor, variables, fed, x, y, {}, 4, 0, max_steps, 2)
     # One compiling run and two timed ones, each over the largest client's first steps (8 of
     # them: the smallest client has 2).
     assert len(calls) == 3 * expected
@@ -45,10 +47,11 @@ def test_probe_runs_the_methods_own_step_on_the_largest_client():
 
 def test_probe_starts_a_sequential_chain_with_begin():
   model, x, y, fed, variables = _setup()
-  batch_fn = helpers.float_batch_fn()
+  # The probe host-loops one client whatever the run's strategy.
+  executor = Executor("vmap_scan", helpers.float_batch_fn())
   calls = []
   alg = _counting(fedseq(model, helpers.sgd()), calls)
-  seconds = time_client_step(alg, batch_fn, variables, fed, x, y, {}, 3, 0, 4, 1)
+  seconds = time_client_step(alg, executor, variables, fed, x, y, {}, 3, 0, 4, 1)
   assert len(calls) == 2 * 4 and seconds > 0
 
 

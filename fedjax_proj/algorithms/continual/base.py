@@ -4,8 +4,10 @@ FOT's task-incremental setting (Bakman et al., "Federated Orthogonal Training", 
 003, docs/methods.md "FOT"): a multi-head model, one task at a time, FedAvg rounds on the current
 task's head. A :class:`ContinualMethod` is a :class:`FederatedAlgorithm` (one training round; the
 current task id arrives as ``RoundData.extra["task"]``) plus an optional host-side ``end_task``
-hook run once after each task on a layout of ALL clients' task data, with the execution strategy
-of the task driver (the method never chooses one).
+hook run once after each task on a layout of ALL clients' task data. A method whose hook runs a
+client pass (EWC's Fisher, FOT's GPSE) or builds batches takes the run's
+:class:`~fedjax_proj.core.executor.Executor` when it is built (``BuildContext.executor``), so the
+method never chooses how its clients run.
 
 The methods: FL (fl.py), EWC+FL (ewc.py), ER+FL (er.py), GPM+FL (gpm.py) and FOT (fot.py); the
 subspace maths of GPM and FOT is gpse.py. :func:`task_algorithm` is the FedAvg-shaped round they
@@ -28,9 +30,9 @@ from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientEngine
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
-# end_task(state, round_data_of_all_clients, key, task, strategy) -> (state, metrics); the task
-# driver passes its resolved execution strategy for any client pass the hook runs.
-EndTaskFn = Callable[[PyTree, RoundData, Array, int, str], tuple[PyTree, dict]]
+# end_task(state, round_data_of_all_clients, key, task) -> (state, metrics); a client pass it runs
+# uses the executor the method was built with.
+EndTaskFn = Callable[[PyTree, RoundData, Array, int], tuple[PyTree, dict]]
 
 
 class ContinualMethod(NamedTuple):

@@ -33,7 +33,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.continual.base import ContinualMethod, task_algorithm, task_forward
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model
 
 
@@ -91,7 +91,7 @@ def union_replay_loss(model: Model, replay_batch: int | None = None) -> Callable
 def er(
   model: Model,
   optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
+  executor: Executor,
   *,
   num_clients: int,
   num_tasks: int,
@@ -114,12 +114,11 @@ def er(
     idx = tree_lib.index_clients(state.method["idx"], rd.client_ids)  # [C, T, P]
     mask = tree_lib.index_clients(state.method["mask"], rd.client_ids)
     c = idx.shape[0]
-    b = batch_fn(rd.images, rd.labels, idx.reshape(-1), mask.reshape(-1), key)
+    b = executor.batch_fn(rd.images, rd.labels, idx.reshape(-1), mask.reshape(-1), key)
     x = b.x.reshape(c, num_tasks, p, *b.x.shape[1:])
     return {}, {"x": x, "y": b.y.reshape(c, num_tasks, p), "mask": mask}
 
-  def end_task(state, rd, key, task, strategy):
-    del strategy  # a host-side buffer update, no client pass
+  def end_task(state, rd, key, task):  # a host-side buffer update, no client pass
     idx = np.asarray(rd.idx).reshape(rd.idx.shape[0], -1)
     mask = np.asarray(rd.mask).reshape(rd.idx.shape[0], -1)
     rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel()[-1])
@@ -145,11 +144,11 @@ def _build_er(ctx: BuildContext, **hparams) -> ContinualMethod:
   return er(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
+    ctx.executor,
     num_clients=ctx.num_clients,
     num_tasks=ctx.num_tasks,
     **hparams,
   )
 
 
-SPEC = MethodSpec("er", "continual", _build_er, hparams=factory_hparams(er), requires=("batch_fn",))
+SPEC = MethodSpec("er", "continual", _build_er, hparams=factory_hparams(er), requires=("executor",))

@@ -32,7 +32,8 @@ from fedjax_proj.algorithms.continual.base import (
 )
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
+from fedjax_proj.core.engine import ClientProgram
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model
 
 EWC_FISHERS = ("client", "server")
@@ -41,7 +42,7 @@ EWC_FISHERS = ("client", "server")
 def ewc(
   model: Model,
   optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
+  executor: Executor,
   *,
   num_clients: int,
   lam: float = 40.0,
@@ -53,8 +54,8 @@ def ewc(
   Args:
     model: a multi-head model.
     optimizer: client optimiser.
-    batch_fn: the run's batch builder, for the end-of-task Fisher pass over the clients (the
-      same one the run gives ``make_round``).
+    executor: the run's executor, which runs the end-of-task Fisher pass over the clients (the
+      same one the run builds its rounds on).
     num_clients: clients holding data (the per-client Fishers' leading axis).
     lam: regularisation coefficient λ (F.4: 40 PMNIST, 20 CIFAR100).
     fisher: "client" (each client's own accumulated Fisher, F.2) or "server" (one n_k-weighted
@@ -125,7 +126,7 @@ def ewc(
     fisher_step,
     lambda s: {"fisher": jax.tree.map(lambda f: f / jnp.maximum(s[1], 1.0), s[0])},
   )
-  engines: dict[str, ClientEngine] = {}  # one per strategy the driver asks for, built once
+  fisher_pass = executor.clients(fisher_program)
 
   def to_max_one(tree, client_axis: bool):
     # Divide by the max over every parameter (one max per client with ``client_axis``).
@@ -141,11 +142,9 @@ def ewc(
   def norm(tree, client_axis: bool):
     return to_max_one(tree, client_axis) if normalize else tree
 
-  def end_task(state, rd, key, task, strategy):
-    if strategy not in engines:
-      engines[strategy] = ClientEngine(fisher_program, batch_fn, strategy)
+  def end_task(state, rd, key, task):
     shared = {"variables": state.variables, "task": jnp.int32(task)}
-    out = run_all_clients(engines[strategy], shared, rd, key)
+    out = run_all_clients(fisher_pass, shared, rd, key)
     if per_client:
       f_t = norm(out["fisher"], True)  # [clients of rd, ...]
       ids = jnp.asarray(rd.client_ids)
@@ -168,12 +167,12 @@ def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
   return ewc(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
+    ctx.executor,
     num_clients=ctx.num_clients,
     **hparams,
   )
 
 
 SPEC = MethodSpec(
-  "ewc", "continual", _build_ewc, hparams=factory_hparams(ewc), requires=("batch_fn",)
+  "ewc", "continual", _build_ewc, hparams=factory_hparams(ewc), requires=("executor",)
 )

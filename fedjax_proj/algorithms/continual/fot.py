@@ -23,7 +23,6 @@ memory at once during GPSE (all clients by default).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -39,7 +38,8 @@ from fedjax_proj.algorithms.fedavg import client_metrics
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn, ClientEngine, ClientProgram
+from fedjax_proj.core.engine import ClientProgram
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Array, Model, RoundData
 
 
@@ -53,7 +53,7 @@ class FOTState(NamedTuple):
 def fot(
   model: Model,
   optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
+  executor: Executor,
   *,
   variables: dict,
   sample_x: Array,
@@ -74,8 +74,8 @@ def fot(
   Args:
     model: a multi-head model (``apply(..., task=t)``).
     optimizer: client optimiser (the paper: SGD 0.01).
-    batch_fn: the run's batch builder, for the end-of-task GPSE sketch pass over the clients
-      (the same one the run gives ``make_round``).
+    executor: the run's executor, which runs the end-of-task GPSE sketch pass over the clients
+      (the same one the run builds its rounds on).
     variables: initial variables (their shapes locate the projected layers).
     sample_x: a normalised input batch (shape only).
     eps: initial threshold ε_0.
@@ -83,8 +83,8 @@ def fot(
     mu: server step on the projected update.
     sketch_multiplier: s = multiplier x d for dense layers.
     conv_sketch_multiplier: the same for conv layers (default: ``sketch_multiplier``).
-    client_chunk: clients per GPSE chunk (0 = all at once with ``vmap_scan``; one at a time with
-      host-looped strategies).
+    client_chunk: clients per GPSE chunk (0 = the executor's default: all at once with
+      ``vmap_scan``, one at a time with host-looped strategies; :meth:`Executor.client_chunks`).
     dp_clip: Frobenius clip L of each client sketch (0 = off; paper Appendix H uses 1).
     dp_noise: std of the Gaussian noise added to each clipped client sketch (0 = off).
     max_exact_svd: matrices with more entries use the randomized range finder.
@@ -159,22 +159,16 @@ def fot(
     sk, key = state
     return gpse.finish_sketch(sk, key, dp_clip, dp_noise)
 
-  # The GPSE client pass for each execution strategy the task driver asks for, built once.
-  runners: dict[str, tuple[ClientEngine, Callable]] = {}
+  def sum_sketches(out):
+    # Server-side sum (the secure-aggregation sum), inside the chunk's program when it is one.
+    return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
 
-  def runner(strategy: str):
-    if strategy not in runners:
-      engine = ClientEngine(ClientProgram(g_init, g_step, g_final), batch_fn, strategy)
+  # The GPSE client pass: only one chunk's [d, s] sketches are alive besides the running sum.
+  sketch_pass = executor.client_chunks(
+    ClientProgram(g_init, g_step, g_final), sum_sketches, client_chunk or None
+  )
 
-      def run_chunk(shared, images, labels, idx, mask, keys):
-        out = engine.run(shared, {}, images, labels, idx, mask, keys)
-        # Server-side sum (the secure-aggregation sum), inside the same program when traceable.
-        return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
-
-      runners[strategy] = (engine, jax.jit(run_chunk) if engine.traceable else run_chunk)
-    return runners[strategy]
-
-  def client_sketches(state: FOTState, rd: RoundData, key, task: int, strategy: str):
+  def client_sketches(state: FOTState, rd: RoundData, key, task: int):
     """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""
     shared = {
       "variables": state.variables,
@@ -182,16 +176,9 @@ def fot(
       "ranks": state.ranks,
       "task": jnp.int32(task),
     }
-    engine, run_chunk = runner(strategy)
-    c = rd.idx.shape[0]
-    # Host-looped strategies run one client per call so only one [d, s] sketch is alive besides
-    # the running sum; traceable ones vmap over ``client_chunk`` clients (all by default).
-    chunk = client_chunk or (c if engine.traceable else 1)
-    keys = jax.random.split(key, c)
+    keys = jax.random.split(key, rd.idx.shape[0])
     a_sum, ratios, ns = None, [], []
-    for lo in range(0, c, chunk):
-      hi = min(lo + chunk, c)
-      a, r, n = run_chunk(shared, rd.images, rd.labels, rd.idx[lo:hi], rd.mask[lo:hi], keys[lo:hi])
+    for a, r, n in sketch_pass(shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys):
       a_sum = a if a_sum is None else jax.tree.map(jnp.add, a_sum, a)
       ratios.append(r)
       ns.append(n)
@@ -215,10 +202,10 @@ def fot(
       metrics[f"added/{s.key}"] = k
       metrics[f"solver/{s.key}"] = solver
 
-  def end_task(state: FOTState, rd: RoundData, key, task: int, strategy: str):
+  def end_task(state: FOTState, rd: RoundData, key, task: int):
     """GPSE: extends every layer's basis with the new task's principal input subspace."""
     t0 = time.perf_counter()
-    a_sum, ratio, n = client_sketches(state, rd, key, task, strategy)
+    a_sum, ratio, n = client_sketches(state, rd, key, task)
     jax.block_until_ready(a_sum)
     t1 = time.perf_counter()
     eps_t = min(eps + eps_inc * task, 1.0)
@@ -239,7 +226,7 @@ def build(ctx: BuildContext, **hparams) -> ContinualMethod:
   return fot(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
+    ctx.executor,
     variables=ctx.variables,
     sample_x=ctx.sample_x,
     **hparams,
@@ -252,5 +239,5 @@ SPEC = MethodSpec(
   build,
   hparams=factory_hparams(fot),
   ranges={"eps": ranges.FRACTION},
-  requires=("batch_fn", "variables", "sample_x"),
+  requires=("executor", "variables", "sample_x"),
 )

@@ -28,14 +28,14 @@ from fedjax_proj.algorithms.continual.base import (
 from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.engine import BatchFn
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Array, Model
 
 
 def gpm(
   model: Model,
   optimizer: optax.GradientTransformation,
-  batch_fn: BatchFn,
+  executor: Executor,
   *,
   variables: dict,
   sample_x: Array,
@@ -66,12 +66,11 @@ def gpm(
 
   @jax.jit
   def client_rows(variables, images, labels, idx, mask, task):
-    b = batch_fn(images, labels, idx, mask, jax.random.key(0))
+    b = executor.batch_fn(images, labels, idx, mask, jax.random.key(0))
     _, cap = gpse.capture_inputs(model, variables, b.x, mask=b.mask, task=task)
     return {s.key: gpse.input_rows(s, cap[s.path][1].astype(jnp.float32), b.mask) for s in specs}
 
-  def end_task(state, rd, key, task, strategy):
-    del strategy  # one jitted forward per client, whatever the round's strategy
+  def end_task(state, rd, key, task):  # one jitted forward per client, whatever the strategy
     # Hundreds of small per-client SVDs: single-threaded BLAS (see gpse.blas_threads).
     with gpse.blas_threads(1):
       return _end_task(state, rd, key, task)
@@ -118,7 +117,7 @@ def _build_gpm(ctx: BuildContext, **hparams) -> ContinualMethod:
   return gpm(
     ctx.model,
     ctx.client_optimizer,
-    ctx.batch_fn,
+    ctx.executor,
     variables=ctx.variables,
     sample_x=ctx.sample_x,
     num_clients=ctx.num_clients,
@@ -132,5 +131,5 @@ SPEC = MethodSpec(
   _build_gpm,
   hparams=factory_hparams(gpm),
   ranges={"threshold": ranges.FRACTION},
-  requires=("batch_fn", "variables", "sample_x"),
+  requires=("executor", "variables", "sample_x"),
 )

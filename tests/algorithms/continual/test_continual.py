@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.data.continual import (
   input_transform,
   permuted_mnist,
@@ -104,23 +105,22 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
   normalize = normalizer(0.0, 255.0)
   sample = normalize(jnp.asarray(bench.images[:2]))
   variables = model.init(jax.random.key(0), sample)
-  batch_fn = make_batch_fn(normalize)
+  executor = Executor("vmap_scan", make_batch_fn(normalize))
   cm = build_continual_method(
     method,
     model,
     optax.sgd(0.05),
-    batch_fn,
+    executor,
     variables=variables,
     sample_x=sample,
     num_clients=4,
     num_tasks=2,
     **hparams,
   )
-  round_fn = make_round(cm.algorithm, "vmap_scan", batch_fn)
+  round_fn = make_round(cm.algorithm, executor)
   state, summary = train_continual(
     cm,
     round_fn,
-    "vmap_scan",
     bench,
     make_task_evaluator(model, normalize, 64),
     variables,

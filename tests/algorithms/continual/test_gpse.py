@@ -12,6 +12,7 @@ from jax import lax
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.continual import gpse
 from fedjax_proj.algorithms.continual.fot import fot
+from fedjax_proj.core.executor import Executor
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.models import multi_head
@@ -122,7 +123,7 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
   method = fot(
     model,
     optax.sgd(0.1),
-    batch_fn,
+    Executor(strategy, batch_fn),
     variables=v,
     sample_x=rd.images[:2],
     eps=0.97,
@@ -131,7 +132,7 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
     sketch_dist=dist,
   )
   state = method.algorithm.init(v, jax.random.key(0))
-  state, metrics = method.end_task(state, rd, jax.random.key(1), 0, strategy)
+  state, metrics = method.end_task(state, rd, jax.random.key(1), 0)
   key = "backbone/Dense_0"
   r = int(state.ranks[key])
   u = np.asarray(state.bases[key])
@@ -141,7 +142,7 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
   cosines = np.linalg.svd(b.T @ u[:, :r], compute_uv=False)  # cosines of principal angles
   assert cosines.min() > 0.999
   # A second GPSE on the same data adds (almost) nothing: the inputs are already covered.
-  state2, m2 = method.end_task(state, rd, jax.random.key(2), 1, strategy)
+  state2, m2 = method.end_task(state, rd, jax.random.key(2), 1)
   assert m2[f"rho/{key}"] < 0.05
   assert int(state2.ranks[key]) - r <= 2
 
@@ -154,8 +155,8 @@ def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
   x = rng.normal(size=(64, 8, 8, 2)).astype(np.float32)
   y = rng.integers(0, 3, 64).astype(np.int32)
   v = model.init(jax.random.key(1), jnp.asarray(x[:2]))
-  batch_fn = make_batch_fn(normalizer(0.0, 1.0))
-  method = fot(model, optax.sgd(0.5), batch_fn, variables=v, sample_x=jnp.asarray(x[:2]))
+  executor = Executor("vmap_scan", make_batch_fn(normalizer(0.0, 1.0)))
+  method = fot(model, optax.sgd(0.5), executor, variables=v, sample_x=jnp.asarray(x[:2]))
   state = method.algorithm.init(v, jax.random.key(0))
   specs = gpse.find_layers(model, v, jnp.asarray(x[:2]), task=0)
   bases = {}
@@ -169,7 +170,7 @@ def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
   fd = FederatedData(np.array_split(np.arange(64), 4), batch_size=16)
   sampled = np.arange(4, dtype=np.int32)
   rd = fd.round_data(jnp.asarray(x), jnp.asarray(y), sampled, 0, 0, {"task": jnp.int32(1)})
-  round_fn = make_round(method.algorithm, "vmap_scan", batch_fn)
+  round_fn = make_round(method.algorithm, executor)
   state, _ = round_fn(state, rd, jax.random.key(3))
   new = state.variables["params"]
   for s in specs:

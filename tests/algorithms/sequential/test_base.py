@@ -10,9 +10,10 @@ import pytest
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.algorithms.sequential.base import sequence_order
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.chain import sequence_order
+from fedjax_proj.core.executor import Executor
 from tests import helpers
 
 LR = 0.1
@@ -119,7 +120,7 @@ def test_registry_and_errors(setup):
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=helpers.sgd(),
-    batch_fn=helpers.float_batch_fn(),
+    executor=Executor("vmap_scan", helpers.float_batch_fn()),
     normalize=lambda a: a,
     num_clients=4,
     num_classes=3,
@@ -132,7 +133,7 @@ def test_registry_and_errors(setup):
   ):
     registry.build_algorithm("fedseq", ctx, mu=0.1)
   with pytest.raises(ValueError, match="auto"):
-    make_round(registry.build_algorithm("fedseq", ctx), "auto", ctx.batch_fn)
+    make_round(registry.build_algorithm("fedseq", ctx), "auto", ctx.executor.batch_fn)
 
 
 def test_run_experiment_end_to_end(tmp_path):

@@ -10,10 +10,10 @@ import pytest
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.algorithms.sequential.base import sequence_order
 from fedjax_proj.algorithms.sequential.cwc import cwc
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.chain import sequence_order
 from tests import helpers
 from tests.algorithms.sequential.test_base import LR
 
@@ -122,7 +122,6 @@ def test_bad_hyperparameters(setup):
   ctx = registry.BuildContext(
     model=model,
     client_optimizer=helpers.sgd(),
-    batch_fn=helpers.float_batch_fn(),
     normalize=lambda a: a,
     num_clients=4,
     num_classes=3,

@@ -10,10 +10,10 @@ import pytest
 
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.sequential import teacher_selection
-from fedjax_proj.algorithms.sequential.base import sequence_order
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig, multi_teacher_dkd, sfedkd
 from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.chain import sequence_order
 from fedjax_proj.data.federated import FederatedData
 from tests import helpers
 from tests.algorithms.sequential.test_base import LR, manual_chain

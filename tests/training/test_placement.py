@@ -1,0 +1,58 @@
+"""training.placement: the one place a run decides its execution (strategy, mesh, chunk)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_proj.algorithms.fedavg import fedavg
+from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
+from fedjax_proj.core.engine import choose_strategy
+from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training.config import base_config
+from fedjax_proj.training.placement import build_round, plan_execution
+from tests import helpers
+
+BATCH_FN = helpers.float_batch_fn()
+# 160 kB of variables: 8 copies per client, so about 840 clients fit the 1 GiB CPU budget.
+BIG = {"w": np.zeros(40_000, np.float32)}
+
+
+def _plan(variables=BIG, shard=True, **overrides):
+  c = base_config()
+  c.update(overrides)
+  logs = []
+  executor = plan_execution(
+    c, BATCH_FN, has_conv=False, variables=variables, log=logs.append, shard=shard
+  )
+  return executor, logs
+
+
+def test_auto_strategy_and_chunk_are_decided_here():
+  ex, _ = _plan(clients_per_round=10)
+  assert ex.strategy == choose_strategy("auto", has_conv=False, num_clients=10)
+  assert ex.mesh is None and ex.client_chunk is None  # 10 clients fit: the ordinary round
+  expected = auto_client_chunk(1000, tree_bytes(BIG))
+  assert expected < 1000, "the budget changed: make BIG larger so 1000 clients do not fit"
+  ex, _ = _plan(clients_per_round=1000, strategy="vmap_scan")
+  assert (ex.strategy, ex.client_chunk, ex.chunk_optional) == ("vmap_scan", expected, True)
+
+
+def test_a_chunk_the_user_asks_for_is_kept_and_logged():
+  ex, _ = _plan(clients_per_round=6, client_chunk="4", strategy="sequential")
+  assert (ex.strategy, ex.client_chunk, ex.chunk_optional) == ("sequential", 4, False)
+  none, _ = _plan(clients_per_round=1000, client_chunk="none")
+  assert none.client_chunk is None
+  x, y = helpers.synthetic_data(n=40)
+  model = helpers.tiny_model()
+  alg = fedavg(model, helpers.sgd())
+  logs = []
+  round_fn = build_round(alg, ex, logs.append)
+  assert logs == ["clients run in chunks of 4 with streaming aggregation"]
+  fd = FederatedData(helpers.unequal_clients(40, (5, 6, 7, 8, 4, 3)), batch_size=4)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  state, metrics = round_fn(
+    alg.init(variables, jax.random.key(0)), helpers.round_data(fd, x, y), jax.random.key(1)
+  )
+  assert np.isfinite(float(metrics["train_loss"]))
