@@ -20,5 +20,5 @@ def test_reference_is_not_fedavg():
 
 
 def test_bad_hyperparameters_fail_clearly():
-  with pytest.raises(ValueError, match="mu >= 0"):
+  with pytest.raises(ValueError, match="mu must be >= 0, got -1.0"):
     build("fedprox", {"mu": -1.0}, 0.0)
