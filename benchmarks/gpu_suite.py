@@ -548,6 +548,7 @@ def suite_config(args) -> argparse.Namespace:
         "--rounds=1",
         "--num_clients=4",
         "--train_subset=80",
+        "--batch_size=8",  # 4 clients of 80 examples: a batch they can fill
         "--test_subset=32",
         "--public_size=32",
         "--memory_size=16",

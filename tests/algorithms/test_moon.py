@@ -39,7 +39,7 @@ def test_moon_loss_matches_numpy():
 
 
 def test_bad_hyperparameters_fail_clearly():
-  with pytest.raises(ValueError, match="temperature > 0"):
+  with pytest.raises(ValueError, match="temperature must be > 0, got 0.0"):
     build("moon", {"temperature": 0.0}, 0.0)
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedjax_proj.core.engine import choose_strategy
@@ -83,6 +84,11 @@ def test_missing_data_names_offline_alternatives(tmp_path):
 def test_public_data_methods_run_and_checkpoint(tmp_path, method):
   """The distillation family end to end through the runner, checkpoints included."""
   out = tmp_path / method
+  # A public set the clients do not hold (the runner refuses the private training set itself):
+  # unlabelled images of digits' shape.
+  public = tmp_path / "public.npz"
+  rng = np.random.default_rng(0)
+  np.savez(public, image=rng.integers(0, 17, (300, 8, 8, 1), dtype=np.uint8))
   proc = _run(
     "--preset=smoke",
     "--dataset=digits",
@@ -90,7 +96,7 @@ def test_public_data_methods_run_and_checkpoint(tmp_path, method):
     "--rounds=2",
     "--progress=false",
     f"--method={method}",
-    "--public_data=digits",
+    f"--public_data={public}",
     "--memory_size=200",
     "--checkpoint_every=1",
     f"--output_dir={out}",
