@@ -42,7 +42,13 @@ from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
 from fedjax_proj.training.estimate import ETA_PROBE_MIN_STEPS, estimate_run, time_client_step
 from fedjax_proj.training.evaluate import make_evaluator
-from fedjax_proj.training.inputs import check_dataset, held_out, public_inputs, subset
+from fedjax_proj.training.inputs import (
+  check_dataset,
+  held_out,
+  public_inputs,
+  public_normalizer,
+  subset,
+)
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
 from fedjax_proj.training.placement import build_round, client_mesh_for, placed_round
@@ -128,7 +134,8 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   variables = model.init(jax.random.key(c.seed), sample)
-  normalize = pipeline.normalizer_for(c.dataset, train_x)
+  normalize = pipeline.normalizer_for(c.dataset, train_x, c.get("normalization", "dataset"))
+  public_normalize = public_normalizer(c, round_inputs.get("public_images"))
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
 
   ctx = registry.BuildContext(
@@ -141,6 +148,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     public_size=public_size,
     num_classes=train_ds.num_classes,
     validation_size=validation_size,
+    public_normalize=public_normalize,
   )
   for field in registry.config_kwargs(c.method):
     hparams.setdefault(field, c[field])
