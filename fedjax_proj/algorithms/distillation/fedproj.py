@@ -100,6 +100,25 @@ def _memory_kl(ens_logits, logits, temperature: float, temperature_squared: bool
   return scale * losses.kl_from_logits(ens_logits, logits, temperature)
 
 
+def memory_batch_rows(cursor: Array, key_data: Array, m: int, batch: int, order: str) -> Array:
+  """Buffer rows of a client's ``cursor``-th memory mini-batch of ``batch`` rows out of ``m``.
+
+  ``order="cycle"``: rows ``cursor·batch + j (mod m)``, the same for every client and round.
+  ``order="shuffle"``: a fresh permutation of the buffer per pass, drawn from the client's key
+  (the code's DataLoader(shuffle=True), re-iterated when exhausted); a batch that straddles two
+  passes takes the end of one permutation and the start of the next, where the code's last batch
+  of a pass is short instead (the same when ``batch`` divides ``m``).
+  """
+  pos = cursor * batch + jnp.arange(batch)
+  if order == "cycle":
+    return pos % m
+  key = jax.random.wrap_key_data(key_data)
+  passes = pos // m
+  first = jax.random.permutation(jax.random.fold_in(key, passes[0]), m)
+  second = jax.random.permutation(jax.random.fold_in(key, passes[0] + 1), m)
+  return jnp.where(passes == passes[0], first[pos % m], second[pos % m])
+
+
 class ProjExtra(NamedTuple):
   cursor: Array
   mem_key: Array
@@ -134,24 +153,10 @@ def projection_client(
     mem_key = jax.random.key_data(jax.random.fold_in(key, 11))
     return ProjExtra(jnp.zeros((), jnp.int32), mem_key, z, z, z, z)
 
-  def memory_rows(ex, m):
-    """Buffer rows of this step's memory mini-batch (``memory_order``)."""
-    pos = ex.cursor * memory_batch_size + jnp.arange(memory_batch_size)
-    if memory_order == "cycle":
-      return pos % m
-    # A fresh permutation of the buffer per pass, per client: the code's DataLoader(shuffle=True)
-    # re-iterated when exhausted. A batch that straddles two passes takes the end of one
-    # permutation and the start of the next (the code's last batch of a pass is short instead).
-    key = jax.random.wrap_key_data(ex.mem_key)
-    passes = pos // m
-    first = jax.random.permutation(jax.random.fold_in(key, passes[0]), m)
-    second = jax.random.permutation(jax.random.fold_in(key, passes[0] + 1), m)
-    return jnp.where(passes == passes[0], first[pos % m], second[pos % m])
-
   def transform_grads(g_new, params, batch, ctx):
     sh, ex = ctx.shared, ctx.extra
     m = sh["memory_images"].shape[0]
-    rows = memory_rows(ex, m)
+    rows = memory_batch_rows(ex.cursor, ex.mem_key, m, memory_batch_size, memory_order)
     x_mem = normalize(sh["memory_images"][rows])
     mem_logits = sh["memory_logits"][rows]
     if int_cast_memory:
@@ -322,10 +327,10 @@ def fedproj(
 
 def _check_proj_rounds(proj_rounds) -> tuple[int, int | None]:
   """(start, stop) of ``proj_rounds``, refused unless 0 <= start < stop (stop None: no end)."""
-  if isinstance(proj_rounds, str):  # --method_kwargs gives text, e.g. "10:90" or "10:"
-    head, _, tail = proj_rounds.partition(":")
-    proj_rounds = (int(head or 0), int(tail) if tail.strip() else None)
   try:
+    if isinstance(proj_rounds, str):  # --method_kwargs gives text, e.g. "10:90" or "10:"
+      head, _, tail = proj_rounds.partition(":")
+      proj_rounds = (int(head or 0), int(tail) if tail.strip() else None)
     start, stop = proj_rounds
   except (TypeError, ValueError):
     raise ValueError(
