@@ -565,7 +565,7 @@ def markdown(result: dict) -> str:
     "",
     "Paired difference d_s = mean over rounds of (authors − ours); 95% t-interval over seeds;",
     "noise = sqrt(σ_authors² + σ_ours²) of the round-averaged accuracy over seeds",
-    '(docs/fedproj.md, "Parity with the authors\' code").',
+    "(docs/fedproj.md, the section on parity with the authors' code).",
     "",
     "| method | d per seed | mean d [95% CI] | mean abs per-round diff | noise | verdict "
     "| wall ratio authors/ours |",
