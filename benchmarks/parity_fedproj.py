@@ -180,22 +180,14 @@ def run_ours(c) -> dict:
 # The authors' side
 
 
-def torch_cnn(num_classes: int = 10):
-  """Our ``cnn`` (fedjax_proj/models/cnn.py) in torch: NCHW, SAME padding = 2 for 5x5."""
-  import torch.nn as nn
+def torch_cnn():
+  """Our ``cnn`` (fedjax_proj/models/cnn.py) in torch, as benchmarks/torch_reference.py has it:
+  NCHW, SAME padding = 2 for the 5x5 convolutions; layer indices 0, 3, 7, 9 hold parameters."""
+  if str(HERE) not in sys.path:
+    sys.path.append(str(HERE))  # after experiments/, whose ``common`` the entry point needs
+  from torch_reference import torch_cifar_model
 
-  return nn.Sequential(
-    nn.Conv2d(3, 32, 5, padding=2),
-    nn.ReLU(),
-    nn.MaxPool2d(2),
-    nn.Conv2d(32, 64, 5, padding=2),
-    nn.ReLU(),
-    nn.MaxPool2d(2),
-    nn.Flatten(),
-    nn.Linear(8 * 8 * 64, 512),
-    nn.ReLU(),
-    nn.Linear(512, num_classes),
-  )
+  return torch_cifar_model("cnn")
 
 
 def torch_state_from_flax(variables: dict) -> dict:
@@ -203,7 +195,7 @@ def torch_state_from_flax(variables: dict) -> dict:
   import torch
 
   p = variables["params"]
-  t = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.float32))
+  t = lambda a: torch.from_numpy(np.array(a, np.float32))  # a writable copy
   dense = np.asarray(p["dense_0"]["kernel"])  # rows in NHWC flatten order (8, 8, 64)
   dense = dense.reshape(8, 8, 64, -1).transpose(2, 0, 1, 3).reshape(8 * 8 * 64, -1)
   return {
@@ -657,6 +649,7 @@ def main(argv=None):
     )
   try:
     import torch
+    import torch.nn  # noqa: F401  (a half-installed torch imports as an empty namespace)
   except ImportError:
     ap.error("torch is not installed: pip install -e .[parity] (CPU build suffices)")
   torch.set_num_threads(args.torch_threads)

@@ -172,3 +172,21 @@ def test_summary_verdict_rule():
   assert out["fedavg"]["verdict"] == "within seed noise"
   assert out["fedproj"]["verdict"] == "differ"
   assert out["fedavg"]["wall_ratio_authors_over_ours"] == pytest.approx(2.0)
+
+
+def test_torch_cnn_reproduces_the_flax_logits():
+  """The adapter's torch ``cnn`` with our weights gives our logits (needs the parity extra)."""
+  pytest.importorskip("torch.nn", reason="torch is not installed (pip install -e .[parity])")
+  import torch
+
+  from fedjax_proj.models import get_model
+
+  parity = _parity_module()
+  model = get_model("cnn", 10)
+  variables = model.init(jax.random.key(0), jnp.zeros((2, 32, 32, 3)))
+  net = parity.torch_cnn()
+  net.load_state_dict(parity.torch_state_from_flax(jax.tree.map(np.asarray, variables)))
+  x = np.random.default_rng(0).normal(size=(4, 32, 32, 3)).astype(np.float32)
+  with torch.no_grad():
+    got = net(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
+  np.testing.assert_allclose(got, model.apply(variables, x, train=False).logits, atol=1e-4)
