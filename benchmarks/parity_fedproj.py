@@ -615,11 +615,43 @@ def _commit() -> str:
     return "unknown"
 
 
+def merge(paths: list[Path], out_dir: Path) -> dict:
+  """Combines result files of the same budget and defects run over disjoint seeds."""
+  parts = [json.loads(p.read_text()) for p in paths]
+  first = parts[0]
+  for p in parts[1:]:
+    for key in ("defects", "proj_rounds", "budget"):
+      if p[key] != first[key]:
+        raise ValueError(f"cannot merge runs with different {key}: {first[key]} vs {p[key]}")
+  runs, seeds = {}, []
+  for p in parts:
+    for key, value in p["runs"].items():
+      m, code, s = key.split("/")
+      if (m, code, int(s)) in runs:
+        raise ValueError(f"seed {s} of {m} ({code}) appears in two files")
+      runs[(m, code, int(s))] = value
+    seeds += [s for s in p["seeds"] if s not in seeds]
+  seeds = sorted(seeds)
+  methods = sorted({m for m, _, _ in runs})
+  result = {
+    **first,
+    "command": " ; ".join(p["command"] for p in parts),
+    "commit": ", ".join(sorted({p["commit"] for p in parts})),
+    "seeds": seeds,
+    "logits_max_abs_diff": max(p["logits_max_abs_diff"] for p in parts),
+    "runs": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in sorted(runs.items())},
+    "summary": summarize(runs, seeds, tuple(first["proj_rounds"]), methods),
+  }
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / f"parity_{first['defects']}.json").write_text(json.dumps(result, indent=1) + "\n")
+  (out_dir / f"parity_{first['defects']}.md").write_text(markdown(result))
+  print(markdown(result))
+  return result
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-  ap.add_argument(
-    "--authors_repo", required=True, help="checkout of Abhijit4-debug/FedProj_Neurips"
-  )
+  ap.add_argument("--authors_repo", default="", help="checkout of Abhijit4-debug/FedProj_Neurips")
   ap.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "cifar10"))
   ap.add_argument(
     "--public_data", default=str(ROOT.parent / "shared" / "data" / "cifar100" / "public_20k.npz")
@@ -640,9 +672,17 @@ def main(argv=None):
   ap.add_argument("--defects", default="code", choices=DEFECTS)
   ap.add_argument("--torch_threads", type=int, default=1)
   ap.add_argument("--out", default=str(HERE / "results" / "parity"))
+  ap.add_argument(
+    "--merge",
+    default="",
+    help="comma-separated result JSONs of runs over disjoint seeds (e.g. one process per core): "
+    "writes their combined table to --out instead of running",
+  )
   args = ap.parse_args(argv)
+  if args.merge:
+    return merge([Path(p) for p in args.merge.split(",")], Path(args.out))
   repo = Path(args.authors_repo)
-  if not (repo / "src" / "client" / "client_fedproj.py").is_file():
+  if not args.authors_repo or not (repo / "src" / "client" / "client_fedproj.py").is_file():
     ap.error(
       f"--authors_repo={repo} has no src/client/client_fedproj.py; clone "
       "Abhijit4-debug/FedProj_Neurips there."

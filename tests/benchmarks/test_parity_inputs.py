@@ -9,6 +9,7 @@ weights, the train/test/public arrays and the public normaliser) and the export 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import jax
@@ -190,3 +191,29 @@ def test_torch_cnn_reproduces_the_flax_logits():
   with torch.no_grad():
     got = net(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
   np.testing.assert_allclose(got, model.apply(variables, x, train=False).logits, atol=1e-4)
+
+
+def test_merge_combines_disjoint_seeds_and_refuses_overlaps(tmp_path):
+  parity = _parity_module()
+  base = {"defects": "code", "proj_rounds": [1, 3], "budget": {"rounds": 3}, "commit": "abc"}
+
+  def part(name, seeds):
+    runs = {}
+    for s in seeds:
+      for code in ("ours", "authors"):
+        runs[f"fedavg/{code}/{s}"] = {"accuracy": [10.0 + s, 20.0, 30.0], "wall_seconds": 1.0}
+    path = tmp_path / name
+    path.write_text(
+      json.dumps(
+        {**base, "command": name, "seeds": seeds, "logits_max_abs_diff": 1e-6, "runs": runs}
+      )
+    )
+    return path
+
+  a, b = part("a.json", [0, 1]), part("b.json", [2])
+  out = parity.merge([a, b], tmp_path / "out")
+  assert out["seeds"] == [0, 1, 2]
+  assert out["summary"]["fedavg"]["paired"]["n"] == 3
+  assert (tmp_path / "out" / "parity_code.md").read_text().count("| fedavg |") == 7
+  with pytest.raises(ValueError, match="appears in two files"):
+    parity.merge([a, part("c.json", [1])], tmp_path / "out2")
