@@ -51,6 +51,7 @@ def _config(tmp_path, public, seed):
     public_size=50,
     memory_size=50,
     train_subset=300,
+    batch_size=16,  # the digits subset's clients hold tens of examples
     test_subset=100,
     seed=seed,
     normalization="code",
