@@ -13,7 +13,10 @@ Presets (each field and its source: docs/reproduction.md):
   ``--memory_size=20000``).
 - ``paper_code``: the same setting as the authors' code runs it (Adam with weight decay 5e-5 and
   the lr divided by 10 after half the local epochs of each round,
-  memory loss at T = 3 without T², coefficient clamp 10, |M| = 12,500, distillation batch 128).
+  memory loss at T = 3 without T², coefficient clamp 10, |M| = 12,500, distillation batch 128,
+  projection only in rounds 10-89, memory batches reshuffled per pass and client, the code's
+  normalisation; its two defects, the memory's integer cast and the aliased divergence anchor,
+  stay off: ``--method_kwargs=int_cast_memory=true,divergence_anchor=live`` turns them on).
 - ``fedgkd_paper``: FedGKD's CIFAR-10 setting (paper 002): 20 clients, 20% per round, 100 rounds,
   20 local epochs, batch 64, SGD 0.05 with momentum 0.9 and weight decay 1e-5, ResNet-8 with
   GroupNorm (16 channels per group), Dirichlet 0.1, buffer M = 5, γ = 0.2.

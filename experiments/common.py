@@ -116,6 +116,10 @@ HELP = {
   "server_lr": "server learning rate (> 0)",
   "server_momentum": "server SGD momentum in [0, 1)",
   "augment": "random crop and flip of training images",
+  "normalization": (
+    "input normalisation: dataset (the data's channel statistics) or code (the FedProj authors' "
+    "values: CIFAR-10 std (0.2023, 0.1994, 0.2010), the public set its own statistics)"
+  ),
   "eval_every": "evaluate the global model every k rounds (and after the last)",
   "eval_batch_size": "batch size of evaluation",
   "train_subset": "use only this many training examples (0: all)",

@@ -20,11 +20,22 @@ PAPER_ALPHA = {
 # |M| = 50k (001, Table 5); the code's scripts use memory_bs 12500 (CIFAR-10, the β 0.3 script).
 PAPER_MEMORY_SIZE = 50_000
 CODE_MEMORY_SIZE = 12_500
+# The code's scripts' gamma (the divergence weight) per dataset and Dirichlet β: CIFAR-10
+# scripts_rci/fedproj_0.3_100.sh 0.1 and fedproj_0.5_100.sh 0.3. The code's aliased anchor makes the
+# term zero whatever gamma is; ``divergence_anchor="live"`` reproduces that (off by default).
+CODE_ALPHA = {"cifar10": {0.3: 0.1, 0.5: 0.3}}
+# main_fedproj.py lines 209-212: projection from round 10, off again in rounds 90-100 (0-based).
+CODE_PROJ_ROUNDS = (10, 90)
 
 
 def paper_alpha(dataset: str, partition: str) -> float:
   """α of paper 001, Table 3 for this dataset and partition (0 where the table has no row)."""
   return PAPER_ALPHA.get(dataset, {}).get(common.dirichlet_beta(partition), 0.0)
+
+
+def code_alpha(dataset: str, partition: str) -> float:
+  """The code's scripts' gamma for this dataset and partition (0 where no script has one)."""
+  return CODE_ALPHA.get(dataset, {}).get(common.dirichlet_beta(partition), 0.0)
 
 
 def apply_paper(c: ml_collections.ConfigDict, distill_epochs: int) -> ml_collections.ConfigDict:
@@ -77,7 +88,9 @@ def apply_paper_code(
   c.lr_schedule = "step"
   c.lr_step_epochs = 0  # 0 = local_epochs // 2
   c.lr_step_gamma = 0.1
+  c.normalization = "code"  # utils_data.py get_transforms: CIFAR-10 std (0.2023, ...); CIFAR-100's
   c.fedproj_alpha_by_beta = False
+  c.fedproj_code_alpha_by_beta = True
   c.method_defaults = ml_collections.ConfigDict(
     {
       "fedproj": {
@@ -87,13 +100,18 @@ def apply_paper_code(
         "tau": 1e-6,
         "max_coef": 10.0,  # torch.clamp(corr, -10, 10)
         "round0": "skip",  # is_proj=False in round 0
+        "proj_rounds": CODE_PROJ_ROUNDS,  # is_proj only in rounds 10 <= t < 90
+        "memory_order": "shuffle",  # DataLoader(shuffle=True) per client, re-iterated per pass
+        # The code's integer cast of the memory's images and logits: a defect, off (parity runs
+        # turn it on).
+        "int_cast_memory": False,
         "distill_epochs": distill_epochs,
         "distill_batch_size": 128,
         "distill_lr": 1e-5,
         "distill_temperature": 3.0,
-        # The code's divergence term anchors on net_glob.parameters() themselves (the live
-        # parameters), so it is identically zero whatever gamma is: α = 0 reproduces it.
-        "alpha": 0.0,
+        # The scripts' gamma on the FedAvg result the code means to anchor on (global_wavg); the
+        # code aliases the live parameters, a defect reproduced by divergence_anchor="live".
+        "alpha": code_alpha(c.dataset, c.partition),
         "divergence_anchor": "fedavg",
       },
       **{m: _server_distillation(distill_epochs, 128) for m in ("feddf", "fedet")},
@@ -104,6 +122,9 @@ def apply_paper_code(
 
 def prepare(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Re-reads the paper's α for the final --partition (flags apply after the preset)."""
-  if config.get("fedproj_alpha_by_beta", False) and "fedproj" in config.get("method_defaults", {}):
+  defaults = config.get("method_defaults", {})
+  if config.get("fedproj_alpha_by_beta", False) and "fedproj" in defaults:
     config.method_defaults.fedproj.alpha = paper_alpha(config.dataset, config.partition)
+  if config.get("fedproj_code_alpha_by_beta", False) and "fedproj" in defaults:
+    config.method_defaults.fedproj.alpha = code_alpha(config.dataset, config.partition)
   return config

@@ -56,6 +56,8 @@ class BuildContext(NamedTuple):
     variables: the initial variables (continual methods locate their projected layers in them).
     sample_x: a normalised input batch, shape only (continual methods that trace the model).
     num_tasks: number of tasks of a continual benchmark (0 otherwise).
+    public_normalize: the public set's own normaliser where its statistics differ from the
+      private set's (``--normalization=code``); None: ``normalize`` (read by FedProj).
   """
 
   model: Model
@@ -70,6 +72,7 @@ class BuildContext(NamedTuple):
   variables: dict | None = None
   sample_x: Array | None = None
   num_tasks: int = 0
+  public_normalize: Callable[[Array], Array] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

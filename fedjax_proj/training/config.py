@@ -55,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_lr = 1.0
   c.server_momentum = 0.0
   c.augment = False
+  # Input normalisation: "dataset" (the data's own channel statistics) or "code" (the FedProj
+  # authors' values: CIFAR-10 std (0.2023, 0.1994, 0.2010), the public set its own statistics).
+  c.normalization = "dataset"
   c.eval_every = 5
   c.eval_batch_size = 500
   c.train_subset = 0  # 0 = all
@@ -164,6 +167,10 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     )
   if c.optimizer not in OPTIMIZERS:
     raise ValueError(f"Unknown --optimizer {c.optimizer!r}; choose one of {OPTIMIZERS}.")
+  if c.get("normalization", "dataset") not in ("dataset", "code"):
+    raise ValueError(
+      f"Unknown --normalization {c.normalization!r}; choose one of ('dataset', 'code')."
+    )
   if c.get("lr_schedule", "constant") not in LR_SCHEDULES:
     raise ValueError(f"Unknown --lr_schedule {c.lr_schedule!r}; choose one of {LR_SCHEDULES}.")
   if c.get("lr_schedule", "constant") == "step" and lr_step_epochs(c) < 1:

@@ -49,7 +49,13 @@ from fedjax_proj.training.estimate import (
   time_client_step,
 )
 from fedjax_proj.training.evaluate import make_evaluator
-from fedjax_proj.training.inputs import check_dataset, held_out, public_inputs, subset
+from fedjax_proj.training.inputs import (
+  check_dataset,
+  held_out,
+  public_inputs,
+  public_normalizer,
+  subset,
+)
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
 from fedjax_proj.training.placement import build_round, plan_execution
@@ -157,7 +163,12 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   variables = model.init(jax.random.key(c.seed), sample)
-  normalize = token_ids if text_run else pipeline.normalizer_for(c.dataset, train_x)
+  normalize = (
+    token_ids
+    if text_run
+    else pipeline.normalizer_for(c.dataset, train_x, c.get("normalization", "dataset"))
+  )
+  public_normalize = public_normalizer(c, round_inputs.get("public_images"))
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
   has_conv = engine_lib.has_convolution(
     lambda v, x: model.apply(v, x, train=False).logits, variables, sample
@@ -174,6 +185,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     public_size=public_size,
     num_classes=train_ds.num_classes,
     validation_size=validation_size,
+    public_normalize=public_normalize,
   )
   for field in registry.config_kwargs(c.method):
     hparams.setdefault(field, c[field])

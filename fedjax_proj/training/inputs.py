@@ -131,3 +131,24 @@ def public_inputs(
   if public.num_classes == num_classes and same_label_space(public.name, private_name):
     inputs["public_labels"] = jax.device_put(np.asarray(labels, np.int32))
   return inputs, len(labels)
+
+
+def public_normalizer(c, public_images: np.ndarray | None):
+  """The public set's normaliser under ``--normalization=code`` (None otherwise, or no public set).
+
+  The FedProj authors' code normalises the public set with its own statistics (CIFAR-100's for
+  CIFAR-100), not the private set's. The set is named by ``--public_data``: a dataset name, or a
+  path whose file or a folder above it is one (``.../cifar100/public_20k.npz``: cifar100);
+  statistics computed from the public images otherwise.
+  """
+  from pathlib import PurePath
+
+  from fedjax_proj.data import pipeline
+
+  if c.get("normalization", "dataset") != "code" or public_images is None:
+    return None
+  known = set(pipeline.CODE_CHANNEL_STATS) | set(pipeline.CHANNEL_STATS)
+  path = PurePath(c.public_data)
+  names = [path.stem, *(p.name for p in path.parents)]
+  name = next((n.lower() for n in names if n.lower() in known), "")
+  return pipeline.normalizer_for(name, np.asarray(public_images), "code")

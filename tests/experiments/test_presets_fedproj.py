@@ -107,9 +107,13 @@ def test_paper_alpha_follows_the_partition_after_flags():
   cifar10 = _entry_point("cifar10")
   assert _config(cifar10, "paper", "fedproj", "dirichlet:0.5").method_defaults.fedproj.alpha == 0.3
   assert _config(cifar10, "paper", "fedproj", "dirichlet:0.3").method_defaults.fedproj.alpha == 0.0
-  # paper_code keeps the code's effective α = 0 whatever the partition.
+  # paper_code takes the code's scripts' gamma per β (its aliased anchor is the opt-in "live").
   code = _config(cifar10, "paper_code", "fedproj", "dirichlet:0.5")
-  assert code.method_defaults.fedproj.alpha == 0.0
+  assert code.method_defaults.fedproj.alpha == 0.3
+  assert code.method_defaults.fedproj.divergence_anchor == "fedavg"
+  assert (
+    _config(cifar10, "paper_code", "fedproj", "dirichlet:0.3").method_defaults.fedproj.alpha == 0.1
+  )
 
 
 def test_help_lists_each_entry_points_presets(capsys):

@@ -12,7 +12,11 @@ logits (plain mean, or FedET's uncertainty weighting). The weight-divergence anc
   close to the averaged model"; this library's default before 2026-11);
 - ``"clients"``: L_div = Σ_k ‖θ_k − θ_g‖² over the K participating clients (paper 001, C.1),
   computed as K‖θ_g − θ̄‖² with θ̄ the unweighted client mean: the same gradient, and a value
-  lower by Σ_k ‖θ_k − θ̄‖², a constant of the round.
+  lower by Σ_k ‖θ_k − θ̄‖², a constant of the round;
+- ``"live"``: the authors' code's defect, kept as an explicit switch for parity runs: its anchor
+  is ``list(net_glob.parameters())``, the very tensors being trained, so ‖θ_g − θ_g‖² is
+  identically zero in value and gradient whatever α is (docs/fedproj.md, "Parity with the
+  authors' code"). Computed as α·0.
 
 Only parameters enter L_div (BatchNorm statistics are not trained). Teachers AND student run
 public data in inference mode, so public data never
@@ -38,7 +42,7 @@ from fedjax_proj.algorithms.client import merge_variables, split_variables
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model
 
-ANCHORS = ("previous", "fedavg", "clients")
+ANCHORS = ("previous", "fedavg", "clients", "live")
 
 
 class DistillConfig(NamedTuple):

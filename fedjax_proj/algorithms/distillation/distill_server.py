@@ -107,6 +107,9 @@ def distillation_server(
     """(anchor parameters or None = the FedAvg start, weight on α) for ``cfg.anchor``."""
     if cfg.anchor == "previous":
       return split_variables(state.variables)[0], 1.0
+    if cfg.anchor == "live":
+      # The code's aliased anchor: θ − θ = 0, so the term weighs nothing (docs/fedproj.md).
+      return None, 0.0
     if cfg.anchor == "clients":
       params = split_variables(stacked)[0]
       num = jax.tree.leaves(params)[0].shape[0]

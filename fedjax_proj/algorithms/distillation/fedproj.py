@@ -19,6 +19,13 @@ Client step on a private batch (x, y), for ONE client (the engine vmaps it):
    Ablations: projection probability p per step; optional clamp of the coefficient's magnitude.
 Round 0 has no ensemble: projection is skipped (default) or, when the public labels share the
 private label space, g_mem is the CE gradient on labelled public data (001, Alg. 1, line 16).
+
+Settings of the authors' code (``--preset=paper_code``; docs/fedproj.md, "Parity with the authors'
+code"): ``proj_rounds=(start, stop)`` projects only in rounds start <= t < stop (the code: 10 and
+90 of 100); ``memory_order="shuffle"`` draws the memory mini-batches from a fresh permutation of
+the buffer per pass and per client (the code's DataLoader(shuffle=True)) instead of cycling it in
+a fixed order. ``int_cast_memory`` reproduces a defect of the code, off even in ``paper_code``:
+the memory's normalised images and teacher logits truncated to integers before the memory loss.
 Server: :mod:`.distill_server` (FedAvg, ensemble distillation with the
 weight-divergence term α anchored on the previous global model by default, memory).
 """
@@ -41,6 +48,7 @@ from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model, PyTree
 
 ROUND0_MODES = ("skip", "ce")
+MEMORY_ORDERS = ("cycle", "shuffle")
 
 
 def project_gradient(
@@ -92,8 +100,28 @@ def _memory_kl(ens_logits, logits, temperature: float, temperature_squared: bool
   return scale * losses.kl_from_logits(ens_logits, logits, temperature)
 
 
+def memory_batch_rows(cursor: Array, key_data: Array, m: int, batch: int, order: str) -> Array:
+  """Buffer rows of a client's ``cursor``-th memory mini-batch of ``batch`` rows out of ``m``.
+
+  ``order="cycle"``: rows ``cursor·batch + j (mod m)``, the same for every client and round.
+  ``order="shuffle"``: a fresh permutation of the buffer per pass, drawn from the client's key
+  (the code's DataLoader(shuffle=True), re-iterated when exhausted); a batch that straddles two
+  passes takes the end of one permutation and the start of the next, where the code's last batch
+  of a pass is short instead (the same when ``batch`` divides ``m``).
+  """
+  pos = cursor * batch + jnp.arange(batch)
+  if order == "cycle":
+    return pos % m
+  key = jax.random.wrap_key_data(key_data)
+  passes = pos // m
+  first = jax.random.permutation(jax.random.fold_in(key, passes[0]), m)
+  second = jax.random.permutation(jax.random.fold_in(key, passes[0] + 1), m)
+  return jnp.where(passes == passes[0], first[pos % m], second[pos % m])
+
+
 class ProjExtra(NamedTuple):
   cursor: Array
+  mem_key: Array
   projected: Array
   cos_sum: Array
   lmem_first: Array
@@ -111,6 +139,8 @@ def projection_client(
   temperature_squared: bool = False,
   projection_prob: float = 1.0,
   max_coef: float | None = None,
+  memory_order: str = "cycle",
+  int_cast_memory: bool = False,
 ):
   """The FedProj client (see module docstring) as a :class:`ClientProgram`.
 
@@ -120,17 +150,22 @@ def projection_client(
 
   def init_extra(shared, client_input, key):
     z = jnp.zeros((), jnp.float32)
-    return ProjExtra(jnp.zeros((), jnp.int32), z, z, z, z)
+    mem_key = jax.random.key_data(jax.random.fold_in(key, 11))
+    return ProjExtra(jnp.zeros((), jnp.int32), mem_key, z, z, z, z)
 
   def transform_grads(g_new, params, batch, ctx):
     sh, ex = ctx.shared, ctx.extra
     m = sh["memory_images"].shape[0]
-    rows = (ex.cursor * memory_batch_size + jnp.arange(memory_batch_size)) % m
+    rows = memory_batch_rows(ex.cursor, ex.mem_key, m, memory_batch_size, memory_order)
     x_mem = normalize(sh["memory_images"][rows])
+    mem_logits = sh["memory_logits"][rows]
+    if int_cast_memory:
+      # The code's `.type(torch.LongTensor).float()` on images and logits: truncation toward 0.
+      x_mem, mem_logits = jnp.trunc(x_mem), jnp.trunc(mem_logits)
 
     def mem_loss(p):
       out = client_lib.forward(model, p, ctx.model_state, x_mem, train=False)
-      kl = _memory_kl(sh["memory_logits"][rows], out.logits, temperature, temperature_squared)
+      kl = _memory_kl(mem_logits, out.logits, temperature, temperature_squared)
       ce = losses.cross_entropy(out.logits, sh["memory_labels"][rows])
       return jnp.where(sh["use_memory"], kl, ce)
 
@@ -142,6 +177,7 @@ def projection_client(
     g = tree_lib.tree_where(active, g, g_new)
     extra = ProjExtra(
       ex.cursor + 1,
+      ex.mem_key,
       ex.projected + (fired & active),
       ex.cos_sum + cos,
       jnp.where(ex.cursor == 0, lmem, ex.lmem_first),
@@ -191,6 +227,9 @@ def fedproj(
   alpha: float = 0.0,
   temperature_squared: bool = False,
   divergence_anchor: str = "previous",
+  proj_rounds: tuple[int, int | None] = (0, None),
+  memory_order: str = "cycle",
+  int_cast_memory: bool = False,
 ) -> FederatedAlgorithm:
   """Builds FedProj. ``distill_epochs=0`` turns server distillation off.
 
@@ -199,6 +238,9 @@ def fedproj(
   of :data:`distill.ANCHORS`). ``max_coef=10`` clamps the projection coefficient as the authors'
   code does. See docs/fedproj.md for every default and its source.
   ``round0="ce"`` needs ``RoundData.extra["public_labels"]`` in the private label space.
+  ``proj_rounds=(start, stop)`` projects only in rounds ``start <= t < stop`` (0-based; stop
+  None = to the end), ``memory_order`` is ``"cycle"`` or ``"shuffle"`` and ``int_cast_memory``
+  the code's integer cast (module docstring).
   """
   if divergence_anchor not in distill.ANCHORS:
     raise ValueError(
@@ -212,6 +254,9 @@ def fedproj(
     raise ValueError("memory_size and memory_batch_size must be >= 1.")
   if not 0.0 <= projection_prob <= 1.0:
     raise ValueError(f"projection_prob must be in [0, 1], got {projection_prob}.")
+  if memory_order not in MEMORY_ORDERS:
+    raise ValueError(f"memory_order must be one of {MEMORY_ORDERS}, got {memory_order!r}.")
+  proj_start, proj_stop = _check_proj_rounds(proj_rounds)
   cfg = distill.DistillConfig(
     distill_epochs,
     distill_batch_size,
@@ -233,6 +278,8 @@ def fedproj(
     temperature_squared=temperature_squared,
     projection_prob=projection_prob,
     max_coef=max_coef,
+    memory_order=memory_order,
+    int_cast_memory=int_cast_memory,
   )
 
   def broadcast(state, rd, key):
@@ -241,6 +288,9 @@ def fedproj(
     idx = state.memory_idx
     labels = rd.extra.get("public_labels")
     round0_ce = round0 == "ce" and labels is not None
+    in_window = state.round >= proj_start
+    if proj_stop is not None:
+      in_window &= state.round < proj_stop
     if round0 == "ce" and labels is None:
       raise ValueError(
         "round0='ce' needs RoundData.extra['public_labels']: labelled public data in the private "
@@ -252,8 +302,8 @@ def fedproj(
       "memory_images": public[idx],
       "memory_logits": state.memory_logits,
       "memory_labels": labels[idx] if round0_ce else jnp.zeros(idx.shape, jnp.int32),
-      "use_memory": state.has_memory,
-      "round0_ce": jnp.asarray(round0_ce) & ~state.has_memory,
+      "use_memory": state.has_memory & in_window,
+      "round0_ce": jnp.asarray(round0_ce) & ~state.has_memory & in_window,
     }
     return shared, {}
 
@@ -275,9 +325,28 @@ def fedproj(
   )
 
 
+def _check_proj_rounds(proj_rounds) -> tuple[int, int | None]:
+  """(start, stop) of ``proj_rounds``, refused unless 0 <= start < stop (stop None: no end)."""
+  try:
+    if isinstance(proj_rounds, str):  # --method_kwargs gives text, e.g. "10:90" or "10:"
+      head, _, tail = proj_rounds.partition(":")
+      proj_rounds = (int(head or 0), int(tail) if tail.strip() else None)
+    start, stop = proj_rounds
+  except (TypeError, ValueError):
+    raise ValueError(
+      f"proj_rounds must be (start, stop) or 'start:stop', got {proj_rounds!r}."
+    ) from None
+  if start < 0 or (stop is not None and stop <= start):
+    raise ValueError(
+      f"proj_rounds=({start}, {stop}) must satisfy 0 <= start < stop (stop None: no end)."
+    )
+  return int(start), None if stop is None else int(stop)
+
+
 def build(ctx, **hp) -> FederatedAlgorithm:
   """Registry entry."""
-  return fedproj(ctx.model, ctx.client_optimizer, ctx.normalize, public_size=ctx.public_size, **hp)
+  normalize = ctx.public_normalize or ctx.normalize
+  return fedproj(ctx.model, ctx.client_optimizer, normalize, public_size=ctx.public_size, **hp)
 
 
 SPEC = MethodSpec(

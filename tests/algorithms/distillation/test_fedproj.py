@@ -379,3 +379,94 @@ def test_projection_off_is_feddf_and_projection_on_differs(fp_setup):
   proj, metrics = _two_rounds(on, "vmap_scan", fd, x, y, public, variables)
   assert metrics[1]["projected_fraction"] > 0.0
   assert not np.allclose(T.tree_ravel(proj.variables), T.tree_ravel(ref.variables), atol=1e-5)
+
+
+def test_projection_window_turns_projection_off_outside_it(fp_setup):
+  """proj_rounds=(start, stop): the code's is_proj only in rounds start <= t < stop."""
+  x, y, public, model, fd, _, variables = fp_setup
+  kwargs = dict(public_size=48, memory_size=32, memory_batch_size=8, distill_epochs=0)
+  args = (model, optax.sgd(0.1), lambda z: z)
+  projected = {}
+  for window in ((0, 1), "1:2"):
+    alg = fedproj.fedproj(*args, proj_rounds=window, **kwargs)
+    _, metrics = _two_rounds(alg, "vmap_scan", fd, x, y, public, variables)
+    projected[str(window)] = float(metrics[1]["projected_fraction"])
+  assert projected["1:2"] > 0.0  # round 1 inside [1, 2)
+  assert projected["(0, 1)"] == 0.0  # round 1 outside [0, 1)
+  for bad in ((3, 2), (-1, 4), "x"):
+    with pytest.raises(ValueError, match="proj_rounds"):
+      fedproj.fedproj(*args, proj_rounds=bad, **kwargs)
+
+
+def test_memory_order_shuffle_covers_each_row_once_per_pass_per_client():
+  key_a = jax.random.key_data(jax.random.key(1))
+  key_b = jax.random.key_data(jax.random.key(2))
+  rows = lambda key, order, steps=6: np.concatenate(
+    [np.asarray(fedproj.memory_batch_rows(jnp.int32(c), key, 12, 4, order)) for c in range(steps)]
+  )
+  np.testing.assert_array_equal(rows(key_a, "cycle"), np.arange(24) % 12)
+  a, b = rows(key_a, "shuffle"), rows(key_b, "shuffle")
+  for p in range(2):  # every pass is a permutation of the buffer ...
+    assert sorted(a[12 * p : 12 * (p + 1)]) == list(range(12))
+  assert not np.array_equal(a[:12], a[12:])  # ... reshuffled per pass ...
+  assert not np.array_equal(a, b)  # ... and per client
+  # A batch straddling two passes (10 rows, 4 per batch) still covers each pass once.
+  c = np.concatenate(
+    [np.asarray(fedproj.memory_batch_rows(jnp.int32(s), key_a, 10, 4, "shuffle")) for s in range(5)]
+  )
+  assert sorted(c[:10]) == list(range(10)) and sorted(c[10:20]) == list(range(10))
+  with pytest.raises(ValueError, match="memory_order"):
+    fedproj.fedproj(helpers.tiny_model(), optax.sgd(0.1), lambda z: z, public_size=8,
+                    memory_order="random")  # fmt: skip
+
+
+def test_int_cast_memory_truncates_images_and_logits(fp_setup):
+  """int_cast_memory = the code's .type(LongTensor): the client sees trunc(x_mem), trunc(Z)."""
+  from fedjax_proj.core.engine import run_vmap_scan
+
+  x, y, public, model, fd, _, variables = fp_setup
+  kwargs = dict(public_size=48, memory_size=32, memory_batch_size=8, distill_epochs=0)
+  args = (model, optax.sgd(0.1), lambda z: 3.0 * z)  # scaled so truncation changes the inputs
+  cast = fedproj.fedproj(*args, int_cast_memory=True, **kwargs)
+  plain = fedproj.fedproj(*args, **kwargs)
+  round_fn = make_round(plain, "vmap_scan", helpers.float_batch_fn())
+  state = round_fn(
+    plain.init(variables, jax.random.key(0)), _rd(fd, x, y, public, 0), jax.random.key(1)
+  )[0]
+  rd = _rd(fd, x, y, public, 1)
+  shared, _ = plain.broadcast(state, rd, jax.random.key(0))
+  shared = {**shared, "memory_logits": 2.5 * shared["memory_logits"]}
+  truncated = {
+    **shared,
+    "memory_images": jnp.trunc(3.0 * shared["memory_images"]) / 3.0,
+    "memory_logits": jnp.trunc(shared["memory_logits"]),
+  }
+  keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
+
+  def client_params(alg, sh):
+    out = run_vmap_scan(
+      alg.client, helpers.float_batch_fn(), sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+    )
+    return T.tree_ravel(out["variables"]["params"])
+
+  np.testing.assert_allclose(
+    client_params(cast, shared), client_params(plain, truncated), atol=1e-5
+  )
+  assert not np.allclose(client_params(cast, shared), client_params(plain, shared), atol=1e-4)
+
+
+def test_live_anchor_is_the_codes_zero_divergence_term(fp_setup):
+  """divergence_anchor='live' (the code's aliased anchor): α has no effect at all."""
+  x, y, public, model, fd, _, variables = fp_setup
+  rd = _rd(fd, x, y, public, 0)
+  kwargs = dict(public_size=48, memory_size=32, memory_batch_size=8, distill_batch_size=16)
+
+  def run(**kw):
+    alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **kwargs, distill_epochs=2, **kw)
+    state = alg.init(variables, jax.random.key(0))
+    round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
+    return T.tree_ravel(round_fn(state, rd, jax.random.key(1))[0].variables["params"])
+
+  # (test_server_divergence_anchor shows α = 1e3 moves the result under the other anchors.)
+  live = run(alpha=1e3, divergence_anchor="live", distill_lr=3e-2)
+  np.testing.assert_allclose(live, run(alpha=0.0, distill_lr=3e-2), atol=1e-6)
