@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-KINDS = ("image", "continual", "pilot", "nlp")
 BUDGETS = ("smoke", "cpu", "paper")
 # Metrics where lower is better (FOT's forgetting); every other metric is higher-is-better.
 LOWER_IS_BETTER = frozenset({"fgt"})

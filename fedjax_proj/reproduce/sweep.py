@@ -27,7 +27,6 @@ from fedjax_proj.reproduce.claims import Claim
 PUBLIC = ("gaussian", "iris", "iris_labelled")
 BATCHES = (1, 10, 50)
 INITS = {"random": 0, "pretrained": 200}
-SWEEP_SEEDS = (0, 1, 2, 3, 4)
 
 
 def regimes() -> dict[str, dict]:
