@@ -77,24 +77,14 @@ def project_gradient(
   return g, fired, cos
 
 
-def memory_kl_loss(
-  model: Model,
-  params,
-  model_state,
-  x_mem: Array,
-  ens_logits: Array,
-  temperature: float = 1.0,
-  temperature_squared: bool = False,
+def memory_kl(
+  ens_logits: Array, logits: Array, temperature: float = 1.0, temperature_squared: bool = False
 ) -> Array:
-  """L_mem = [T²·]KL(σ(Z_ens/T) ‖ σ(f(x_m; θ)/T)), batchmean; inference-mode forward.
+  """L_mem = [T²·]KL(σ(Z_ens/T) ‖ σ(z/T)), batchmean, with ``z`` the client model's
+  inference-mode logits on the memory batch (the client step computes them).
 
   The defaults (T = 1, no T²) are the papers' plain KL (000 Eq. 3, 001 Eq. 4).
   """
-  out = client_lib.forward(model, params, model_state, x_mem, train=False)
-  return _memory_kl(ens_logits, out.logits, temperature, temperature_squared)
-
-
-def _memory_kl(ens_logits, logits, temperature: float, temperature_squared: bool) -> Array:
   # kl_from_logits carries the distillation convention's T² factor; undo it unless asked for.
   scale = 1.0 if temperature_squared else 1.0 / temperature**2
   return scale * losses.kl_from_logits(ens_logits, logits, temperature)
@@ -165,7 +155,7 @@ def projection_client(
 
     def mem_loss(p):
       out = client_lib.forward(model, p, ctx.model_state, x_mem, train=False)
-      kl = _memory_kl(mem_logits, out.logits, temperature, temperature_squared)
+      kl = memory_kl(mem_logits, out.logits, temperature, temperature_squared)
       ce = losses.cross_entropy(out.logits, sh["memory_labels"][rows])
       return jnp.where(sh["use_memory"], kl, ce)
 
