@@ -232,6 +232,15 @@ def build_parser(
   return parser
 
 
+def set_fields(config: ml_collections.ConfigDict, fields=None) -> ml_collections.ConfigDict:
+  """``config`` with ``fields`` set; a field the entry point's config lacks is a ValueError."""
+  for key, value in dict(fields or {}).items():
+    if key not in config:
+      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
+    config[key] = value
+  return config
+
+
 def resolve(
   get_config: Callable[[str], ml_collections.ConfigDict],
   preset: str,
@@ -247,11 +256,7 @@ def resolve(
   through this function, so a claim runs what its entry point runs. Raises ValueError naming the
   field and the fix (an unknown field included).
   """
-  config = get_config(preset)
-  for key, value in dict(fields or {}).items():
-    if key not in config:
-      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
-    config[key] = value
+  config = set_fields(get_config(preset), fields)
   if preset == "smoke":
     from fedjax_proj.algorithms.registry import declared_hparams
 
@@ -272,12 +277,13 @@ def resolve(
           f"--{field}={fields[field]} and --method_kwargs {field}={given[field]} disagree; pass "
           f"it once, as --{field}."
         )
+      value = given.pop(field)
       try:
-        config[field] = given.pop(field)
+        config[field] = value
       except TypeError:
         raise ValueError(
-          f"--method_kwargs {field}={given.get(field, config[field])!r} must be a "
-          f"{type(config[field]).__name__}, as --{field}."
+          f"--method_kwargs {field}={value!r} must be a {type(config[field]).__name__}, as "
+          f"--{field}."
         ) from None
   for key, value in given.items():
     config.method_kwargs[key] = value

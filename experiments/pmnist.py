@@ -183,11 +183,7 @@ def resolve(
   """The config ``--preset=<preset>`` with these flags runs: the preset, then ``fields``, then the
   method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``. The flags and
   the claim runner (fedjax_proj/reproduce/run.py) both resolve through it."""
-  c = (get_config_fn or get_config)(preset)
-  for key, value in dict(fields or {}).items():
-    if key not in c:
-      raise ValueError(f"Config field {key!r} does not exist in this entry point's config.")
-    c[key] = value
+  c = common.set_fields((get_config_fn or get_config)(preset), fields)
   c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
   # Every number finite and in range, before any data is loaded.
   check_fields(c, FIELD_RANGES)
