@@ -99,17 +99,9 @@ def main(argv) -> int:
     norm=c.norm,
     fc_features=c.fc_features,
   )
-  try:
-    run_continual_experiment(c, bench, model)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
-    from fedjax_proj.training.rundir import describe_os_error
-
-    print(f"error: {describe_os_error(e)}", file=sys.stderr)
-    return 1
-  return 0
+  return pmnist.common.run_reporting(
+    lambda: run_continual_experiment(c, bench, model), argv, c.output_dir
+  )
 
 
 if __name__ == "__main__":

@@ -26,11 +26,13 @@ from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.data.sources import ArrayDataset
 from fedjax_proj.models import mlp, multi_head
 from fedjax_proj.training.continual import (
+  TaskSchedule,
   acc_fgt,
   build_continual_method,
   make_task_evaluator,
   train_continual,
 )
+from fedjax_proj.training.loop import RunIO
 from tests import helpers
 
 REPO = Path(__file__).resolve().parents[3]
@@ -124,16 +126,9 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
     bench,
     make_task_evaluator(model, normalize, 64),
     variables,
-    num_clients=4,
-    clients_per_round=2,
-    rounds_per_task=1,
-    batch_size=16,
-    local_epochs=1,
-    iid=iid,
+    TaskSchedule((1,) * (num_tasks or 2), 4, 2, batch_size=16, iid=iid),
     seed=0,
-    num_tasks=num_tasks,
-    output_dir=output_dir,
-    log=None,
+    run=RunIO(output_dir=output_dir, progress=False),
   )
   return round_fn, state, summary
 
