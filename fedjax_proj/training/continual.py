@@ -124,7 +124,9 @@ class TaskSchedule(NamedTuple):
     return f" (task {t + 1}/{len(self.rounds)}, round {r + 1}/{self.rounds[t]} of the task{end})"
 
 
-def _task_hooks(method: ContinualFamily, round_fn, bench, evaluate, schedule, seed, eval_every):
+def _task_hooks(
+  method: ContinualFamily, round_fn, bench, evaluate, schedule, seed, eval_every, run
+):
   """The continual run's :class:`~fedjax_proj.training.loop.Hooks`: a round of the current task;
   after the last round of a task, the method's end-of-task hook on ALL clients' task data and
   the accuracy matrix's column of that task."""
@@ -172,6 +174,8 @@ def _task_hooks(method: ContinualFamily, round_fn, bench, evaluate, schedule, se
     ]
 
   def line(record, plain):
+    if not run.progress:
+      return None
     if "task_end" in record:
       accs = record["accuracies"]
       mean = f" mean={np.mean(accs):.4f}"
@@ -238,7 +242,7 @@ def train_continual(
     "end_task_seconds": 0.0,
   }
   state, start, carry = open_session(state, run, total, carry)
-  hooks = _task_hooks(method, round_fn, bench, evaluate, schedule, seed, eval_every)
+  hooks = _task_hooks(method, round_fn, bench, evaluate, schedule, seed, eval_every, run)
   state, carry = run_rounds(
     state,
     hooks,
