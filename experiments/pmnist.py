@@ -1,4 +1,4 @@
-"""Permuted MNIST, task-incremental continual FL: FOT and its baselines (FOT paper, Table 2).
+"""Permuted MNIST, task-incremental continual FL: FOT and its baselines (FOT paper, Table 1).
 
     python experiments/pmnist.py --method=fot --noniid --preset=cpu --data_dir=../shared/data/mnist
 

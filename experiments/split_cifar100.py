@@ -10,6 +10,8 @@ Presets: ``paper`` (FOT paper F.3/F.4: 50 clients, 25 per round, batch 16, SGD 0
 per task, AlexNet-like 64/128/256 convs + 2048 FC without BatchNorm, ε = 0.87 + 0.001/task
 (Table 9), sketch width 5d for every layer (``--method_kwargs=conv_sketch_multiplier=1`` is the
 authors' code), EWC λ = 20; docs/reproduction.md lists every field); ``cpu``; ``smoke``.
+Checkpoints, ``--resume``, ``--overwrite`` and Ctrl-C as ``experiments/pmnist.py`` (docs/fot.md,
+"Interrupting and resuming").
 """
 
 from __future__ import annotations
