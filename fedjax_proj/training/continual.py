@@ -243,16 +243,7 @@ def train_continual(
   }
   state, start, carry = open_session(state, run, total, carry)
   hooks = _task_hooks(method, round_fn, bench, evaluate, schedule, seed, eval_every, run)
-  state, carry = run_rounds(
-    state,
-    hooks,
-    run,
-    start=start,
-    rounds=total,
-    carry=carry,
-    name=algorithm.name,
-    global_variables=algorithm.global_variables,
-  )
+  state, carry = run_rounds(state, algorithm, hooks, run, start=start, rounds=total, carry=carry)
   acc_value, fgt_value = acc_fgt(np.nan_to_num(np.array(carry["acc_matrix"], np.float64)))
   summary = {
     "method": algorithm.name,

@@ -303,92 +303,123 @@ def _interrupted(signum: int, received: bool, done: int, rounds: int, run: RunIO
   return TrainingInterrupted(message, done, signum, saved)
 
 
+class _Records:
+  """Where a run's records go: ``metrics.jsonl``, TensorBoard and the progress output.
+
+  Only process 0 writes. A progress bar redraws itself with carriage returns, so it is only for a
+  terminal; into a file or a pipe (a log) every round gets one plain line instead.
+  """
+
+  def __init__(self, run: RunIO, start: int, rounds: int, name: str, line: Callable):
+    writes = jax.process_index() == 0
+    self.writer = self.tb = None
+    if run.output_dir is not None and writes:
+      self.writer = MetricsWriter(run.output_dir, truncate=not start)
+    if run.tensorboard_dir is not None and writes:
+      from fedjax_proj.training.tensorboard import TensorBoardWriter
+
+      self.tb = TensorBoardWriter(run.tensorboard_dir)
+    if not writes:
+      line = lambda record, plain: None  # noqa: E731
+    self.interactive = run.progress and writes and getattr(sys.stderr, "isatty", lambda: False)()
+    self.plain, self.line = run.progress and not self.interactive, line
+    self.bar = tqdm(
+      range(start, rounds),
+      desc=name,
+      disable=not self.interactive,
+      file=sys.stderr,
+      unit="round",
+      initial=start,
+      total=rounds,
+    )
+
+  def write(self, records: list[dict], r: int) -> None:
+    for record in records:
+      if self.writer is not None:
+        self.writer.write(record)
+      if self.tb is not None:
+        self.tb.write({**record, "round": r + 1})
+      text = self.line(record, self.plain)
+      if text:
+        self.bar.write(text) if self.interactive else print(text, flush=True)
+    self.bar.set_postfix(loss=f"{records[0].get('train_loss') or float('nan'):.3f}")
+
+  def close(self) -> None:
+    for closing in (self.writer, self.tb, self.bar):
+      if closing is not None:
+        closing.close()
+
+
+def _finite_check(global_variables: Callable, name: str, checkpointer) -> Callable:
+  """``check(state, metrics, r)``: raises :class:`NonFiniteError` on a non-finite loss metric or
+  non-finite global parameters, before the round is logged or saved."""
+  all_finite = jax.jit(lambda s: tree_all_finite(global_variables(s)))
+
+  def check(state, metrics: dict, r: int) -> None:
+    bad = _nonfinite_losses(metrics)
+    if not bool(_local(all_finite(state))):
+      bad.append("global parameters")
+    if bad:
+      raise NonFiniteError(
+        f"Round {r + 1} of {name} produced non-finite {', '.join(bad)}. "
+        f"{last_good(checkpointer)} Lower the learning rate or check the inputs."
+      )
+
+  return check
+
+
+def _agreed(signum: int | None) -> int | None:
+  """The signal every process stops for: a signal may reach only some processes of a job."""
+  if jax.process_count() > 1:
+    return distributed.max_over_processes(signum or 0) or None
+  return signum
+
+
 def run_rounds(
   state,
+  algorithm: RoundAlgorithm,
   hooks: Hooks,
   run: RunIO,
   *,
   start: int,
   rounds: int,
   carry: dict,
-  name: str,
-  global_variables: Callable,
 ):
-  """Runs rounds ``start .. rounds - 1`` with ``hooks``: checks, logs, checkpoints, signals.
+  """Runs rounds ``start .. rounds - 1`` of ``algorithm`` (its ``name`` and ``global_variables``)
+  with ``hooks``: checks, records, checkpoints, signals.
 
   Returns:
     (state, carry); ``carry["wall_seconds"]`` is the wall time of every session so far.
-
-  Raises:
-    NonFiniteError, TrainingInterrupted (see the module docstring).
   """
-  writes = jax.process_index() == 0  # one writer per job: every process computes the same
-  writer = MetricsWriter(run.output_dir, truncate=not start) if run.output_dir and writes else None
-  tb = None
-  if run.tensorboard_dir is not None and writes:
-    from fedjax_proj.training.tensorboard import TensorBoardWriter
-
-    tb = TensorBoardWriter(run.tensorboard_dir)
-  all_finite = jax.jit(lambda s: tree_all_finite(global_variables(s)))
-  wall_before, began = carry["wall_seconds"], time.perf_counter()
-  # A progress bar redraws itself with carriage returns: only for a terminal. Into a file or a
-  # pipe (a log), every round gets one plain line instead.
-  interactive = run.progress and writes and getattr(sys.stderr, "isatty", lambda: False)()
-  plain = run.progress and not interactive
-  bar = tqdm(
-    range(start, rounds),
-    desc=name,
-    disable=not interactive,
-    file=sys.stderr,
-    unit="round",
-    initial=start,
-    total=rounds,
-  )
+  records = _Records(run, start, rounds, algorithm.name, hooks.line)
+  check = _finite_check(algorithm.global_variables, algorithm.name, run.checkpointer)
+  wall_before, began, every = carry["wall_seconds"], time.perf_counter(), run.checkpoint_every
   try:
-    with _StopOnSignal(run.handle_signals, announce=writes) as stop:
-      for r in bar:
+    with _StopOnSignal(run.handle_signals, announce=jax.process_index() == 0) as stop:
+      for r in records.bar:
         t0 = time.perf_counter()
         stop.round, stop.round_started = r + 1, t0
         state, metrics = hooks.step(state, r)
         metrics = _local(metrics)
-        bad = _nonfinite_losses(metrics) + ["global parameters"] * (
-          not bool(_local(all_finite(state)))
-        )
-        if bad:
-          raise NonFiniteError(
-            f"Round {r + 1} of {name} produced non-finite {', '.join(bad)}. "
-            f"{last_good(run.checkpointer)} Lower the learning rate or check the inputs."
-          )
+        check(state, metrics, r)
         record = {"round": r + 1, **to_python(metrics), "round_seconds": time.perf_counter() - t0}
         if r > start:  # the first round of a session includes compilation
           stop.round_seconds = record["round_seconds"]
         state, more = hooks.after(state, r, record, carry)
-        for rec in (record, *more):
-          if writer is not None:
-            writer.write(rec)
-          if tb is not None:
-            tb.write({**rec, "round": r + 1})
-          text = hooks.line(rec, plain) if writes else None
-          if text:
-            bar.write(text) if interactive else print(text, flush=True)
-        bar.set_postfix(loss=f"{record.get('train_loss') or float('nan'):.3f}")
-        done, signum = r + 1, stop.signum
-        if jax.process_count() > 1:  # a signal may reach only some processes; all stop here
-          signum = distributed.max_over_processes(signum or 0) or None
+        records.write([record, *more], r)
+        done, signum = r + 1, _agreed(stop.signum)
         carry["wall_seconds"] = wall_before + time.perf_counter() - began
-        every = run.checkpoint_every
         periodic = every and (done % every == 0 or done == rounds or hooks.boundary(done))
         if run.checkpointer is not None and (periodic or signum is not None):
           run.checkpointer.save(
             done, state, {"rounds": rounds, "where": hooks.where(done), **carry}
           )
         if signum is not None and done < rounds:
-          received = stop.signum is not None
-          raise _interrupted(signum, received, done, rounds, run, hooks.where(done))
+          raise _interrupted(signum, stop.signum is not None, done, rounds, run, hooks.where(done))
   finally:
-    for closing in (writer, tb, run.checkpointer, bar):
-      if closing is not None:
-        closing.close()
+    records.close()
+    if run.checkpointer is not None:
+      run.checkpointer.close()
   carry["wall_seconds"] = wall_before + time.perf_counter() - began
   return state, carry
 
@@ -458,29 +489,25 @@ def train(
   summary_extra: dict | None = None,
   run: RunIO | None = None,
 ) -> tuple[object, dict]:
-  """Runs ``rounds`` rounds of one round algorithm on the round loop (parallel FL or the
-  sequential chain), from the newest checkpoint when ``run.resume``.
+  """Runs ``rounds`` rounds of one round algorithm (parallel FL or the sequential chain) on the
+  round loop, from the newest checkpoint when ``run.resume``; returns (final state, summary).
 
-  Rounds are pure functions of (seed, round), so a ``rounds`` larger than the checkpointed run's
+  Rounds are pure functions of (seed, round), so a larger ``rounds`` than a checkpointed run's
   extends it exactly as a run started with the larger ``rounds``.
 
   Args:
     algorithm: the algorithm (``name``, ``init`` and ``global_variables``).
     round_fn: its compiled round (:func:`fedjax_proj.algorithms.base.make_round`).
     fed_data: client partition, batch size and local epochs.
-    train_set: (images, labels) of the whole training set; put on device once.
-    test_set: (images, labels) for evaluation, or None.
-    evaluate: ``evaluate(variables, images, labels) -> {"accuracy", "loss"}``, or None.
+    train_set, test_set: (images, labels); the training set is put on the device once; no test
+      set (or no ``evaluate(variables, images, labels) -> {"accuracy", "loss"}``): no evaluation.
     init_variables: the initial global model.
-    rounds, clients_per_round, seed: the run's length, clients sampled per round and seed.
-    eval_every: evaluate the global model every k rounds (and after the last round).
+    rounds, clients_per_round, seed, eval_every: the run's length, clients sampled per round,
+      seed, and how often the global model is evaluated (also after the last round).
     round_inputs: device arrays every round needs (e.g. the public set), in ``RoundData.extra``.
     extra_metrics: ``extra_metrics(state) -> dict`` logged each round (e.g. FedProj's L_mem).
     summary_extra: fields added to the summary (method, config).
     run: files, checkpoints, resume and signals (:class:`RunIO`; None: no files).
-
-  Returns:
-    (final server state, summary dict).
   """
   run = run or RunIO()
   seed_key = jax.random.key(seed)
@@ -499,16 +526,8 @@ def train(
     return state, metrics if extra_metrics is None else {**metrics, **extra_metrics(state)}
 
   after = _evaluation(evaluate, test, algorithm, eval_every, rounds, run.checkpointer)
-  state, carry = run_rounds(
-    state,
-    Hooks(step, after, _round_line(rounds)),
-    run,
-    start=start,
-    rounds=rounds,
-    carry=carry,
-    name=algorithm.name,
-    global_variables=algorithm.global_variables,
-  )
+  hooks = Hooks(step, after, _round_line(rounds))
+  state, carry = run_rounds(state, algorithm, hooks, run, start=start, rounds=rounds, carry=carry)
   summary = {
     "method": algorithm.name,
     "rounds": rounds,
