@@ -267,6 +267,8 @@ def parse(
     parser.error(str(e))
   if c.clients_per_round > c.num_clients:
     parser.error(f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}")
+  if c.resume and not c.output_dir:
+    parser.error("--resume needs --output_dir=<the interrupted run's directory>")
   if c.tensorboard:
     from fedjax_proj.training.tensorboard import require_tensorboardx
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedjax_proj.training.checkpoint import MANIFEST, comparable_metrics, load_variables
 
@@ -110,3 +111,14 @@ def test_sigkill_and_sigint_mid_task_then_resume_equal_the_uninterrupted_run(tmp
   assert comparable_metrics(cut) == comparable_metrics(full)
   va, vb = load_variables(full / "final_variables.npz"), load_variables(cut / "final_variables.npz")
   assert va.keys() == vb.keys() and all(np.array_equal(va[k], vb[k]) for k in va)
+
+
+def test_resume_flags_parse_like_the_fl_entry_points(capsys):
+  sys.path.insert(0, str(ROOT / "experiments"))
+  import pmnist
+
+  c = pmnist.parse(["--output_dir=d", "--resume", "--progress=false"], "", pmnist.get_config)
+  assert c.resume is True and c.progress is False and c.checkpoint_every == 10
+  with pytest.raises(SystemExit) as e:
+    pmnist.parse(["--resume", "--output_dir="], "", pmnist.get_config)
+  assert e.value.code == 2 and "--resume needs --output_dir" in capsys.readouterr().err

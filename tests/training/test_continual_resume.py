@@ -16,27 +16,20 @@ import json
 import os
 import shutil
 import signal
+import sys
+from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.core.executor import Executor
-from fedjax_proj.data.continual import input_transform, permuted_mnist, task_model
-from fedjax_proj.data.pipeline import make_batch_fn, normalizer
-from fedjax_proj.models import multi_head
 from fedjax_proj.training import checkpoint as ckpt
-from fedjax_proj.training.continual import (
-  TaskSchedule,
-  build_continual_method,
-  make_task_evaluator,
-  train_continual,
-)
+from fedjax_proj.training.continual import TaskSchedule, train_continual
 from fedjax_proj.training.loop import RunIO, TrainingInterrupted
 from tests import helpers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
+import common  # noqa: E402  (experiments/common.py: the entry points' messages)
 
 HPARAMS = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "ewc": {"lam": 1.0}}
 SCHEDULE = TaskSchedule((2, 2), num_clients=4, clients_per_round=2, batch_size=16, iid=False)
@@ -45,26 +38,7 @@ SCHEDULE = TaskSchedule((2, 2), num_clients=4, clients_per_round=2, batch_size=1
 @functools.cache
 def _setup(method: str):
   """The benchmark, method, compiled round and evaluator, built once per method."""
-  train, test = helpers.fake_mnist(240, 0), helpers.fake_mnist(60, 1)
-  bench = permuted_mnist(train, test, num_tasks=2, seed=0)
-  model = task_model(multi_head(helpers.TinyBackbone(), 2, 10), input_transform(bench))
-  normalize = normalizer(0.0, 255.0)
-  sample = normalize(jnp.asarray(bench.images[:2]))
-  variables = model.init(jax.random.key(0), sample)
-  executor = Executor("vmap_scan", make_batch_fn(normalize))
-  cm = build_continual_method(
-    method,
-    model,
-    optax.sgd(0.05),
-    executor,
-    variables=variables,
-    sample_x=sample,
-    num_clients=4,
-    num_tasks=2,
-    **HPARAMS[method],
-  )
-  evaluate = make_task_evaluator(model, normalize, 64)
-  return bench, cm, make_round(cm.algorithm, executor), evaluate, variables
+  return helpers.tiny_continual(method, **HPARAMS[method])
 
 
 def _run(method: str, out, *, resume=False, stop_at=None):
@@ -104,6 +78,8 @@ def test_resume_mid_task_and_at_a_task_end_equals_the_uninterrupted_run(method, 
     with pytest.raises(TrainingInterrupted, match=f"stopped after round {stop_at}/4 ") as e:
       _run(method, out, stop_at=stop_at)
     assert where in str(e.value) and e.value.saved
+    # What a second Ctrl-C (or a crash) would report as on disk names the task too.
+    assert f"checkpoint of round {stop_at} ({where}" in common.on_disk(str(out), [])
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1].get("task_end") == (0 if stop_at == 2 else None)
     assert not (out / "summary.json").exists()
