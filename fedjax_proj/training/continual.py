@@ -18,7 +18,6 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -34,8 +33,15 @@ from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training import rundir
-from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
-from fedjax_proj.training.loop import Hooks, RunIO, finish, open_session, run_rounds, to_device
+from fedjax_proj.training.loop import (
+  Hooks,
+  RunIO,
+  finish,
+  open_session,
+  run_io,
+  run_rounds,
+  to_device,
+)
 from fedjax_proj.training.metrics import to_python
 
 
@@ -330,24 +336,6 @@ def run_continual_experiment(
     return _run_continual(c, bench, model, log, shared_head)
 
 
-def _run_io(c) -> RunIO:
-  """The continual config's run management (the fields of ``experiments/pmnist.py``)."""
-  if not c.output_dir:
-    return RunIO(progress=c.get("progress", True))
-  out = Path(c.output_dir)
-  return RunIO(
-    output_dir=out,
-    checkpointer=Checkpointer(
-      out / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)
-    ),
-    checkpoint_every=c.get("checkpoint_every", 0),
-    resume=c.get("resume", False),
-    overwrite=c.get("overwrite", False),
-    tensorboard_dir=out / "tensorboard" if c.get("tensorboard", False) else None,
-    progress=c.get("progress", True),
-  )
-
-
 def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head: bool) -> dict:
   from fedjax_proj.core import engine as engine_lib
   from fedjax_proj.data import pipeline
@@ -412,7 +400,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
       "config": c.to_dict(),
       "acc_matrix_layout": "acc_matrix[i][t] = accuracy on task i after task t",
     },
-    run=_run_io(c),
+    run=run_io(c, c.output_dir or None),
   )
   log(
     f"ACC={summary['acc']:.4f} FGT={summary['fgt']:.4f} wall_seconds={summary['wall_seconds']:.1f}"

@@ -39,7 +39,6 @@ from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.models import get_model
 from fedjax_proj.models.base import count_params
 from fedjax_proj.training import rundir
-from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
 from fedjax_proj.training.estimate import (
   ETA_PROBE_MIN_STEPS,
@@ -56,7 +55,7 @@ from fedjax_proj.training.inputs import (
   public_normalizer,
   subset,
 )
-from fedjax_proj.training.loop import RunIO, train
+from fedjax_proj.training.loop import run_io, train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
 from fedjax_proj.training.placement import build_round, plan_execution
 from fedjax_proj.training.processes import init_processes
@@ -212,19 +211,6 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     log(estimate_run(c, fed, step_seconds, padded=executor.one_program))
   round_fn = build_round(algorithm, executor, log)
   sys.stdout.flush()
-  run = RunIO(
-    output_dir=output_dir,
-    checkpointer=Checkpointer(
-      Path(output_dir) / "checkpoints",
-      config_fingerprint(c.to_dict()),
-      c.get("keep_checkpoints", 3),
-    ),
-    checkpoint_every=c.get("checkpoint_every", 0),
-    resume=c.get("resume", False),
-    overwrite=c.get("overwrite", False),
-    tensorboard_dir=Path(output_dir) / "tensorboard" if c.get("tensorboard", False) else None,
-    progress=c.progress,
-  )
   _, summary = train(
     algorithm,
     round_fn,
@@ -239,7 +225,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     eval_every=c.eval_every,
     round_inputs=round_inputs,
     summary_extra={"strategy": executor.strategy, "config": c.to_dict(), "output_dir": output_dir},
-    run=run,
+    run=run_io(c, output_dir),
   )
   log(
     f"final_test_accuracy={summary['final_test_accuracy']:.4f} "

@@ -54,6 +54,7 @@ from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training.checkpoint import (
   Checkpointer,
   CheckpointError,
+  config_fingerprint,
   save_variables,
   truncate_metrics,
 )
@@ -191,6 +192,26 @@ class RunIO(NamedTuple):
   tensorboard_dir: str | Path | None = None
   progress: bool = True
   handle_signals: bool = True
+
+
+def run_io(config, output_dir: str | Path | None) -> RunIO:
+  """The run management an entry point's config asks for (its ``resume``, ``overwrite``,
+  ``checkpoint_every``, ``keep_checkpoints``, ``tensorboard`` and ``progress`` fields), writing to
+  ``output_dir`` with checkpoints fingerprinted by the config (None: no files)."""
+  progress = config.get("progress", True)
+  if output_dir is None:
+    return RunIO(progress=progress)
+  out, c = Path(output_dir), config
+  fingerprint = config_fingerprint(c.to_dict())
+  return RunIO(
+    output_dir=out,
+    checkpointer=Checkpointer(out / "checkpoints", fingerprint, c.get("keep_checkpoints", 3)),
+    checkpoint_every=c.get("checkpoint_every", 0),
+    resume=c.get("resume", False),
+    overwrite=c.get("overwrite", False),
+    tensorboard_dir=out / "tensorboard" if c.get("tensorboard", False) else None,
+    progress=progress,
+  )
 
 
 class Hooks(NamedTuple):
