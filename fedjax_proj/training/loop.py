@@ -102,6 +102,7 @@ class _StopOnSignal:
     self._old: dict = {}
     # Set by the loop at the start of each round, for the message printed on the first signal.
     self.round = 0
+    self.where = ""  # where round ``round`` stands in the run (a continual run's task)
     self.round_started = time.perf_counter()
     self.round_seconds: float | None = None  # the last completed round's duration
 
@@ -112,7 +113,7 @@ class _StopOnSignal:
     else:
       left = max(0.0, self.round_seconds - (time.perf_counter() - self.round_started))
       when = f"about {left:.0f} s"
-    return f"stopping after round {self.round} ({when}); Ctrl-C again to abort\n"
+    return f"stopping after round {self.round}{self.where} ({when}); Ctrl-C again to abort\n"
 
   def _handle(self, signum, frame):
     del frame
@@ -419,7 +420,7 @@ def run_rounds(
     with _StopOnSignal(run.handle_signals, announce=jax.process_index() == 0) as stop:
       for r in records.bar:
         t0 = time.perf_counter()
-        stop.round, stop.round_started = r + 1, t0
+        stop.round, stop.where, stop.round_started = r + 1, hooks.where(r + 1), t0
         state, metrics = hooks.step(state, r)
         metrics = _local(metrics)
         check(state, metrics, r)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,8 @@ def test_sigkill_and_sigint_mid_task_then_resume_equal_the_uninterrupted_run(tmp
   assert "taking over the stale lock" in err  # the killed run's lock
   assert "resuming from the checkpoint of round" in err
   # What is on disk: the round, the task and the round within it, and the command to go on.
+  # At once, which round (and task) it stops after; once saved, what is on disk.
+  assert re.search(r"stopping after round \d+ \(task 2/2, round \d+/12 of the task", err), err
   assert "SIGINT received: stopped after round" in err and "(task 2/2, round" in err, err
   assert f"--output_dir={cut} --resume=true" in err
   assert not (cut / "summary.json").exists()
