@@ -195,15 +195,14 @@ class RunIO(NamedTuple):
   handle_signals: bool = True
 
 
-def run_io(config, output_dir: str | Path | None) -> RunIO:
-  """The run management an entry point's config asks for (its ``resume``, ``overwrite``,
+def run_io(c, output_dir: str | Path | None) -> RunIO:
+  """The run management an entry point's config ``c`` asks for (its ``resume``, ``overwrite``,
   ``checkpoint_every``, ``keep_checkpoints``, ``tensorboard`` and ``progress`` fields), writing to
   ``output_dir`` with checkpoints fingerprinted by the config (None: no files)."""
-  progress = config.get("progress", True)
+  progress = c.get("progress", True)
   if output_dir is None:
     return RunIO(progress=progress)
-  out, c = Path(output_dir), config
-  fingerprint = config_fingerprint(c.to_dict())
+  out, fingerprint = Path(output_dir), config_fingerprint(c.to_dict())
   return RunIO(
     output_dir=out,
     checkpointer=Checkpointer(out / "checkpoints", fingerprint, c.get("keep_checkpoints", 3)),
