@@ -13,6 +13,12 @@ loop with its end-of-task hooks. Each takes seconds. Every run is pinned to one 
 results depend on how many cores it may use (in the last bits, then up to 7e-4 after training), so
 two recordings compare only when both ran on one core.
 
+One entry is a resume rather than a run: ``fot_resumed`` runs ``fot`` with a checkpoint every
+round, removes what came after the checkpoint of round 3 (task 2's first round) as a crash would
+(the later checkpoint, ``summary.json``, ``final_variables.npz``) and leaves a torn last line in
+``metrics.jsonl``, then runs it again with ``--resume``; its outputs must equal ``fot``'s
+(docs/fot.md, "Interrupting and resuming"). ``--compare`` checks that within each recording.
+
 ``--compare`` reads both directories and exits 1 on any difference: ``metrics.jsonl`` and
 ``summary.json`` record by record with the wall-clock fields dropped (any key ending in
 ``_seconds`` or containing ``wall``; ``summary.json`` also without ``config`` and ``output_dir``,
@@ -104,7 +110,24 @@ RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
   "gpm": ("pmnist.py", (*_PMNIST, "--method=gpm")),
   "ewc_seq": ("pmnist.py", (*_PMNIST[:-1], "--strategy=sequential", "--method=ewc")),
   "er": ("pmnist.py", (*_PMNIST, "--method=er")),
+  "fot_resumed": ("pmnist.py", (*_PMNIST, "--method=fot", "--checkpoint_every=1")),
 }
+# name -> (the uninterrupted run it must equal, the checkpoint its crash leaves).
+RESUMED = {"fot_resumed": ("fot", 3)}
+
+
+def _crash_after(run_dir: Path, round_idx: int) -> None:
+  """Leaves ``run_dir`` as a crash after the checkpoint of ``round_idx`` would: later checkpoints
+  and the final files gone, a torn line at the end of ``metrics.jsonl``."""
+  import shutil
+
+  for step in (run_dir / "checkpoints").iterdir():
+    if step.name.isdigit() and int(step.name) > round_idx:
+      shutil.rmtree(step)
+  for name in ("summary.json", "final_variables.npz"):
+    (run_dir / name).unlink()
+  with open(run_dir / "metrics.jsonl", "a") as f:
+    f.write('{"round": 99, "train_lo')
 
 
 def _public_npz(out: Path) -> Path:
@@ -142,16 +165,17 @@ def record(out: Path, names: list[str]) -> int:
     cmd += [f.format(public=public, mnist=shared / "mnist") for f in flags] + [
       f"--output_dir={out / name}"
     ]
-    if script != "pmnist.py":
-      cmd.append("--overwrite=true")
+    cmd.append("--overwrite=true" if script != "pmnist.py" else "--overwrite")
     t0 = time.perf_counter()
-    proc = subprocess.run(
-      cmd,
-      capture_output=True,
-      text=True,
-      env=env,
-      preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-    )
+
+    def run(cmd):
+      pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
+      return subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=pin)
+
+    proc = run(cmd)
+    if name in RESUMED and proc.returncode == 0:
+      _crash_after(out / name, RESUMED[name][1])
+      proc = run([*cmd[:-1], "--resume"])  # the same flags, --overwrite replaced
     status = "ok" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
     print(f"{name:<22} {time.perf_counter() - t0:6.1f} s  {status}", flush=True)
     if proc.returncode:
@@ -219,9 +243,19 @@ def compare(dir_a: Path, dir_b: Path) -> int:
   runs_a = {p.name for p in dir_a.iterdir() if p.is_dir()}
   runs_b = {p.name for p in dir_b.iterdir() if p.is_dir()}
   bad = 0
-  for name in sorted(runs_a ^ runs_b):
-    print(f"{name}: run present in only one directory")
+  for name in sorted(runs_a - runs_b):
+    print(f"{name}: run missing from {dir_b}")
     bad += 1
+  for name in sorted(runs_b - runs_a):  # an entry added since DIR_A was recorded
+    print(f"{name}: new run, only in {dir_b} (not compared across the recordings)")
+  for directory in (dir_a, dir_b):  # a resumed run equals its uninterrupted run
+    for name, (base, _) in RESUMED.items():
+      if (directory / name).is_dir() and (directory / base).is_dir():
+        diffs = compare_run(directory / base, directory / name)
+        for d in diffs:
+          print(f"{directory / name} vs {base}: {d}")
+        print(f"{directory / name}: equals {base} ({len(diffs)} differences)")
+        bad += bool(diffs)
   for name in sorted(runs_a & runs_b):
     diffs = compare_run(dir_a / name, dir_b / name)
     for d in diffs:

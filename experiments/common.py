@@ -331,6 +331,20 @@ def resume_command(argv, output_dir: str) -> str:
   )
 
 
+def checkpoint_where(output_dir: str, round_idx: int) -> str:
+  """Where the run stood at a checkpoint, as its record says (e.g. a continual run's task)."""
+  import json
+  from pathlib import Path
+
+  from fedjax_proj.training.checkpoint import MANIFEST
+
+  try:
+    path = Path(output_dir) / "checkpoints" / str(round_idx) / MANIFEST
+    return str(json.loads(path.read_text())["meta"].get("where") or "")
+  except (OSError, ValueError, KeyError):
+    return ""
+
+
 def on_disk(output_dir: str, argv) -> str:
   """What an aborted run left in ``output_dir``, and how to go on from it."""
   from pathlib import Path
@@ -342,8 +356,8 @@ def on_disk(output_dir: str, argv) -> str:
   rounds = checkpoint_rounds(output_dir)
   if rounds:
     return (
-      f"the checkpoint of round {rounds[-1]} in {output_dir}/checkpoints is intact; resume with: "
-      f"{resume_command(argv, output_dir)}"
+      f"the checkpoint of round {rounds[-1]}{checkpoint_where(output_dir, rounds[-1])} in "
+      f"{output_dir}/checkpoints is intact; resume with: {resume_command(argv, output_dir)}"
     )
   return (
     f"no checkpoint was saved in {output_dir}, so the run cannot be resumed; start it again "
@@ -365,9 +379,7 @@ def main(
   public set a preset expects); its ValueErrors exit 2 like other flag errors. Flags, then
   ``prepare``, is :func:`resolve`, the function the claim runner calls.
   """
-  from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
-  from fedjax_proj.training.loop import AbortedBySignal, NonFiniteError, TrainingInterrupted
 
   config = parse_config(argv, description, get_config, choices, presets)
   if prepare is not None:  # the last step of resolve(), kept here for its exit code
@@ -378,23 +390,33 @@ def main(
       return 2
   # Fix the output directory here so the resume message can name it.
   config.output_dir = config.output_dir or default_output_dir(config.method)
+  return run_reporting(lambda: run_experiment(config), argv, config.output_dir)
+
+
+def run_reporting(run: Callable[[], object], argv, output_dir: str) -> int:
+  """Runs ``run()`` and maps how it ended to an exit code and a message: 0; 128 + the signal
+  with what is on disk and the resume command after an interrupt; 1 with the error's one line
+  (a refused directory or flag, a foreign checkpoint, a non-finite run, a full disk...)."""
+  from fedjax_proj.training.checkpoint import CheckpointError
+  from fedjax_proj.training.loop import AbortedBySignal, NonFiniteError, TrainingInterrupted
+
   try:
-    run_experiment(config)
+    run()
   except TrainingInterrupted as e:
     print(f"interrupted: {e}", file=sys.stderr)
     if e.saved:
-      print(f"resume with: {resume_command(argv, config.output_dir)}", file=sys.stderr)
+      print(f"resume with: {resume_command(argv, output_dir)}", file=sys.stderr)
     return 128 + e.signum
   except KeyboardInterrupt as e:
     # A second signal during the rounds (AbortedBySignal), or the only one before round 1.
     when = "by a second interrupt" if isinstance(e, AbortedBySignal) else "before round 1"
-    print(f"aborted {when}; {on_disk(config.output_dir, argv)}", file=sys.stderr)
+    print(f"aborted {when}; {on_disk(output_dir, argv)}", file=sys.stderr)
     return 128 + signal.SIGINT
   except (ValueError, CheckpointError, NonFiniteError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
-    print(f"error: {os_error_line(e, config.output_dir, argv)}", file=sys.stderr)
+    print(f"error: {os_error_line(e, output_dir, argv)}", file=sys.stderr)
     return 1
   return 0
 

@@ -1,4 +1,4 @@
-"""Permuted MNIST, task-incremental continual FL: FOT and its baselines (FOT paper, Table 2).
+"""Permuted MNIST, task-incremental continual FL: FOT and its baselines (FOT paper, Table 1).
 
     python experiments/pmnist.py --method=fot --noniid --preset=cpu --data_dir=../shared/data/mnist
 
@@ -13,8 +13,15 @@ and FOT's ε = 0.90, because at this budget ε = 0.96 fills 95% of the input spa
 and FOT's ACC drops below FL's, measured; EWC's Fisher scaled to max 1, as lr x λ = 2 here);
 ``smoke`` (seconds). ``--heads=single`` (default) shares ONE 10-way classifier between the
 tasks, as the authors' PMNIST code (FOT projects it like any layer); ``--heads=multi`` gives
-one head per task. Writes ``metrics.jsonl`` and ``summary.json`` (``acc``, ``fgt``,
-``acc_matrix``) to ``--output_dir``.
+one head per task. Writes ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``,
+``acc_matrix``), ``final_variables.npz`` and ``checkpoints/`` to ``--output_dir``.
+
+The run is managed as the FL entry points' runs are (README, "Paper presets and run management";
+docs/fot.md, "Interrupting and resuming"): a checkpoint every ``--checkpoint_every`` rounds and at
+each task's end; the first Ctrl-C finishes the running round, saves, and prints the task and
+round on disk and the resume command; ``--output_dir=D --resume`` continues D bit-exactly (the
+method's bases, Fishers or replay buffer and the accuracy matrix are in the checkpoint);
+``--overwrite`` replaces the run D holds.
 """
 
 from __future__ import annotations
@@ -44,8 +51,15 @@ def get_config(preset: str = "paper") -> ml_collections.ConfigDict:
   c.iid = False
   c.data_dir = ""
   c.output_dir = ""
-  # A new run into a directory holding a run is refused unless this is set (it then replaces it).
+  # Run management, as the FL entry points' (README, "Paper presets and run management"): a new
+  # run into a directory holding a run is refused unless overwrite is set (it then replaces it);
+  # resume continues it from its newest checkpoint, bit-exactly, mid-task or at a task's end.
   c.overwrite = False
+  c.resume = False
+  c.checkpoint_every = 10  # rounds between checkpoints, also at each task's end (0: on a signal)
+  c.keep_checkpoints = 3
+  c.progress = True
+  c.tensorboard = False
   c.num_clients = 125
   c.clients_per_round = 64
   c.rounds_per_task = 200
@@ -128,7 +142,14 @@ def method_defaults(c) -> dict:
 HELP = {
   "method": f"continual FL method: {', '.join(METHODS)}",
   "data_dir": "folder holding the dataset (train.npz/test.npz); empty: TFDS",
-  "output_dir": "run directory (metrics.jsonl, summary.json); empty: runs/<entry>-<method>-<time>",
+  "output_dir": "run directory (metrics.jsonl, summary.json, checkpoints); empty: "
+  "runs/<entry>-<method>-<time>",
+  "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
+  "checkpoint_every": "save a checkpoint every k rounds, at each task's end and after the last "
+  "(0: only on a signal)",
+  "keep_checkpoints": "how many checkpoints to keep",
+  "progress": "show a progress bar (one line per round into a log)",
+  "tensorboard": "also write TensorBoard events (needs the tensorboard extra)",
   "num_clients": "number of clients each task's training set is split over",
   "clients_per_round": "clients sampled each round",
   "rounds_per_task": "communication rounds per task",
@@ -228,6 +249,8 @@ def parse(
     parser.add_argument(
       f"--{key}",
       type=parse_bool if isinstance(value, bool) else type(value),
+      # A bare boolean flag means true (--resume is --resume=true), as in experiments/common.py.
+      **({"nargs": "?", "const": True} if isinstance(value, bool) else {}),
       default=None,
       choices={"method": METHODS, "heads": ("single", "multi")}.get(key),
       help=f"{HELP.get(key, key.replace('_', ' '))} (default: {value!r} in the paper preset)",
@@ -244,6 +267,15 @@ def parse(
     parser.error(str(e))
   if c.clients_per_round > c.num_clients:
     parser.error(f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}")
+  if c.resume and not c.output_dir:
+    parser.error("--resume needs --output_dir=<the interrupted run's directory>")
+  if c.tensorboard:
+    from fedjax_proj.training.tensorboard import require_tensorboardx
+
+    try:
+      require_tensorboardx()
+    except ImportError as e:
+      parser.error(str(e))
   if not c.output_dir:
     c.output_dir = str(
       Path("runs") / f"{Path(sys.argv[0]).stem}-{c.method}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -283,17 +315,12 @@ def main(argv) -> int:
     model = mlp(10, hidden=hidden, dropout=dropout)
   else:
     model = multi_head("mlp", bench.num_tasks, 10, hidden=hidden, dropout=dropout)
-  try:
-    run_continual_experiment(c, bench, model, shared_head=c.heads == "single")
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
-    from fedjax_proj.training.rundir import describe_os_error
 
-    print(f"error: {describe_os_error(e)}", file=sys.stderr)
-    return 1
-  return 0
+  def run():
+    return run_continual_experiment(c, bench, model, shared_head=c.heads == "single")
+
+  # Interrupts, refusals and failures end as in the FL entry points.
+  return common.run_reporting(run, argv, c.output_dir)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Presets: ``paper`` (FOT paper F.3/F.4: 50 clients, 25 per round, batch 16, SGD 0
 per task, AlexNet-like 64/128/256 convs + 2048 FC without BatchNorm, ε = 0.87 + 0.001/task
 (Table 9), sketch width 5d for every layer (``--method_kwargs=conv_sketch_multiplier=1`` is the
 authors' code), EWC λ = 20; docs/reproduction.md lists every field); ``cpu``; ``smoke``.
+Checkpoints, ``--resume``, ``--overwrite`` and Ctrl-C as ``experiments/pmnist.py`` (docs/fot.md,
+"Interrupting and resuming").
 """
 
 from __future__ import annotations
@@ -99,17 +101,9 @@ def main(argv) -> int:
     norm=c.norm,
     fc_features=c.fc_features,
   )
-  try:
-    run_continual_experiment(c, bench, model)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  except OSError as e:  # disk full, name too long, permission...: one line, not a traceback
-    from fedjax_proj.training.rundir import describe_os_error
-
-    print(f"error: {describe_os_error(e)}", file=sys.stderr)
-    return 1
-  return 0
+  return pmnist.common.run_reporting(
+    lambda: run_continual_experiment(c, bench, model), argv, c.output_dir
+  )
 
 
 if __name__ == "__main__":

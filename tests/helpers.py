@@ -111,6 +111,36 @@ class TinyBackbone(nn.Module):
     return None, nn.relu(nn.Dense(16)(h))
 
 
+def tiny_continual(method: str, backbone: nn.Module | None = None, **hparams):
+  """A continual method on 2 permuted tasks of fake 6x6 MNIST, 4 clients, a multi-head model:
+  (bench, method, compiled round, task evaluator, initial variables)."""
+  from fedjax_proj.algorithms.base import make_round
+  from fedjax_proj.core.executor import Executor
+  from fedjax_proj.data.continual import input_transform, permuted_mnist, task_model
+  from fedjax_proj.models import multi_head
+  from fedjax_proj.training.continual import build_continual_method, make_task_evaluator
+
+  bench = permuted_mnist(fake_mnist(240, 0), fake_mnist(60, 1), num_tasks=2, seed=0)
+  model = task_model(multi_head(backbone or TinyBackbone(), 2, 10), input_transform(bench))
+  normalize = normalizer(0.0, 255.0)
+  sample = normalize(jnp.asarray(bench.images[:2]))
+  variables = model.init(jax.random.key(0), sample)
+  executor = Executor("vmap_scan", make_batch_fn(normalize))
+  cm = build_continual_method(
+    method,
+    model,
+    optax.sgd(0.05),
+    executor,
+    variables=variables,
+    sample_x=sample,
+    num_clients=4,
+    num_tasks=2,
+    **hparams,
+  )
+  evaluate = make_task_evaluator(model, normalize, 64)
+  return bench, cm, make_round(cm.algorithm, executor), evaluate, variables
+
+
 def dkd_loss(teacher_logits, student_logits, labels, temperature=4.0, mask=None):
   """DKD's two terms with its T² factor (Zhao et al., 2022): (T²·TCKD, T²·NCKD), batch means over
   unmasked examples; the single-teacher reference SFedKD's per-example weighting is tested against

@@ -64,8 +64,10 @@ NON_SEMANTIC_FIELDS = (
   "process_id",
   "cpu_collectives",
 )
-# metrics.jsonl fields that measure time and so differ between otherwise identical runs.
-WALL_CLOCK_FIELDS = ("round_seconds",)
+# metrics.jsonl fields that measure time and so differ between otherwise identical runs: the
+# round's, and those of a continual run's task end (the end-of-task pass, FOT's client and server
+# parts of it). Every such field ends in "_seconds" (comparable_metrics drops them all).
+WALL_CLOCK_FIELDS = ("round_seconds", "end_task_seconds", "client_seconds", "server_seconds")
 
 
 class CheckpointError(RuntimeError):
@@ -338,7 +340,8 @@ def _check_free_space(directory: Path, tree, slack: float = 1.2) -> None:
 def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> str:
   """Keeps the lines of ``metrics.jsonl`` up to round ``last_round`` byte for byte (atomically).
 
-  With ``drop_eval_of`` the line of ``last_round`` loses its evaluation fields (a run extended
+  A line without a ``round`` (a continual run's task end) belongs to the round of the line before
+  it. With ``drop_eval_of`` the line of ``last_round`` loses its evaluation fields (a run extended
   past its former last round would not have evaluated there); the other lines stay byte for byte.
   A torn last line (a crash or a full disk while it was written) is dropped like the other lines
   after the checkpoint.
@@ -353,9 +356,10 @@ def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: boo
   if not path.exists():
     return ""
   records, torn = read_metrics_lines(path)
-  kept = []
+  kept, round_idx = [], 0
   for record, line in records:
-    if record.get("round", 0) > last_round:
+    round_idx = record.get("round", round_idx)
+    if round_idx > last_round:
       continue
     if drop_eval_of and record.get("round") == last_round and any(k in record for k in EVAL_FIELDS):
       line = (
@@ -367,15 +371,16 @@ def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: boo
 
 
 def comparable_metrics(path: str | os.PathLike) -> str:
-  """``metrics.jsonl`` without :data:`WALL_CLOCK_FIELDS`, for comparing runs byte for byte."""
+  """``metrics.jsonl`` without its wall-clock fields (:data:`WALL_CLOCK_FIELDS`, any field ending in
+  ``_seconds``), for comparing runs byte for byte."""
   path = Path(path)
   if path.is_dir():
     path = path / "metrics.jsonl"
   lines = []
   for line in path.read_text().splitlines():
     record = json.loads(line)
-    for field in WALL_CLOCK_FIELDS:
-      record.pop(field, None)
+    for field in [k for k in record if k in WALL_CLOCK_FIELDS or k.endswith("_seconds")]:
+      record.pop(field)
     lines.append(json.dumps(record, sort_keys=True))
   return "\n".join(lines) + "\n"
 

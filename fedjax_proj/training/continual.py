@@ -14,11 +14,11 @@ after training task t (K tasks):
 
 from __future__ import annotations
 
-import math
+import functools
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,16 @@ from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training import rundir
-from fedjax_proj.training.checkpoint import save_variables
-from fedjax_proj.training.metrics import MetricsWriter, to_python, write_json
+from fedjax_proj.training.loop import (
+  Hooks,
+  RunIO,
+  finish,
+  open_session,
+  run_io,
+  run_rounds,
+  to_device,
+)
+from fedjax_proj.training.metrics import to_python
 
 
 def acc_fgt(acc_matrix: np.ndarray) -> tuple[float, float]:
@@ -82,145 +90,178 @@ def task_round_data(images, labels, fed: FederatedData, sampled, r, seed, task) 
   return fed.round_data(images, labels, sampled, r, seed, {"task": jnp.int32(task)})
 
 
+class TaskSchedule(NamedTuple):
+  """The tasks of a continual run, as rounds of one round loop, and each task's client layout.
+
+  Attributes:
+    rounds: rounds of each task (its length is the number of tasks); rounds are numbered across
+      tasks, so round ``r`` of the run is a pure function of (seed, r) as in any run.
+    num_clients: clients holding each task's data.
+    clients_per_round: clients sampled per round.
+    batch_size: local batch size.
+    local_epochs: local epochs per round.
+    iid: IID split of each task's data, else 2 label-sorted shards per client.
+    end_task_batch_size: batch size of the end-of-task pass (0: ``batch_size``).
+  """
+
+  rounds: tuple[int, ...]
+  num_clients: int
+  clients_per_round: int
+  batch_size: int
+  local_epochs: int = 1
+  iid: bool = True
+  end_task_batch_size: int = 0
+
+  def task_of(self, r: int) -> tuple[int, int]:
+    """(task, round within the task) of round ``r`` of the run (both 0-based)."""
+    for t, n in enumerate(self.rounds):
+      if r < n:
+        return t, r
+      r -= n
+    raise IndexError(f"round {r} is past the last task")
+
+  def ends_task(self, done: int) -> bool:
+    """Whether the run's ``done``-th round is the last of a task."""
+    return done in np.cumsum(self.rounds)
+
+  def where(self, done: int) -> str:
+    t, r = self.task_of(done - 1)
+    end = ", with its end-of-task pass" if r + 1 == self.rounds[t] else ""
+    return f" (task {t + 1}/{len(self.rounds)}, round {r + 1}/{self.rounds[t]} of the task{end})"
+
+
+def _task_hooks(
+  method: ContinualFamily, round_fn, bench, evaluate, schedule, seed, eval_every, run
+):
+  """The continual run's :class:`~fedjax_proj.training.loop.Hooks`: a round of the current task;
+  after the last round of a task, the method's end-of-task hook on ALL clients' task data and
+  the accuracy matrix's column of that task."""
+  algorithm, seed_key = method.algorithm, jax.random.key(seed)
+  images, labels = to_device((bench.images, bench.labels))
+  parts = functools.cache(
+    lambda t: task_partition(bench, t, schedule.num_clients, iid=schedule.iid, seed=seed)
+  )
+
+  def test_acc(state, i):
+    idx = bench.tasks[i].test_idx
+    return evaluate(
+      algorithm.global_variables(state), bench.test_images[idx], bench.test_labels[idx], i
+    )
+
+  def step(state, r):
+    t, local = schedule.task_of(r)
+    fed = FederatedData(parts(t), schedule.batch_size, schedule.local_epochs)
+    sampled = fed.sample_clients(r, schedule.clients_per_round, seed)
+    rd = task_round_data(images, labels, fed, sampled, r, seed, t)
+    state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, r))
+    return state, {"task": t, "task_round": local + 1, **metrics}
+
+  def after(state, r, record, carry):
+    t, local = schedule.task_of(r)
+    carry["train_seconds"] += record["round_seconds"]
+    if local + 1 < schedule.rounds[t]:
+      if eval_every and (local + 1) % eval_every == 0:
+        record["current_task_accuracy"] = test_acc(state, t)
+      return state, []
+    end = {}
+    if method.end_task is not None:
+      t0 = time.perf_counter()
+      fed_all = FederatedData(parts(t), schedule.end_task_batch_size or schedule.batch_size, 1)
+      all_clients = np.arange(schedule.num_clients, dtype=np.int32)
+      rd_all = task_round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
+      key = random_lib.stream_key(random_lib.round_key(seed_key, t), "end_task")
+      state, end = method.end_task(state, rd_all, key, t)
+      end = {**to_python(end), "end_task_seconds": time.perf_counter() - t0}
+      carry["end_task_seconds"] += end["end_task_seconds"]
+    for i in range(t + 1):
+      carry["acc_matrix"][i][t] = test_acc(state, i)
+    return state, [
+      {"task_end": t, "accuracies": [row[t] for row in carry["acc_matrix"][: t + 1]], **end}
+    ]
+
+  def line(record, plain):
+    if not run.progress:
+      return None
+    if "task_end" in record:
+      accs = record["accuracies"]
+      mean = f" mean={np.mean(accs):.4f}"
+      return (
+        f"end of task {record['task_end'] + 1}: accuracies "
+        + " ".join(f"{a:.4f}" for a in accs)
+        + mean
+      )
+    t = record["task"]
+    acc = f" acc={record['current_task_accuracy']:.4f}" if "current_task_accuracy" in record else ""
+    return (
+      f"task {t + 1}/{len(schedule.rounds)} round {record['task_round']}/{schedule.rounds[t]} "
+      f"loss={record.get('train_loss') or float('nan'):.4f}{acc} ({record['round_seconds']:.1f}s)"
+    )
+
+  return Hooks(step, after, line, schedule.ends_task, schedule.where)
+
+
 def train_continual(
   method: ContinualFamily,
   round_fn: Callable,
   bench: ContinualBenchmark,
   evaluate: Callable,
   init_variables: dict,
+  schedule: TaskSchedule,
   *,
-  num_clients: int,
-  clients_per_round: int,
-  rounds_per_task: int | list[int],
-  batch_size: int,
-  local_epochs: int,
-  iid: bool,
   seed: int,
-  num_tasks: int | None = None,
-  end_task_batch_size: int = 0,
   eval_every: int = 0,
-  output_dir: str | Path | None = None,
   summary_extra: dict | None = None,
-  log: Callable[[str], None] | None = print,
+  run: RunIO | None = None,
 ) -> tuple[object, dict]:
-  """Runs the task sequence; returns (final state, summary with ``acc``, ``fgt``, ``acc_matrix``).
+  """Runs the task sequence on the round loop; returns (final state, summary with ``acc``,
+  ``fgt``, ``acc_matrix``), from the newest checkpoint when ``run.resume``.
+
+  A checkpoint holds the method's whole state (FOT's and GPM's bases, EWC's Fishers and anchor,
+  ER's buffer) and the carry (the accuracy matrix so far), so a resumed run, mid-task or at a
+  task's end, equals the uninterrupted one bit for bit.
 
   Args:
     method: the continual method (round algorithm + end-of-task hook).
-    round_fn: the compiled round (:func:`fedjax_proj.algorithms.base.make_round`, on the executor
+    round_fn: its compiled round (:func:`fedjax_proj.algorithms.base.make_round`, on the executor
       the method was built with).
-    bench: the benchmark.
+    bench: the benchmark (its first ``len(schedule.rounds)`` tasks run).
     evaluate: from :func:`make_task_evaluator`.
     init_variables: initial global model.
-    num_clients: clients holding each task's data.
-    clients_per_round: clients sampled per round.
-    rounds_per_task: rounds per task (an int, or one per task).
-    batch_size: local batch size.
-    local_epochs: local epochs per round.
-    iid: IID split of each task's data, else 2 label-sorted shards per client.
+    schedule: the tasks' rounds and client layout (:class:`TaskSchedule`).
     seed: run seed.
-    num_tasks: first ``num_tasks`` tasks only (default: all).
-    end_task_batch_size: batch size of the end-of-task pass (default: ``batch_size``).
     eval_every: also evaluate the current task every k rounds (0: only at task ends).
-    output_dir: ``metrics.jsonl`` (one line per round and per task end), ``summary.json`` and
-      ``final_variables.npz`` (the final global model).
     summary_extra: extra summary fields.
-    log: progress printer (None: silent).
+    run: files, checkpoints, resume and signals (:class:`~fedjax_proj.training.loop.RunIO`;
+      ``metrics.jsonl`` has one line per round and per task end).
   """
-  algorithm = method.algorithm
-  k_tasks = num_tasks or bench.num_tasks
-  if not 1 <= k_tasks <= bench.num_tasks:
-    raise ValueError(f"num_tasks must be in [1, {bench.num_tasks}], got {k_tasks}")
-  rounds = [rounds_per_task] * k_tasks if isinstance(rounds_per_task, int) else rounds_per_task
-  if len(rounds) < k_tasks or min(rounds[:k_tasks]) < 1:
-    raise ValueError(f"rounds_per_task needs {k_tasks} positive entries, got {rounds_per_task}")
-  log = log or (lambda s: None)
-  seed_key = jax.random.key(seed)
-  state = algorithm.init(init_variables, random_lib.stream_key(seed_key, "init"))
-  images = jax.device_put(bench.images)
-  labels = jax.device_put(bench.labels.astype(np.int32))
-  acc = np.full((k_tasks, k_tasks), np.nan)
-  writer = MetricsWriter(output_dir) if output_dir is not None else None
-  start = time.perf_counter()
-  global_round = 0
-  timings = {"train_seconds": 0.0, "end_task_seconds": 0.0}
-  try:
-    for t in range(k_tasks):
-      parts = task_partition(bench, t, num_clients, iid=iid, seed=seed)
-      fed = FederatedData(parts, batch_size, local_epochs)
-      test_idx = bench.tasks[t].test_idx
-      for r in range(rounds[t]):
-        t0 = time.perf_counter()
-        sampled = fed.sample_clients(global_round, clients_per_round, seed)
-        rd = task_round_data(images, labels, fed, sampled, global_round, seed, t)
-        state, metrics = round_fn(state, rd, random_lib.round_key(seed_key, global_round))
-        record = {"task": t, "round": global_round + 1, "task_round": r + 1, **to_python(metrics)}
-        record["round_seconds"] = time.perf_counter() - t0
-        timings["train_seconds"] += record["round_seconds"]
-        loss = record.get("train_loss")
-        if loss is None or not math.isfinite(loss):
-          raise FloatingPointError(f"task {t} round {r + 1}: non-finite train loss {loss}")
-        if eval_every and (r + 1) % eval_every == 0 and r + 1 < rounds[t]:
-          record["current_task_accuracy"] = evaluate(
-            algorithm.global_variables(state),
-            bench.test_images[test_idx],
-            bench.test_labels[test_idx],
-            t,
-          )
-        if writer:
-          writer.write(record)
-        global_round += 1
-        log(
-          f"task {t + 1}/{k_tasks} round {r + 1}/{rounds[t]} loss={loss:.4f}"
-          + (
-            f" acc={record['current_task_accuracy']:.4f}"
-            if "current_task_accuracy" in record
-            else ""
-          )
-          + f" ({record['round_seconds']:.1f}s)"
-        )
-      end_metrics = {}
-      if method.end_task is not None:
-        t0 = time.perf_counter()
-        all_clients = np.arange(num_clients, dtype=np.int32)
-        fed_all = FederatedData(parts, end_task_batch_size or batch_size, 1)
-        rd_all = task_round_data(images, labels, fed_all, all_clients, 10**6 + t, seed, t)
-        key = random_lib.stream_key(random_lib.round_key(seed_key, t), "end_task")
-        state, end_metrics = method.end_task(state, rd_all, key, t)
-        end_metrics = {**to_python(end_metrics), "end_task_seconds": time.perf_counter() - t0}
-        timings["end_task_seconds"] += end_metrics["end_task_seconds"]
-      variables = algorithm.global_variables(state)
-      for i in range(t + 1):
-        idx = bench.tasks[i].test_idx
-        acc[i, t] = evaluate(variables, bench.test_images[idx], bench.test_labels[idx], i)
-      row = {"task_end": t, "accuracies": acc[: t + 1, t].tolist(), **end_metrics}
-      if writer:
-        writer.write(row)
-      log(
-        f"end of task {t + 1}: accuracies "
-        + " ".join(f"{a:.4f}" for a in acc[: t + 1, t])
-        + f" mean={np.mean(acc[: t + 1, t]):.4f}"
-      )
-      sys.stdout.flush()
-  finally:
-    if writer:
-      writer.close()
-  acc_value, fgt_value = acc_fgt(np.nan_to_num(acc))
+  run, k = run or RunIO(), len(schedule.rounds)
+  if not 1 <= k <= bench.num_tasks or min(schedule.rounds) < 1:
+    raise ValueError(
+      f"num_tasks must be in [1, {bench.num_tasks}] with >= 1 round each, got rounds per task "
+      f"{list(schedule.rounds)}"
+    )
+  algorithm, total = method.algorithm, sum(schedule.rounds)
+  state = algorithm.init(init_variables, random_lib.stream_key(jax.random.key(seed), "init"))
+  carry = {
+    "acc_matrix": [[None] * k for _ in range(k)],
+    "train_seconds": 0.0,
+    "end_task_seconds": 0.0,
+  }
+  state, start, carry = open_session(state, run, total, carry)
+  hooks = _task_hooks(method, round_fn, bench, evaluate, schedule, seed, eval_every, run)
+  state, carry = run_rounds(state, algorithm, hooks, run, start=start, rounds=total, carry=carry)
+  acc_value, fgt_value = acc_fgt(np.nan_to_num(np.array(carry["acc_matrix"], np.float64)))
   summary = {
     "method": algorithm.name,
     "acc": acc_value,
     "fgt": fgt_value,
-    "acc_matrix": [[None if np.isnan(v) else float(v) for v in row] for row in acc],
-    "num_tasks": k_tasks,
-    "rounds_per_task": rounds[:k_tasks],
-    "wall_seconds": time.perf_counter() - start,
-    **timings,
+    "acc_matrix": carry["acc_matrix"],
+    "num_tasks": k,
+    "rounds_per_task": list(schedule.rounds),
+    **{f: carry[f] for f in ("wall_seconds", "train_seconds", "end_task_seconds")},
     **(summary_extra or {}),
   }
-  if output_dir is not None:
-    write_json(Path(output_dir) / "summary.json", summary)
-    # The final global model, as the parallel-FL loop saves it (docs/design.md, "Checkpoints").
-    save_variables(Path(output_dir) / "final_variables.npz", algorithm.global_variables(state))
+  finish(state, run, algorithm.global_variables, summary)
   return state, summary
 
 
@@ -282,19 +323,16 @@ def run_continual_experiment(
   """Runs one continual experiment described by config ``c`` (see ``experiments/pmnist.py``).
 
   Prints the header line ``backend=... devices=... strategy=...``, per-round progress, and writes
-  ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``, ``acc_matrix``) and
-  ``final_variables.npz`` to ``c.output_dir``, holding its run lock; a directory that already
-  holds a run is refused (a ``rundir.RunDirError``) unless ``c.overwrite`` is set.
+  ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``, ``acc_matrix``), ``final_variables.npz``
+  and ``checkpoints/`` to ``c.output_dir``, holding it as every run does
+  (:func:`fedjax_proj.training.rundir.held`): a directory that already holds a run is refused
+  unless ``c.overwrite`` (replace it) or ``c.resume`` (continue it from its newest checkpoint).
   """
   if not c.output_dir:
     return _run_continual(c, bench, model, log, shared_head)
-  # One writer per directory, and never over a run without --overwrite (training/rundir.py).
-  rundir.check_writable(c.output_dir)
-  with rundir.RunLock(c.output_dir, log=lambda msg: print(msg, file=sys.stderr)):
-    if rundir.check_run_dir(c.output_dir, resume=False, overwrite=c.get("overwrite", False)) != (
-      "empty"
-    ):
-      rundir.clear_run(c.output_dir)
+  # A continual run's tasks are fixed by its config: a finished one cannot be extended.
+  resume, overwrite = c.get("resume", False), c.get("overwrite", False)
+  with rundir.held(c.output_dir, resume=resume, overwrite=overwrite, extend=None):
     return _run_continual(c, bench, model, log, shared_head)
 
 
@@ -339,29 +377,30 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     f"local_epochs={c.local_epochs} {'iid' if c.iid else 'noniid'} output_dir={c.output_dir}"
   )
   sys.stdout.flush()
+  schedule = TaskSchedule(
+    tuple(rounds),
+    c.num_clients,
+    c.clients_per_round,
+    c.batch_size,
+    c.local_epochs,
+    c.iid,
+    c.get("end_task_batch_size", 0),
+  )
   _, summary = train_continual(
     method,
     round_fn,
     bench,
     make_task_evaluator(model, normalize, c.eval_batch_size),
     variables,
-    num_clients=c.num_clients,
-    clients_per_round=c.clients_per_round,
-    rounds_per_task=rounds,
-    batch_size=c.batch_size,
-    local_epochs=c.local_epochs,
-    iid=c.iid,
+    schedule,
     seed=c.seed,
-    num_tasks=num_tasks,
-    end_task_batch_size=c.get("end_task_batch_size", 0),
     eval_every=c.eval_every,
-    output_dir=c.output_dir or None,
     summary_extra={
       "strategy": executor.strategy,
       "config": c.to_dict(),
       "acc_matrix_layout": "acc_matrix[i][t] = accuracy on task i after task t",
     },
-    log=log,
+    run=run_io(c, c.output_dir or None),
   )
   log(
     f"ACC={summary['acc']:.4f} FGT={summary['fgt']:.4f} wall_seconds={summary['wall_seconds']:.1f}"

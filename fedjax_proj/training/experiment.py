@@ -39,7 +39,6 @@ from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.models import get_model
 from fedjax_proj.models.base import count_params
 from fedjax_proj.training import rundir
-from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
 from fedjax_proj.training.estimate import (
   ETA_PROBE_MIN_STEPS,
@@ -56,7 +55,7 @@ from fedjax_proj.training.inputs import (
   public_normalizer,
   subset,
 )
-from fedjax_proj.training.loop import train
+from fedjax_proj.training.loop import run_io, train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
 from fedjax_proj.training.placement import build_round, plan_execution
 from fedjax_proj.training.processes import init_processes
@@ -92,35 +91,15 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   if init_processes(c) and jax.process_index() != 0:
     log = lambda *args, **kwargs: None  # process 0 reports for the whole job
   output_dir = c.output_dir or default_output_dir(c.method)
-  lock = None
-  created = not Path(output_dir).exists()
-  if jax.process_index() == 0:
-    # Before any data is loaded: the directory is writable, ours alone, and holds nothing a new
-    # run would silently replace (training/rundir.py). A --resume target must already exist (a
-    # typo must not create it).
-    if c.get("resume", False) and not Path(output_dir).is_dir():
-      rundir.check_run_dir(output_dir, resume=True, overwrite=c.get("overwrite", False))
-    rundir.check_writable(output_dir)
-    lock = rundir.RunLock(output_dir, log=lambda msg: print(msg, file=sys.stderr)).acquire()
-  try:
-    if lock is not None:
-      state = rundir.check_run_dir(
-        output_dir, resume=c.get("resume", False), overwrite=c.get("overwrite", False)
-      )
-      if state != "empty" and c.get("overwrite", False):
-        print(f"--overwrite: replacing the {state} run in {output_dir}", file=sys.stderr)
-        rundir.clear_run(output_dir)
+  # Before any data is loaded: the directory is ours alone and holds nothing a new run would
+  # silently replace (training/rundir.py); process 0 holds it for the job.
+  with rundir.held(
+    output_dir,
+    resume=c.get("resume", False),
+    overwrite=c.get("overwrite", False),
+    writer=jax.process_index() == 0,
+  ):
     return _run(c, output_dir, log)
-  except BaseException:
-    if lock is not None and created and rundir.run_state(output_dir) == "empty":
-      # A run refused before writing anything leaves no directory behind.
-      lock.release()
-      lock = None
-      rundir.remove_empty(output_dir)
-    raise
-  finally:
-    if lock is not None:
-      lock.release()
 
 
 def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
@@ -232,9 +211,6 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     log(estimate_run(c, fed, step_seconds, padded=executor.one_program))
   round_fn = build_round(algorithm, executor, log)
   sys.stdout.flush()
-  checkpointer = Checkpointer(
-    Path(output_dir) / "checkpoints", config_fingerprint(c.to_dict()), c.get("keep_checkpoints", 3)
-  )
   _, summary = train(
     algorithm,
     round_fn,
@@ -247,15 +223,9 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     clients_per_round=c.clients_per_round,
     seed=c.seed,
     eval_every=c.eval_every,
-    output_dir=output_dir,
     round_inputs=round_inputs,
     summary_extra={"strategy": executor.strategy, "config": c.to_dict(), "output_dir": output_dir},
-    progress=c.progress,
-    checkpointer=checkpointer,
-    checkpoint_every=c.get("checkpoint_every", 0),
-    resume=c.get("resume", False),
-    overwrite=c.get("overwrite", False),
-    tensorboard_dir=Path(output_dir) / "tensorboard" if c.get("tensorboard", False) else None,
+    run=run_io(c, output_dir),
   )
   log(
     f"final_test_accuracy={summary['final_test_accuracy']:.4f} "

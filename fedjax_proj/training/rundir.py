@@ -219,13 +219,20 @@ def run_state(output_dir: str | os.PathLike) -> str:
   return "empty"
 
 
-def check_run_dir(output_dir: str | os.PathLike, *, resume: bool, overwrite: bool) -> str:
+EXTEND_HINT = "--resume --rounds=<more> to extend it"
+
+
+def check_run_dir(
+  output_dir: str | os.PathLike, *, resume: bool, overwrite: bool, extend: str | None = EXTEND_HINT
+) -> str:
   """Refuses to start where a run would be lost, or to resume from nothing.
 
   Args:
     output_dir: the run directory.
     resume: the run continues the directory's newest checkpoint.
     overwrite: a new run may replace what the directory holds.
+    extend: how a finished run with checkpoints is extended (None: it cannot be; a continual
+      run's tasks are fixed).
 
   Returns:
     :func:`run_state` of the directory.
@@ -260,17 +267,54 @@ def check_run_dir(output_dir: str | os.PathLike, *, resume: bool, overwrite: boo
     else:
       what = "an unfinished run (" + ", ".join(f for f in RUN_FILES if (path / f).exists()) + ")"
     fixes = ["pass --overwrite to replace it"]
-    if checkpoint_rounds(output_dir):
-      fixes.append(
-        "--resume --rounds=<more> to extend it"
-        if state == "finished"
-        else "--resume to continue it"
-      )
+    if checkpoint_rounds(output_dir) and (state != "finished" or extend):
+      fixes.append(extend if state == "finished" else "--resume to continue it")
     fixes.append("choose another --output_dir")
     raise RunDirError(
       f"{output_dir} already holds {what}: {', '.join(fixes[:-1])}, or {fixes[-1]}."
     )
   return state
+
+
+@contextlib.contextmanager
+def held(
+  output_dir: str | os.PathLike,
+  *,
+  resume: bool,
+  overwrite: bool,
+  extend: str | None = EXTEND_HINT,
+  writer: bool = True,
+):
+  """Holds ``output_dir`` for a run: writable, locked (:class:`RunLock`), and holding nothing the
+  run would silently replace (:func:`check_run_dir`; with ``overwrite`` the old run's files are
+  cleared). Checked before any data is loaded; a ``resume`` target must already exist (a typo
+  must not create it). A run refused before writing anything leaves no directory behind.
+
+  ``writer=False`` (the other processes of a multi-process job) holds nothing.
+  """
+  if not writer:
+    yield
+    return
+  created = not Path(output_dir).exists()
+  if resume and not Path(output_dir).is_dir():
+    check_run_dir(output_dir, resume=True, overwrite=overwrite)
+  check_writable(output_dir)
+  lock = RunLock(output_dir, log=lambda msg: print(msg, file=sys.stderr)).acquire()
+  try:
+    state = check_run_dir(output_dir, resume=resume, overwrite=overwrite, extend=extend)
+    if state != "empty" and overwrite:
+      print(f"--overwrite: replacing the {state} run in {output_dir}", file=sys.stderr)
+      clear_run(output_dir)
+    yield
+  except BaseException:
+    if created and run_state(output_dir) == "empty":
+      lock.release()
+      lock = None
+      remove_empty(output_dir)
+    raise
+  finally:
+    if lock is not None:
+      lock.release()
 
 
 def clear_run(output_dir: str | os.PathLike) -> None:

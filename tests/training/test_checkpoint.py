@@ -24,7 +24,7 @@ from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training import checkpoint as ckpt
-from fedjax_proj.training.loop import TrainingInterrupted, train
+from fedjax_proj.training.loop import RunIO, TrainingInterrupted, train
 from fedjax_proj.training.metrics import read_metrics
 from tests import helpers
 
@@ -175,12 +175,14 @@ def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):
     rounds=rounds,
     clients_per_round=2,
     seed=3,
-    output_dir=out,
     extra_metrics=extra_metrics,
-    progress=False,
-    checkpointer=ckpt.Checkpointer(out / "checkpoints", fp, keep=2),
-    checkpoint_every=2,
-    resume=resume,
+    run=RunIO(
+      output_dir=out,
+      checkpointer=ckpt.Checkpointer(out / "checkpoints", fp, keep=2),
+      checkpoint_every=2,
+      resume=resume,
+      progress=False,
+    ),
   )
 
 

@@ -22,7 +22,7 @@ from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.training import experiment, placement
 from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import base_config, validate_config
-from fedjax_proj.training.loop import NonFiniteError, train
+from fedjax_proj.training.loop import NonFiniteError, RunIO, train
 from fedjax_proj.training.metrics import read_metrics
 from tests import helpers
 
@@ -66,10 +66,7 @@ def test_nan_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path)
       rounds=8,
       clients_per_round=2,
       seed=0,
-      output_dir=tmp_path,
-      progress=False,
-      checkpointer=checkpointer,
-      checkpoint_every=3,
+      run=RunIO(output_dir=tmp_path, checkpointer=checkpointer, checkpoint_every=3, progress=False),
     )
   message = str(e.value)
   assert "Round 4 of fedavg produced non-finite global parameters" in message

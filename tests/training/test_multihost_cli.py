@@ -23,7 +23,7 @@ from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training.checkpoint import MANIFEST, comparable_metrics, load_variables
 from fedjax_proj.training.config import base_config, validate_config
-from fedjax_proj.training.loop import train
+from fedjax_proj.training.loop import RunIO, train
 from fedjax_proj.training.placement import client_mesh_for
 from tests import helpers
 from tests.core.multiprocess import ROOT, cpu_env, free_port, run_processes
@@ -133,10 +133,12 @@ def test_only_process_0_writes(tmp_path, monkeypatch, capsys):
       rounds=2,
       clients_per_round=2,
       seed=0,
-      output_dir=out,
-      progress=True,
-      tensorboard_dir=out / "tensorboard",
-      handle_signals=False,
+      run=RunIO(
+        output_dir=out,
+        progress=True,
+        tensorboard_dir=out / "tensorboard",
+        handle_signals=False,
+      ),
     )[1]
 
   assert run(tmp_path / "p0")["final_test_accuracy"] == 0.5

@@ -10,11 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from fedjax_proj.algorithms.base import make_round
-from fedjax_proj.core.executor import Executor
 from fedjax_proj.data.continual import (
   input_transform,
   permuted_mnist,
@@ -22,15 +19,14 @@ from fedjax_proj.data.continual import (
   task_model,
   task_partition,
 )
-from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.data.sources import ArrayDataset
-from fedjax_proj.models import mlp, multi_head
+from fedjax_proj.models import mlp
 from fedjax_proj.training.continual import (
+  TaskSchedule,
   acc_fgt,
-  build_continual_method,
-  make_task_evaluator,
   train_continual,
 )
+from fedjax_proj.training.loop import RunIO
 from tests import helpers
 
 REPO = Path(__file__).resolve().parents[3]
@@ -98,42 +94,17 @@ class _ConvBackbone(nn.Module):
 
 def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, **hparams):
   """4 clients (2 per round), 1 round per task on fake 6x6 MNIST: (round_fn, state, summary)."""
-  train, test = helpers.fake_mnist(240, 0), helpers.fake_mnist(60, 1)
-  bench = permuted_mnist(train, test, num_tasks=2, seed=0)
-  backbone = _ConvBackbone() if conv else helpers.TinyBackbone()
-  model = task_model(multi_head(backbone, 2, 10), input_transform(bench))
-  normalize = normalizer(0.0, 255.0)
-  sample = normalize(jnp.asarray(bench.images[:2]))
-  variables = model.init(jax.random.key(0), sample)
-  executor = Executor("vmap_scan", make_batch_fn(normalize))
-  cm = build_continual_method(
-    method,
-    model,
-    optax.sgd(0.05),
-    executor,
-    variables=variables,
-    sample_x=sample,
-    num_clients=4,
-    num_tasks=2,
-    **hparams,
-  )
-  round_fn = make_round(cm.algorithm, executor)
+  backbone = _ConvBackbone() if conv else None
+  bench, cm, round_fn, evaluate, variables = helpers.tiny_continual(method, backbone, **hparams)
   state, summary = train_continual(
     cm,
     round_fn,
     bench,
-    make_task_evaluator(model, normalize, 64),
+    evaluate,
     variables,
-    num_clients=4,
-    clients_per_round=2,
-    rounds_per_task=1,
-    batch_size=16,
-    local_epochs=1,
-    iid=iid,
+    TaskSchedule((1,) * (num_tasks or 2), 4, 2, batch_size=16, iid=iid),
     seed=0,
-    num_tasks=num_tasks,
-    output_dir=output_dir,
-    log=None,
+    run=RunIO(output_dir=output_dir, progress=False),
   )
   return round_fn, state, summary
 
