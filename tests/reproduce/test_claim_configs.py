@@ -193,7 +193,7 @@ def test_drift_budget_tests_only_its_methods_with_their_own_holm_family(capsys, 
     assert set(at.paper) == set(at.methods) and claim.at("cpu") is claim
     assert {r.alpha for r in protocol.plan(claim, "drift")} == {protocol.ALPHA / 2}
     config = run.resolve_config(claim, "drift", "fedproj", 0)
-    assert (config["num_clients"], config["clients_per_round"], config["local_epochs"]) == (50, 5, 3)
+    assert (config["num_clients"], config["rounds"], config["local_epochs"]) == (20, 10, 2)
   # Every budget's methods are the claim's.
   for claim in CLAIMS.values():
     for b in claim.budgets.values():
