@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
       sizes.append(len(idx))
       curves.append(curve)
     w = np.asarray(sizes, np.float32) / np.sum(sizes)
-    params = jax.tree.map(lambda *ps: sum(wi * pi for wi, pi in zip(w, ps)), *client_params)
+    params = jax.tree.map(lambda *ps, w=w: sum(wi * pi for wi, pi in zip(w, ps)), *client_params)
     if warm:
       print(f"warm-up round {r + 1}: global {g_acc:.3f}", flush=True)
       continue

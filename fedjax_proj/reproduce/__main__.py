@@ -1,4 +1,4 @@
-"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|paper``: run a paper claim, report.
+"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|paper``: run a claim, report.
 
     python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --power    # seed count
     python -m fedjax_proj.reproduce fedgkd-cifar10 --budget=paper --dry_run        # the configs

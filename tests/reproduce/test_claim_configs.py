@@ -199,7 +199,8 @@ def test_drift_budget_tests_only_its_methods_with_their_own_holm_family(capsys, 
     for b in claim.budgets.values():
       assert b.methods is None or set(b.methods) <= set(claim.methods), claim.name
   # The runner's default methods are the budget's; the report's verdicts are its 2 orderings.
-  assert cli.main(["fedproj-cifar10-dir0.3", "--budget=drift", "--no_run", f"--results={tmp_path}"]) == 0
+  argv = ["fedproj-cifar10-dir0.3", "--budget=drift", "--no_run", f"--results={tmp_path}"]
+  assert cli.main(argv) == 0
   out = capsys.readouterr().out
   assert "drift fedproj seed 9" in out and "fedprox" not in out
   found = {
