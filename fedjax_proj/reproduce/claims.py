@@ -15,10 +15,9 @@ result's fingerprint keeps the placeholder, so results move between machines).
 Each budget pre-registers its seed count (``Budget.seeds``: the verdict uses seeds 0..n-1, chosen
 by the power calculation of :mod:`fedjax_proj.reproduce.protocol` from ``Budget.power_sd``).
 
-The FedProj claims also have a ``drift`` budget: FedAvg, FedDF and FedProj only, at 10%
-participation and several local epochs per round, where clients forget what the global model knew
-(chosen from the measured pilot of benchmarks/drift_pilot.py; docs/reproduction.md, "Drift
-budget").
+The FedProj claims also have a ``drift`` budget: FedAvg, FedDF and FedProj only, trained into the
+regime where clients forget what the global model knew (chosen from the measured pilot of
+benchmarks/drift_pilot.py; docs/reproduction.md, "Drift budget").
 
 Papers: 000/001 FedProj, 002 FedGKD, 003 FOT, 004 SFedKD (the files the project was given).
 """
@@ -243,15 +242,15 @@ CIFAR_SMOKE = {
 }
 # The drift budget (docs/reproduction.md, "Drift budget"): FedProj's mechanism is forgetting,
 # clients losing during local training what the global model knew (001 Sec. 1, Figure 1); the
-# paper runs
-# 20 local epochs at 10% participation (001 Sec. 6.1). The pilot (benchmarks/drift_pilot.py, FedAvg
-# on this data, seed 100) measured it: the clients fall 2-11 points (mean 7.0 over rounds 5-10)
-# below the global model's test accuracy within their first local epoch once the global model is
-# above ~35%, and gain on it before. Of the candidates piloted, 20 clients x 2 local epochs at 5 per
-# round reached that regime by round 5 of 10 (global 36-40%, 52% after round 10); 50 clients x 3
-# epochs at 10% stayed near 30% with 4.3 points; 20 clients x 5 epochs at 10% did not finish in the
-# time the session had. So: the cpu budget's model, data and optimiser with 2 local epochs and 10
-# rounds, 250k example-steps for FedAvg (2.5x the cpu budget).
+# paper runs 20 local epochs at 10% participation (001 Sec. 6.1). The pilot
+# (benchmarks/drift_pilot.py, FedAvg on this data, seed 100) measured it: the clients fall 2-11
+# points (mean 7.0 over rounds 5-10) below the global model's test accuracy within their first
+# local epoch once the global model is above ~35%, and gain on it before. Of the candidates
+# piloted, 20 clients x 2 local epochs at 5 per round reached that regime by round 5 of 10 (global
+# 36-40%, 52% after round 10); 50 clients x 3 epochs at 10% stayed near 30% with 4.3 points; 20
+# clients x 5 epochs at 10% did not finish in the time the session had. So: the cpu budget's
+# model, data and optimiser with 2 local epochs and 10 rounds, 250k example-steps for FedAvg (2.5x
+# the cpu budget).
 CIFAR_DRIFT = {
   **CIFAR_CPU,
   "rounds": 10,
