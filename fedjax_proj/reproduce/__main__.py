@@ -1,4 +1,4 @@
-"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|paper``: run a paper claim, report.
+"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|paper``: run a claim, report.
 
     python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --power    # seed count
     python -m fedjax_proj.reproduce fedgkd-cifar10 --budget=paper --dry_run        # the configs
@@ -43,7 +43,8 @@ def parse_args(argv) -> argparse.Namespace:
     "--budget",
     default="cpu",
     choices=claims_lib.BUDGETS,
-    help="paper (the paper's setting), cpu (pinned, hours on a CPU), smoke (wiring) (default: cpu)",
+    help="paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
+    "forgetting mechanism in play on a CPU, where a claim has it), smoke (wiring) (default: cpu)",
   )
   p.add_argument(
     "--seeds",
@@ -57,7 +58,9 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument(
     "--power", action="store_true", help="print the power calculation behind the seed count"
   )
-  p.add_argument("--methods", default="", help="comma-separated subset (default: all)")
+  p.add_argument(
+    "--methods", default="", help="comma-separated subset (default: the budget's methods)"
+  )
   p.add_argument("--report", action="store_true", help="write report.md and figures")
   p.add_argument("--no_run", action="store_true", help="only list statuses / report")
   p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")
@@ -76,7 +79,7 @@ def parse_args(argv) -> argparse.Namespace:
       p.error(str(e))
     if args.budget not in claim.budgets:
       p.error(f"claim {claim.name} has no budget {args.budget!r}")
-    args.method_list = _csv(args.methods) or list(claim.methods)
+    args.method_list = _csv(args.methods) or list(claim.at(args.budget).methods)
     bad = [m for m in args.method_list if m not in claim.runnable]
     if bad:
       p.error(

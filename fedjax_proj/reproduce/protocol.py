@@ -84,6 +84,7 @@ def plan(claim, budget: str, sd: dict[str, float] | None = None) -> list[PlanRow
   from fedjax_proj.reproduce.claims import LOWER_IS_BETTER
 
   b = claim.budgets[budget]
+  claim = claim.at(budget)
   sd = b.power_sd if sd is None else sd
   m = len(claim.orderings)
   alpha = ALPHA / m
@@ -113,7 +114,7 @@ def render_plan(claim, budget: str, measured: dict[str, float] | None = None) ->
   rows = plan(claim, budget)
   lines = [
     f"Power calculation, {claim.name} budget {budget}: two-sided paired t-test at "
-    f"alpha {ALPHA}/{len(claim.orderings)} (Holm's strictest step), target power {POWER:.0%}, "
+    f"alpha {ALPHA}/{len(rows)} (Holm's strictest step), target power {POWER:.0%}, "
     f"{MIN_SEEDS}..{MAX_SEEDS} seeds.",
     f"Paired sd used (pre-registered): {b.power_sd or 'none'} from {b.power_source}.",
   ]

@@ -181,6 +181,8 @@ def confirmatory_rows(
   """Every claimed ordering on the pre-registered seeds 0..n-1 only, pairs of differing code
   refused, raw and Holm-adjusted p-values across the claim's orderings."""
   declared = claim.budgets[budget].seeds if budget in claim.budgets else protocol.MIN_SEEDS
+  if budget in claim.budgets:
+    claim = claim.at(budget)  # the budget's orderings are its Holm family
   parts = []
   for o in claim.orderings:
     a = protocol.confirmatory(_per_seed(found, o.better, o.metric), declared)
@@ -462,6 +464,8 @@ def render(
   equivalent=(),
 ) -> str:
   b = claim.budgets.get(budget)
+  if b is not None:
+    claim = claim.at(budget)  # the budget's methods and the orderings between them
   lines = [
     f"### {claim.name} — budget `{budget}`",
     "",
@@ -513,7 +517,7 @@ def update_docs(doc: Path, results: Path) -> str:
   ``results`` (``<claim>/<budget>/report.md``); the markers go after "## Results" if absent."""
   sections = []
   for name in CLAIMS:
-    for budget in ("paper", "cpu", "smoke"):
+    for budget in ("paper", "cpu", "drift", "smoke"):
       report = results / name / budget / "report.md"
       if budget != "smoke" and report.is_file():
         # Figure links relative to the doc, so they render from docs/.

@@ -91,7 +91,7 @@ def test_power_matches_a_known_value_and_declared_seeds_follow_the_plan():
   assert protocol.required_seeds(1.0, 1.0, 0.05) == 10
   assert protocol.power(3, 50.0, 0.1, 0.005) == 1.0  # scipy's tail failure handled
   for claim in CLAIMS.values():
-    for budget in {"paper", "cpu"} & set(claim.budgets):
+    for budget in {"paper", "cpu", "drift"} & set(claim.budgets):
       rows = protocol.plan(claim, budget)
       assert claim.budgets[budget].seeds == protocol.recommended_seeds(rows), (claim.name, budget)
 
@@ -180,3 +180,35 @@ def test_public_split_reaches_tfds(monkeypatch):
   with tfds.testing.mock_data(num_examples=6):
     _, n = inputs.public_inputs(c, np.zeros((1, 32, 32, 3), np.uint8), 10, "cifar10", load=load)
   assert seen == ["train+test"] and n == 6
+
+
+def test_drift_budget_tests_only_its_methods_with_their_own_holm_family(capsys, tmp_path):
+  for claim in (claims.FEDPROJ_DIR03, claims.FEDPROJ_DIR05):
+    at = claim.at("drift")
+    assert at.methods == ("fedavg", "feddf", "fedproj")
+    assert {(o.better, o.worse) for o in at.orderings} == {
+      ("fedproj", "fedavg"),
+      ("fedproj", "feddf"),
+    }
+    assert set(at.paper) == set(at.methods) and claim.at("cpu") is claim
+    assert {r.alpha for r in protocol.plan(claim, "drift")} == {protocol.ALPHA / 2}
+    config = run.resolve_config(claim, "drift", "fedproj", 0)
+    assert (config["num_clients"], config["rounds"], config["local_epochs"]) == (20, 10, 2)
+  # Every budget's methods are the claim's.
+  for claim in CLAIMS.values():
+    for b in claim.budgets.values():
+      assert b.methods is None or set(b.methods) <= set(claim.methods), claim.name
+  # The runner's default methods are the budget's; the report's verdicts are its 2 orderings.
+  argv = ["fedproj-cifar10-dir0.3", "--budget=drift", "--no_run", f"--results={tmp_path}"]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "drift fedproj seed 9" in out and "fedprox" not in out
+  found = {
+    m: {s: {**_result(m, s, 50.0 + (m == "fedproj") + s % 2), "budget": "drift"} for s in range(10)}
+    for m in ("fedavg", "feddf", "fedproj")
+  }
+  for rs in found.values():
+    for r in rs.values():
+      r["metrics"] = {"test_accuracy": r["metrics"]["global_accuracy"]}
+  rows = report.confirmatory_rows(claims.FEDPROJ_DIR03, found, "drift")
+  assert [(r.better, r.worse) for r in rows] == [("fedproj", "fedavg"), ("fedproj", "feddf")]
