@@ -212,3 +212,27 @@ def test_drift_budget_tests_only_its_methods_with_their_own_holm_family(capsys, 
       r["metrics"] = {"test_accuracy": r["metrics"]["global_accuracy"]}
   rows = report.confirmatory_rows(claims.FEDPROJ_DIR03, found, "drift")
   assert [(r.better, r.worse) for r in rows] == [("fedproj", "fedavg"), ("fedproj", "feddf")]
+
+
+def test_code_equivalence_groups_merge_transitively():
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "code_equivalence", run.REPO_ROOT / "benchmarks" / "code_equivalence.py"
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  groups = [{"fingerprints": ["a", "b"], "evidence": [1]}, {"fingerprints": ["x"], "evidence": [2]}]
+  out = module.merge_group(groups, {"b", "c"}, 3)
+  assert out == [
+    {"fingerprints": ["x"], "evidence": [2]},
+    {"fingerprints": ["a", "b", "c"], "evidence": [1, 3]},
+  ]
+  # The report pairs results whose fingerprints share a group.
+  found = {"fingerprint": "a"}
+  assert report.same_code(
+    {"code": found}, {"code": {"fingerprint": "c"}}, [set(out[1]["fingerprints"])]
+  )
+  assert not report.same_code(
+    {"code": found}, {"code": {"fingerprint": "x"}}, [set(out[1]["fingerprints"])]
+  )
