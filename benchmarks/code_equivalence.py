@@ -2,7 +2,8 @@
 
 The claim runner pairs two results only when they recorded the same code fingerprint, or when
 the results folder's ``code_equivalence.json`` lists both fingerprints in one group
-(docs/reproduction.md, "Protocol": a behaviour-fingerprint match across commits counts as equal).
+(docs/reproduction.md, "Results", its protocol: a behaviour-fingerprint match across commits
+counts as equal).
 This script produces that evidence and the entry:
 
     python benchmarks/code_equivalence.py a97d70a HEAD            # all fingerprint runs
