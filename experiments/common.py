@@ -252,8 +252,9 @@ def resolve(
   preset's method defaults, then ``method_kwargs``, checked, then ``prepare`` (the preset rules
   that depend on the final fields).
 
-  The flags of :func:`main` and the claim runner (fedjax_proj/reproduce/run.py) both resolve
-  through this function, so a claim runs what its entry point runs. Raises ValueError naming the
+  The flags of :func:`main`, the claim runner (fedjax_proj/reproduce/run.py) and
+  experiments/quickstart.ipynb all resolve through this function, so a claim or the notebook runs
+  what its entry point runs. Raises ValueError naming the
   field and the fix (an unknown field included).
   """
   config = set_fields(get_config(preset), fields)

@@ -18,7 +18,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.rounds import StreamingAggregate
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
@@ -150,11 +150,4 @@ def fedavg(
   )
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`)."""
-  return fedavg(ctx.model, ctx.client_optimizer, ctx.server_optimizer, **hparams)
-
-
-SPEC = MethodSpec(
-  "fedavg", "fl", build, hparams=factory_hparams(fedavg, context=("server_optimizer",))
-)
+SPEC = factory_spec("fedavg", "fl", fedavg, ctx_kwargs=("server_optimizer",))

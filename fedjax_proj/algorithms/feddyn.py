@@ -28,7 +28,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import client_metrics
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model, PyTree
 
@@ -123,17 +123,10 @@ def feddyn(
   )
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``alpha``."""
-  return feddyn(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.num_clients,
-    server_optimizer=ctx.server_optimizer,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec(
-  "feddyn", "fl", build, hparams=factory_hparams(feddyn, context=("server_optimizer",))
+SPEC = factory_spec(
+  "feddyn",
+  "fl",
+  feddyn,
+  ctx_args=("model", "client_optimizer", "num_clients"),
+  ctx_kwargs=("server_optimizer",),
 )

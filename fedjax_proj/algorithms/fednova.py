@@ -37,7 +37,7 @@ import optax
 
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import FedAvgState, client_metrics, fedavg, server_update
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model
 
@@ -108,11 +108,4 @@ def fednova(
   return base._replace(name="fednova", aggregate=aggregate)
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); no hyperparameters."""
-  return fednova(ctx.model, ctx.client_optimizer, server_optimizer=ctx.server_optimizer, **hparams)
-
-
-SPEC = MethodSpec(
-  "fednova", "fl", build, hparams=factory_hparams(fednova, context=("server_optimizer",))
-)
+SPEC = factory_spec("fednova", "fl", fednova, ctx_kwargs=("server_optimizer",))

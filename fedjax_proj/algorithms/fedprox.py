@@ -15,7 +15,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Batch, Model
 
@@ -53,11 +53,4 @@ def fedprox(
   return base._replace(name="fedprox", client=program)
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``mu``."""
-  return fedprox(ctx.model, ctx.client_optimizer, server_optimizer=ctx.server_optimizer, **hparams)
-
-
-SPEC = MethodSpec(
-  "fedprox", "fl", build, hparams=factory_hparams(fedprox, context=("server_optimizer",))
-)
+SPEC = factory_spec("fedprox", "fl", fedprox, ctx_kwargs=("server_optimizer",))

@@ -40,7 +40,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Batch, Model
@@ -150,16 +150,10 @@ def fedrcl(
   return base._replace(name="fedrcl", client=program)
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``temperature``,
-  ``threshold``, ``topk_neg``, ``scl_weight``, ``penalty_weight``, ``clip_norm``."""
-  return fedrcl(ctx.model, ctx.client_optimizer, server_optimizer=ctx.server_optimizer, **hparams)
-
-
-SPEC = MethodSpec(
+SPEC = factory_spec(
   "fedrcl",
   "fl",
-  build,
-  hparams=factory_hparams(fedrcl, context=("server_optimizer",)),
+  fedrcl,
+  ctx_kwargs=("server_optimizer",),
   ranges={"threshold": ranges.Interval(-1.0, 1.0)},
 )

@@ -30,7 +30,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
 
@@ -133,22 +133,11 @@ def moon(
   )
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: ``mu``,
-  ``temperature``."""
-  return moon(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.num_clients,
-    server_optimizer=ctx.server_optimizer,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec(
+SPEC = factory_spec(
   "moon",
   "fl",
-  build,
+  moon,
+  ctx_args=("model", "client_optimizer", "num_clients"),
+  ctx_kwargs=("server_optimizer",),
   model_kwargs=MODEL_KWARGS,
-  hparams=factory_hparams(moon, context=("server_optimizer",)),
 )

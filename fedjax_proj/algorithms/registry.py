@@ -6,7 +6,8 @@ per name): its family, its ``build(ctx: BuildContext, **hparams)``, the hyperpar
 accepts with their defaults (:func:`factory_hparams` reads them from the factory's signature),
 whether it reads a public set, the model options and config fields it needs and the client
 optimisers it is defined for. :func:`build_algorithm` checks the given hyperparameters against the
-declared ones (names and types) before building. The
+declared ones (names and types) before building. A method whose ``build`` only forwards
+:class:`BuildContext` fields to its factory declares its spec with :func:`factory_spec`. The
 registry is the table :data:`METHODS` of name -> ``"module:ATTRIBUTE"`` of that spec; modules are
 imported only when a method is looked up, so adding a method never slows start-up
 (docs/design.md, "The method registry").
@@ -194,6 +195,58 @@ def factory_hparams(factory: Callable, *, context: Iterable[str] = ()) -> dict[s
     and n not in context
     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
   }
+
+
+def check_no_server_optimizer(server_optimizer: Any, name: str) -> None:
+  """Refuses a server optimiser for sequential-FL method ``name``: the chain has no server step."""
+  if server_optimizer is not None:
+    raise ValueError(
+      f"{name} is sequential FL: the last client's model is the global model, there is no server "
+      "aggregation for a server optimiser. Use --server_optimizer=none."
+    )
+
+
+def factory_spec(
+  name: str,
+  family: str,
+  factory: Callable,
+  *,
+  ctx_args: tuple[str, ...] = ("model", "client_optimizer"),
+  ctx_kwargs: tuple[str, ...] = (),
+  fixed: Mapping[str, Any] | None = None,
+  **fields: Any,
+) -> MethodSpec:
+  """The :class:`MethodSpec` of a method whose ``build`` only forwards context to its factory.
+
+  Its ``build(ctx, **hparams)`` calls ``factory(*ctx_args, **ctx_kwargs, **fixed, **hparams)``,
+  with ``ctx_args`` the :class:`BuildContext` fields passed positionally (by default the model and
+  the client optimiser), ``ctx_kwargs`` the fields passed as the keyword of the same name (e.g.
+  ``server_optimizer``, ``num_clients``) and ``fixed`` the keywords the registered name fixes
+  (FedET's ``teacher``). A sequential method refuses a server optimiser first (its chain has no
+  server step). Unless ``fields`` give ``hparams``, they are :func:`factory_hparams` of the factory
+  without the keywords ``build`` fills. The other ``fields`` go to :class:`MethodSpec` as they are
+  (``requires`` stays explicit: which of the fields read may not be None is the method's to say).
+  A method whose build does more (FedProj's public normaliser, FedGKD-VOTE's validation check,
+  SFedKD's config) writes its own ``build``.
+  """
+  fixed = dict(fixed or {})
+  unknown = [f for f in (*ctx_args, *ctx_kwargs) if f not in BuildContext._fields]
+  if unknown:
+    raise ValueError(
+      f"factory_spec {name!r}: {unknown} are not BuildContext fields "
+      f"({', '.join(BuildContext._fields)})."
+    )
+
+  def build(ctx: BuildContext, **hparams: Any):
+    if family == "sequential":
+      check_no_server_optimizer(ctx.server_optimizer, name)
+    args = [getattr(ctx, f) for f in ctx_args]
+    kwargs = {f: getattr(ctx, f) for f in ctx_kwargs}
+    return factory(*args, **kwargs, **fixed, **hparams)
+
+  build.__doc__ = f"Registry entry of {name!r}: builds {factory.__name__} from a BuildContext."
+  fields.setdefault("hparams", factory_hparams(factory, context=(*ctx_kwargs, *fixed)))
+  return MethodSpec(name, family, build, **fields)
 
 
 # name -> "module:ATTRIBUTE" of the method's MethodSpec, one line per method, in the order

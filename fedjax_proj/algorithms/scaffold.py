@@ -32,7 +32,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import average_and_update, client_metrics, init_server
 from fedjax_proj.algorithms.fednova import unit_gradient_displacement
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model, PyTree
 
@@ -134,22 +134,12 @@ _CLIENT_OPTIMIZER_NOTE = (
 )
 
 
-def build(ctx, **hparams) -> FederatedAlgorithm:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); no hyperparameters."""
-  return scaffold(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.num_clients,
-    server_optimizer=ctx.server_optimizer,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec(
+SPEC = factory_spec(
   "scaffold",
   "fl",
-  build,
+  scaffold,
+  ctx_args=("model", "client_optimizer", "num_clients"),
+  ctx_kwargs=("server_optimizer",),
   client_optimizers=("sgd",),
   client_optimizer_note=_CLIENT_OPTIMIZER_NOTE,
-  hparams=factory_hparams(scaffold, context=("server_optimizer",)),
 )

@@ -11,10 +11,12 @@ import pytest
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.families import ContinualFamily, FLFamily, SequentialFamily
-from fedjax_proj.algorithms.fedavg import build as build_fedavg
+from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core.executor import Executor
 from fedjax_proj.models.multihead import multi_head
 from tests import helpers
+
+build_fedavg = registry.spec("fedavg").build
 
 
 def _ctx(**extra) -> registry.BuildContext:
@@ -127,6 +129,8 @@ def test_a_context_without_a_required_field_is_refused_before_building():
     registry.build_algorithm("gpm", bare)
   with pytest.raises(ValueError, match=r"requires names \['batchfn'\], which are not"):
     registry.MethodSpec("typo", "fl", build_fedavg, requires=("batchfn",))
+  with pytest.raises(ValueError, match=r"\['server_optimiser'\] are not BuildContext fields"):
+    registry.factory_spec("typo", "fl", fedavg, ctx_kwargs=("server_optimiser",))
 
 
 def test_unknown_names_and_wrong_families_fail_clearly():

@@ -4,13 +4,11 @@ also when the cohort runs in chunks (streaming aggregation) with each chunk shar
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.core.multiprocess import ROOT, cpu_env
 
 SCRIPT = textwrap.dedent(
   """
@@ -141,12 +139,7 @@ CHUNKED_SCRIPT = textwrap.dedent(
 
 
 def _run_on_4_devices(script: str) -> str:
-  env = {
-    **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-    "JAX_PLATFORMS": "cpu",
-    "PYTHONPATH": str(ROOT),
-  }
+  env = cpu_env("--xla_force_host_platform_device_count=4")
   proc = subprocess.run(
     [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
   )
@@ -166,11 +159,7 @@ def test_chunked_sharded_round_equals_single_device():
 
 def test_experiment_cli_shards_over_forced_devices(tmp_path):
   """Sharded, sharded + chunked (each chunk over all 4 devices) and plain CLI runs agree."""
-  env = {
-    **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-    "JAX_PLATFORMS": "cpu",
-  }
+  env = cpu_env("--xla_force_host_platform_device_count=4")
   finals = {}
   runs = {
     "sharded": ("--shard_clients=true", "--client_chunk=none"),

@@ -21,7 +21,6 @@ from fedjax_proj.reproduce.claims import CLAIMS
 # and FedET share (α > 0 at Dir 0.5); VOTE is FedGKD plus the server's held-out validation; the
 # two FOT claims differ only in the partition, so one runs FOT and the other EWC's Fishers.
 METHODS = {
-  "fedproj-cifar10-dir0.3": ("fedproj",),
   "fedproj-cifar10-dir0.5": ("fedproj",),
   "fedgkd-cifar10": ("fedgkd_vote",),
   "sfedkd-cifar10-exdir": ("sfedkd",),
@@ -34,8 +33,12 @@ METHODS = {
 }
 # Claims whose paper budget is another claim's with only the task's data or β changed: the same
 # config path, run above (SST-2's single sentences run in tests/reproduce/test_nlp_claims.py,
-# MARC's local file source in tests/data/sources/test_text.py).
+# MARC's local file source in tests/data/sources/test_text.py). CIFAR-10 at Dir 0.3 is Dir 0.5's
+# budget with FedProj's α = 0 (paper 001 Table 3), the distillation without its divergence term,
+# which is FedDF's (tests/algorithms/test_conformance.py); test_every_claim_is_covered checks that
+# nothing else differs and that its tiny partition can run.
 COVERED_BY = {
+  "fedproj-cifar10-dir0.3": "fedproj-cifar10-dir0.5",
   "fedproj-mnli-dir0.3": "fedproj-mnli-dir0.5",
   "fedproj-sst2-dir0.3": "fedproj-mnli-dir0.5",
   "fedproj-sst2-dir0.5": "fedproj-mnli-dir0.5",
@@ -63,12 +66,39 @@ def data_root(tmp_path_factory):
   return root
 
 
-def test_every_claim_is_covered():
+def test_every_claim_is_covered(data_root):
   assert set(METHODS) | set(COVERED_BY) == set(CLAIMS)
   assert set(COVERED_BY.values()) <= set(METHODS)
   for name, covering in COVERED_BY.items():
-    assert (CLAIMS[name].preset, CLAIMS[name].kind) == (CLAIMS[covering].preset, "nlp")
+    claim, other = CLAIMS[name], CLAIMS[covering]
+    assert (claim.entry, claim.preset, claim.kind) == (other.entry, other.preset, other.kind)
+    if claim.kind == "image":
+      _differs_only_in_partition_and_alpha(claim, other, data_root)
+    else:
+      assert claim.kind == "nlp"
   assert all(set(m) <= set(CLAIMS[c].methods) for c, m in METHODS.items())
+
+
+def _differs_only_in_partition_and_alpha(claim, other, data_root):
+  """``claim``'s paper budget is ``other``'s but for the partition and FedProj's α, and its tiny
+  run's partition gives every client a batch (the data steps before any compile)."""
+  from fedjax_proj.data.partition import partition
+  from fedjax_proj.data.sources import load_dataset
+  from fedjax_proj.training.experiment import check_batch_size
+  from fedjax_proj.training.inputs import subset
+
+  for method in METHODS[other.name]:
+    mine, theirs = (run.resolve_config(c, "paper", method, 0, data_root) for c in (claim, other))
+    differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+    assert differ == {"partition", "method_defaults"}, differ
+    mine_defaults, their_defaults = dict(mine["method_defaults"]), dict(theirs["method_defaults"])
+    assert {k for k in mine_defaults if mine_defaults[k] != their_defaults[k]} == {"fedproj"}
+    alpha = {k for k, v in mine_defaults["fedproj"].items() if their_defaults["fedproj"][k] != v}
+    assert alpha == {"alpha"} and mine_defaults["fedproj"]["alpha"] == 0.0
+    c = run.substitute_data(run.tiny(claim, mine), data_root)
+    train = load_dataset(c["dataset"], "train", c["data_dir"] or None)
+    _, labels = subset(train, c["train_subset"], c["seed"])
+    check_batch_size(c["batch_size"], partition(labels, c["partition"], c["num_clients"], 0), "")
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

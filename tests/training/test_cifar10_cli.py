@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,19 @@ import numpy as np
 import pytest
 
 from fedjax_proj.core.engine import choose_strategy
+from tests.core.multiprocess import cpu_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "cifar10.py"
 
 
 def _run(*args, timeout=300):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   return subprocess.run(
-    [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env
+    [sys.executable, str(SCRIPT), *args],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=cpu_env(),  # compiled with FAST_COMPILE, as every child process of the suite
   )
 
 

@@ -6,7 +6,11 @@ both runs and the curves PNG, and its install cell is a no-op because the packag
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +50,47 @@ def test_quickstart_notebook_runs_on_smoke_budget(tmp_path, monkeypatch):
   text = "".join(o.get("text", "") for o in outputs)
   assert "fedavg   final test accuracy" in text and "fedproj  final test accuracy" in text
   assert any("image/png" in o.get("data", {}) for o in outputs)  # the figure is displayed
+
+
+def _code_cells() -> list[str]:
+  cells = json.loads(NOTEBOOK.read_text())["cells"]
+  return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("smoke", [True, False])
+def test_notebook_runs_what_the_cifar10_entry_point_runs(smoke):
+  """Without running it: every run of the notebook is ``cifar10.resolve`` of its preset and
+  fields (experiments/common.py ``resolve``, the step the flags go through), and the command it
+  prints resolves, through the entry point's own flag parsing, to the very same config."""
+  sys.path.insert(0, str(ROOT / "experiments"))
+  import cifar10
+  import common
+
+  from fedjax_proj.core.engine import STRATEGIES
+  from fedjax_proj.models import MODELS
+
+  code = _code_cells()
+  assert not any("base_config" in c for c in code), "the notebook builds a config of its own"
+  calls = [
+    node
+    for c in code
+    # An IPython magic (%pip) is no Python: parse it as a pass.
+    for node in ast.walk(ast.parse(re.sub(r"(?m)^(\s*)%.*$", r"\1pass", c)))
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "run_experiment"
+  ]
+  assert calls and all(ast.unparse(call.args[0]).startswith("cifar10.resolve(") for call in calls)
+
+  (setup,) = [c for c in code if "FIELDS = {" in c]
+  printed = []
+  scope = {"SMOKE": smoke, "DATA_DIR": "", "PUBLIC": "cifar100", "Path": Path, "shlex": shlex}
+  scope.update(cifar10=cifar10, print=lambda *a: printed.append(" ".join(map(str, a))))
+  exec(setup, scope)
+  (command,) = [line for line in printed if line.startswith("python experiments/cifar10.py")]
+  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
+  for method in ("fedavg", "fedproj"):
+    argv = [a.replace("<fedavg|fedproj>", method) for a in shlex.split(command)[2:]]
+    from_flags = common.parse_config(argv, "", cifar10.get_config, choices, cifar10.PRESETS)
+    from_flags = cifar10.prepare(from_flags)
+    in_notebook = cifar10.resolve(scope["PRESET"], {**scope["FIELDS"], "method": method})
+    assert from_flags.to_dict() == in_notebook.to_dict()
+    assert in_notebook.rounds == (2 if smoke else 20) and in_notebook.partition == "dirichlet:0.3"

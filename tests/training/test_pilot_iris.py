@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.core.multiprocess import cpu_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,6 +26,7 @@ def test_pilot_runs_and_writes_json(tmp_path):
     ],
     capture_output=True,
     text=True,
+    env=cpu_env(),  # FAST_COMPILE, as every child process of the suite
     timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -58,6 +61,7 @@ def test_labelled_public_projects_from_round_one(tmp_path):
     ],
     capture_output=True,
     text=True,
+    env=cpu_env(),  # FAST_COMPILE, as every child process of the suite
     timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -73,6 +77,7 @@ def test_pilot_rejects_bad_seeds(tmp_path):
     [sys.executable, str(ROOT / "experiments" / "pilot_iris.py"), "--seeds=0,x", "--no_plot"],
     capture_output=True,
     text=True,
+    env=cpu_env(),  # FAST_COMPILE, as every child process of the suite
     timeout=120,
   )
   assert proc.returncode != 0 and "--seeds must be comma-separated integers" in proc.stderr

@@ -31,7 +31,7 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.continual.base import ContinualMethod, task_algorithm, task_forward
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model
@@ -140,15 +140,11 @@ def er(
   return ContinualMethod(algorithm, end_task)
 
 
-def _build_er(ctx: BuildContext, **hparams) -> ContinualMethod:
-  return er(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.executor,
-    num_clients=ctx.num_clients,
-    num_tasks=ctx.num_tasks,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec("er", "continual", _build_er, hparams=factory_hparams(er), requires=("executor",))
+SPEC = factory_spec(
+  "er",
+  "continual",
+  er,
+  ctx_args=("model", "client_optimizer", "executor"),
+  ctx_kwargs=("num_clients", "num_tasks"),
+  requires=("executor",),
+)

@@ -30,7 +30,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_forward,
   task_loss,
 )
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientProgram
 from fedjax_proj.core.executor import Executor
@@ -163,16 +163,11 @@ def ewc(
   return ContinualMethod(algorithm, end_task)
 
 
-def _build_ewc(ctx: BuildContext, **hparams) -> ContinualMethod:
-  return ewc(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.executor,
-    num_clients=ctx.num_clients,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec(
-  "ewc", "continual", _build_ewc, hparams=factory_hparams(ewc), requires=("executor",)
+SPEC = factory_spec(
+  "ewc",
+  "continual",
+  ewc,
+  ctx_args=("model", "client_optimizer", "executor"),
+  ctx_kwargs=("num_clients",),
+  requires=("executor",),
 )

@@ -17,7 +17,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_algorithm,
   task_loss,
 )
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core.types import Model
 
 
@@ -27,8 +27,4 @@ def fl(model: Model, optimizer: optax.GradientTransformation) -> ContinualMethod
   return ContinualMethod(task_algorithm("fl", lambda v: (), None, program))
 
 
-def _build_fl(ctx: BuildContext, **hparams) -> ContinualMethod:
-  return fl(ctx.model, ctx.client_optimizer, **hparams)
-
-
-SPEC = MethodSpec("fl", "continual", _build_fl, hparams=factory_hparams(fl))
+SPEC = factory_spec("fl", "continual", fl)

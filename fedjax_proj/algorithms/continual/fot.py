@@ -35,7 +35,7 @@ from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.continual import gpse
 from fedjax_proj.algorithms.continual.base import ContinualMethod, task_loss
 from fedjax_proj.algorithms.fedavg import client_metrics
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientProgram
@@ -221,23 +221,12 @@ def fot(
   return method
 
 
-def build(ctx: BuildContext, **hparams) -> ContinualMethod:
-  """Registry entry (see :mod:`fedjax_proj.algorithms.registry`); hparams: :func:`fot`'s."""
-  return fot(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.executor,
-    variables=ctx.variables,
-    sample_x=ctx.sample_x,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec(
+SPEC = factory_spec(
   "fot",
   "continual",
-  build,
-  hparams=factory_hparams(fot),
+  fot,
+  ctx_args=("model", "client_optimizer", "executor"),
+  ctx_kwargs=("variables", "sample_x"),
   ranges={"eps": ranges.FRACTION},
   requires=("executor", "variables", "sample_x"),
 )

@@ -25,7 +25,7 @@ from fedjax_proj.algorithms.continual.base import (
   task_algorithm,
   task_loss,
 )
-from fedjax_proj.algorithms.registry import BuildContext, MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.executor import Executor
@@ -113,23 +113,12 @@ def gpm(
   return ContinualMethod(algorithm, end_task)
 
 
-def _build_gpm(ctx: BuildContext, **hparams) -> ContinualMethod:
-  return gpm(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.executor,
-    variables=ctx.variables,
-    sample_x=ctx.sample_x,
-    num_clients=ctx.num_clients,
-    **hparams,
-  )
-
-
-SPEC = MethodSpec(
+SPEC = factory_spec(
   "gpm",
   "continual",
-  _build_gpm,
-  hparams=factory_hparams(gpm),
+  gpm,
+  ctx_args=("model", "client_optimizer", "executor"),
+  ctx_kwargs=("variables", "sample_x", "num_clients"),
   ranges={"threshold": ranges.FRACTION},
   requires=("executor", "variables", "sample_x"),
 )

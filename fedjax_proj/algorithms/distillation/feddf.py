@@ -14,7 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.distillation.distill_server import distillation_server
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import MethodSpec, factory_spec
 from fedjax_proj.core.types import Model
 
 
@@ -55,17 +55,18 @@ def ensemble_distillation(
   )
 
 
-def build(ctx, **hp) -> FederatedAlgorithm:
-  """Registry entry."""
-  return ensemble_distillation(
-    ctx.model, ctx.client_optimizer, ctx.normalize, public_size=ctx.public_size, **hp
+def ensemble_spec(name: str, teacher: str) -> MethodSpec:
+  """The registry entry of an ensemble-distillation method: ``name`` with its ``teacher`` fixed
+  (FedDF's mean, FedET's uncertainty weighting); the rest are this factory's hyperparameters."""
+  return factory_spec(
+    name,
+    "fl",
+    ensemble_distillation,
+    ctx_args=("model", "client_optimizer", "normalize"),
+    ctx_kwargs=("public_size",),
+    fixed={"teacher": teacher, "name": name},
+    needs_public=True,
   )
 
 
-SPEC = MethodSpec(
-  "feddf",
-  "fl",
-  build,
-  needs_public=True,
-  hparams=factory_hparams(ensemble_distillation, context=("teacher", "name")),
-)
+SPEC = ensemble_spec("feddf", "mean")

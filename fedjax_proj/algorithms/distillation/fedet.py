@@ -9,24 +9,7 @@ confidence-weighted logits whose weights sharpen where clients agree). Everythin
 
 from __future__ import annotations
 
-from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.distillation import feddf
-from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.distillation.feddf import ensemble_spec
 
-
-def build(ctx, **hp) -> FederatedAlgorithm:
-  """Registry entry."""
-  return ensemble_distillation(
-    ctx.model,
-    ctx.client_optimizer,
-    ctx.normalize,
-    public_size=ctx.public_size,
-    teacher="uncertainty",
-    name="fedet",
-    **hp,
-  )
-
-
-# FedDF's hyperparameters: the two differ only in the teacher each registered name fixes.
-SPEC = MethodSpec("fedet", "fl", build, needs_public=True, hparams=feddf.SPEC.hparams)
+# FedDF's factory and hyperparameters: the two differ only in the teacher each name fixes.
+SPEC = ensemble_spec("fedet", "uncertainty")

@@ -14,7 +14,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.fedavg import fedavg
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core.types import Batch, Model
 
 
@@ -46,11 +46,4 @@ def fedntd(
   return base._replace(name="fedntd", client=program)
 
 
-def build(ctx, **hp) -> FederatedAlgorithm:
-  """Registry entry."""
-  return fedntd(ctx.model, ctx.client_optimizer, ctx.server_optimizer, **hp)
-
-
-SPEC = MethodSpec(
-  "fedntd", "fl", build, hparams=factory_hparams(fedntd, context=("server_optimizer",))
-)
+SPEC = factory_spec("fedntd", "fl", fedntd, ctx_kwargs=("server_optimizer",))

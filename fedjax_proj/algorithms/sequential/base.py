@@ -21,7 +21,7 @@ the strategies equal. FedSeq (fedseq.py), CWC (cwc.py) and SFedKD (sfedkd.py) ar
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from fedjax_proj.algorithms.families import server_variables
 from fedjax_proj.core import tree as tree_lib
@@ -75,11 +75,3 @@ def chain_metrics(outputs: dict, rd: RoundData, order: Array) -> dict:
   """Example-weighted means of the clients' reported metrics (outputs in sequence order)."""
   weights = rd.num_examples[order]
   return {k: tree_lib.weighted_mean(v, weights) for k, v in outputs["metrics"].items()}
-
-
-def check_no_server_optimizer(server_optimizer: Any, name: str) -> None:
-  if server_optimizer is not None:
-    raise ValueError(
-      f"{name} is sequential FL: the last client's model is the global model, there is no server "
-      "aggregation for a server optimiser. Use --server_optimizer=none."
-    )

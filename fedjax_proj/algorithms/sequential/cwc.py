@@ -31,11 +31,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.algorithms.sequential.base import (
   SequentialAlgorithm,
   chain_metrics,
-  check_no_server_optimizer,
 )
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientProgram
@@ -141,10 +140,4 @@ def cwc(
   )
 
 
-def build(ctx, **hparams) -> SequentialAlgorithm:
-  """Registry entry; hyperparameters ``lam`` (λ) and ``decay`` (σ)."""
-  check_no_server_optimizer(ctx.server_optimizer, "cwc")
-  return cwc(ctx.model, ctx.client_optimizer, **hparams)
-
-
-SPEC = MethodSpec("cwc", "sequential", build, hparams=factory_hparams(cwc))
+SPEC = factory_spec("cwc", "sequential", cwc)

@@ -14,11 +14,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.algorithms.sequential.base import (
   SequentialAlgorithm,
   chain_metrics,
-  check_no_server_optimizer,
   default_handoff,
 )
 from fedjax_proj.core import tree as tree_lib
@@ -68,10 +67,4 @@ def fedseq(
   )
 
 
-def build(ctx) -> SequentialAlgorithm:
-  """Registry entry for ``fedseq``; it has no hyperparameters."""
-  check_no_server_optimizer(ctx.server_optimizer, "fedseq")
-  return fedseq(ctx.model, ctx.client_optimizer)
-
-
-SPEC = MethodSpec("fedseq", "sequential", build, hparams={})
+SPEC = factory_spec("fedseq", "sequential", fedseq, fixed={"name": "fedseq"})

@@ -34,12 +34,11 @@ import optax
 
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
-from fedjax_proj.algorithms.registry import MethodSpec
+from fedjax_proj.algorithms.registry import MethodSpec, check_no_server_optimizer
 from fedjax_proj.algorithms.sequential import teacher_selection
 from fedjax_proj.algorithms.sequential.base import (
   SequentialAlgorithm,
   chain_metrics,
-  check_no_server_optimizer,
   default_handoff,
 )
 from fedjax_proj.core import tree as tree_lib
