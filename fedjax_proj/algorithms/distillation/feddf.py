@@ -24,6 +24,7 @@ def ensemble_distillation(
   normalize,
   *,
   public_size: int,
+  public_normalize=None,
   teacher: str = "mean",
   name: str = "feddf",
   distill_epochs: int = 1,
@@ -32,7 +33,13 @@ def ensemble_distillation(
   distill_temperature: float = 3.0,
   alpha: float = 0.0,
 ) -> FederatedAlgorithm:
-  """FedAvg local training + server distillation from a ``teacher`` ensemble (mean/uncertainty)."""
+  """FedAvg local training + server distillation from a ``teacher`` ensemble (mean/uncertainty).
+
+  ``public_normalize`` (the run's, set under ``--normalization=code``) normalises the public set
+  the server distils on, as FedProj's server does, so FedProj − FedDF stays the projection's effect
+  (docs/fedproj.md); None: ``normalize``.
+  """
+  normalize = public_normalize or normalize
   cfg = distill.DistillConfig(
     distill_epochs, distill_batch_size, distill_lr, distill_temperature, alpha
   )
@@ -63,7 +70,7 @@ def ensemble_spec(name: str, teacher: str) -> MethodSpec:
     "fl",
     ensemble_distillation,
     ctx_args=("model", "client_optimizer", "normalize"),
-    ctx_kwargs=("public_size",),
+    ctx_kwargs=("public_size", "public_normalize"),
     fixed={"teacher": teacher, "name": name},
     needs_public=True,
   )

@@ -466,3 +466,35 @@ def test_live_anchor_is_the_codes_zero_divergence_term(fp_setup):
   # (test_server_divergence_anchor shows α = 1e3 moves the result under the other anchors.)
   live = run(alpha=1e3, divergence_anchor="live", distill_lr=3e-2)
   np.testing.assert_allclose(live, run(alpha=0.0, distill_lr=3e-2), atol=1e-6)
+
+
+def test_feddf_distils_on_the_public_normaliser_as_fedproj_does(fp_setup):
+  """Under --normalization=code the public set has its own normaliser; FedDF's server must use it
+  as FedProj's does (registry builds), or FedProj − FedDF would mix in a normalisation effect."""
+  import types
+
+  from fedjax_proj.algorithms.distillation import feddf
+
+  x, y, public, model, fd, _, variables = fp_setup
+  hp = dict(distill_epochs=1, distill_batch_size=16, distill_lr=1e-2, alpha=0.0)
+
+  def ctx(public_normalize):
+    return types.SimpleNamespace(
+      model=model,
+      client_optimizer=optax.sgd(0.1),
+      normalize=lambda z: z,
+      public_size=48,
+      public_normalize=public_normalize,
+    )
+
+  halve = lambda z: 0.5 * z  # noqa: E731 - a public normaliser unlike the private one
+  built, _ = _two_rounds(
+    feddf.SPEC.build(ctx(halve), **hp), "vmap_scan", fd, x, y, public, variables
+  )
+  direct = feddf.ensemble_distillation(model, optax.sgd(0.1), halve, public_size=48, **hp)
+  ref, _ = _two_rounds(direct, "vmap_scan", fd, x, y, public, variables)
+  plain, _ = _two_rounds(
+    feddf.SPEC.build(ctx(None), **hp), "vmap_scan", fd, x, y, public, variables
+  )
+  np.testing.assert_array_equal(T.tree_ravel(built.variables), T.tree_ravel(ref.variables))
+  assert not np.allclose(T.tree_ravel(built.variables), T.tree_ravel(plain.variables), atol=1e-6)
