@@ -399,7 +399,8 @@ def run_reporting(run: Callable[[], object], argv, output_dir: str) -> int:
   with what is on disk and the resume command after an interrupt; 1 with the error's one line
   (a refused directory or flag, a foreign checkpoint, a non-finite run, a full disk...)."""
   from fedjax_proj.training.checkpoint import CheckpointError
-  from fedjax_proj.training.loop import AbortedBySignal, NonFiniteError, TrainingInterrupted
+  from fedjax_proj.training.loop import NonFiniteError
+  from fedjax_proj.training.signals import AbortedBySignal, TrainingInterrupted
 
   try:
     run()

@@ -93,9 +93,10 @@ def main(argv) -> int:
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.config import validate_config
   from fedjax_proj.training.experiment import run_experiment
-  from fedjax_proj.training.loop import NonFiniteError, TrainingInterrupted
+  from fedjax_proj.training.loop import NonFiniteError
   from fedjax_proj.training.metrics import read_metrics
   from fedjax_proj.training.rundir import describe_os_error
+  from fedjax_proj.training.signals import TrainingInterrupted
 
   configs = {}
   for method in METHODS:

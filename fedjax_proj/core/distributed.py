@@ -14,7 +14,8 @@ RPC layer of our own. What this module adds on top of :mod:`fedjax_proj.core.sha
   process holds identically (the round layout is a pure function of (seed, round), so each process
   computes the same indices), each process materialising only its own devices' slices.
 * :func:`fetch`: a replicated global array's value on this process (e.g. for evaluation/logging);
-  :func:`to_host` for any tree (local, replicated or sharded arrays).
+  :func:`to_host` for any tree (local, replicated or sharded arrays); :func:`to_local` copies only
+  when a tree holds global arrays.
 * :func:`max_over_processes` and :func:`barrier`: the few points where processes must agree
   (e.g. stopping on a signal that reached only some of them).
 
@@ -179,6 +180,18 @@ def to_host(tree):
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
   return jax.tree.map(get, tree)
+
+
+def to_local(tree):
+  """``tree`` readable on this process: global (multi-process) arrays become host copies
+  (:func:`to_host`, a collective when any leaf is sharded over processes).
+
+  A single process keeps its device arrays (no host round trip).
+  """
+  leaves = jax.tree.leaves(tree)
+  if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
+    return tree
+  return to_host(tree)
 
 
 def max_over_processes(value: int) -> int:

@@ -33,16 +33,9 @@ from fedjax_proj.core.types import Model, RoundData
 from fedjax_proj.data.continual import ContinualBenchmark, task_partition
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training import rundir
-from fedjax_proj.training.loop import (
-  Hooks,
-  RunIO,
-  finish,
-  open_session,
-  run_io,
-  run_rounds,
-  to_device,
-)
+from fedjax_proj.training.loop import Hooks, run_rounds, to_device
 from fedjax_proj.training.metrics import to_python
+from fedjax_proj.training.session import RunIO, finish, open_session, run_io
 
 
 def acc_fgt(acc_matrix: np.ndarray) -> tuple[float, float]:
@@ -231,7 +224,7 @@ def train_continual(
     seed: run seed.
     eval_every: also evaluate the current task every k rounds (0: only at task ends).
     summary_extra: extra summary fields.
-    run: files, checkpoints, resume and signals (:class:`~fedjax_proj.training.loop.RunIO`;
+    run: files, checkpoints, resume and signals (:class:`~fedjax_proj.training.session.RunIO`;
       ``metrics.jsonl`` has one line per round and per task end).
   """
   run, k = run or RunIO(), len(schedule.rounds)

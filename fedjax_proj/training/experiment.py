@@ -55,10 +55,11 @@ from fedjax_proj.training.inputs import (
   public_normalizer,
   subset,
 )
-from fedjax_proj.training.loop import run_io, train
+from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
 from fedjax_proj.training.placement import build_round, plan_execution
 from fedjax_proj.training.processes import init_processes
+from fedjax_proj.training.session import run_io
 from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.json"
-# Files a run writes into its directory (training/loop.py); their presence means "a run lives here".
+# Files a run writes into its directory (training/session.py): where any is, "a run lives here".
 RUN_FILES = ("metrics.jsonl", "summary.json", "final_variables.npz", "checkpoints", "tensorboard")
 
 

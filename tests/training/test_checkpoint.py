@@ -24,8 +24,10 @@ from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training import checkpoint as ckpt
-from fedjax_proj.training.loop import RunIO, TrainingInterrupted, train
+from fedjax_proj.training.loop import train
 from fedjax_proj.training.metrics import read_metrics
+from fedjax_proj.training.session import RunIO
+from fedjax_proj.training.signals import TrainingInterrupted
 from tests import helpers
 
 
@@ -206,10 +208,10 @@ def test_in_process_sigint_and_resume_match_an_uninterrupted_run(tmp_path):
 
 
 def test_first_signal_sets_a_flag_second_aborts_and_handlers_are_restored():
-  from fedjax_proj.training.loop import _StopOnSignal
+  from fedjax_proj.training.signals import StopOnSignal
 
   before = signal.getsignal(signal.SIGTERM)
-  with _StopOnSignal(True) as stop:
+  with StopOnSignal(True) as stop:
     os.kill(os.getpid(), signal.SIGTERM)
     assert stop.signum == signal.SIGTERM  # the round in progress is allowed to finish
     with pytest.raises(KeyboardInterrupt, match="aborting without saving"):

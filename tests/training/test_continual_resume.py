@@ -25,7 +25,8 @@ import pytest
 
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training.continual import TaskSchedule, train_continual
-from fedjax_proj.training.loop import RunIO, TrainingInterrupted
+from fedjax_proj.training.session import RunIO
+from fedjax_proj.training.signals import TrainingInterrupted
 from tests import helpers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))

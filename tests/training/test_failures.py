@@ -22,8 +22,9 @@ from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.training import experiment, placement
 from fedjax_proj.training.checkpoint import Checkpointer, config_fingerprint
 from fedjax_proj.training.config import base_config, validate_config
-from fedjax_proj.training.loop import NonFiniteError, RunIO, train
+from fedjax_proj.training.loop import NonFiniteError, train
 from fedjax_proj.training.metrics import read_metrics
+from fedjax_proj.training.session import RunIO
 from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,9 @@ from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training.checkpoint import MANIFEST, comparable_metrics, load_variables
 from fedjax_proj.training.config import base_config, validate_config
-from fedjax_proj.training.loop import RunIO, train
+from fedjax_proj.training.loop import train
 from fedjax_proj.training.placement import client_mesh_for
+from fedjax_proj.training.session import RunIO
 from tests import helpers
 from tests.core.multiprocess import ROOT, cpu_env, free_port, run_processes
 

@@ -27,7 +27,7 @@ from fedjax_proj.data.sources import resolve
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training import experiment, rundir
 from fedjax_proj.training.estimate import estimate_run
-from fedjax_proj.training.loop import AbortedBySignal, _StopOnSignal
+from fedjax_proj.training.signals import AbortedBySignal, StopOnSignal
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["--preset=smoke", "--dataset=digits", "--model=mlp", "--progress=false"]
@@ -191,7 +191,7 @@ def test_resume_over_run_files_without_checkpoint_names_the_fresh_start(tmp_path
 
 
 def test_first_signal_prints_at_once_which_round_the_run_stops_after(capfd):
-  with _StopOnSignal(True) as stop:
+  with StopOnSignal(True) as stop:
     stop.round, stop.round_started, stop.round_seconds = 7, time.perf_counter(), 30.0
     os.kill(os.getpid(), signal.SIGINT)
     err = capfd.readouterr().err
@@ -199,7 +199,7 @@ def test_first_signal_prints_at_once_which_round_the_run_stops_after(capfd):
     assert stop.signum == signal.SIGINT
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
-  with _StopOnSignal(True) as stop:  # first round: its time includes compilation, say so
+  with StopOnSignal(True) as stop:  # first round: its time includes compilation, say so
     stop.round = 1
     os.kill(os.getpid(), signal.SIGINT)
     assert "stopping after round 1 (time unknown" in capfd.readouterr().err

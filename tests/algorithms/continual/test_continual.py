@@ -26,7 +26,7 @@ from fedjax_proj.training.continual import (
   acc_fgt,
   train_continual,
 )
-from fedjax_proj.training.loop import RunIO
+from fedjax_proj.training.session import RunIO
 from tests import helpers
 
 REPO = Path(__file__).resolve().parents[3]
