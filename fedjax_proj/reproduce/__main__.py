@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, protocol, report, run, sweep
+from fedjax_proj.training.signals import TrainingInterrupted
 
 
 def _csv(text: str) -> list[str]:
@@ -221,6 +222,12 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     except run.RunLocked as e:  # another process runs it: leave it alone, not a failure
       print(f"locked {tag}: {e}", flush=True)
       continue
+    except TrainingInterrupted as e:
+      # A stop request (SIGTERM from a scheduler or `kill`) stops the queue, not just this run:
+      # the next run would start only to be killed too. What is on disk is the run's work folder;
+      # a rerun of the command starts the run again.
+      print(f"stopped {tag}: {e}", flush=True)
+      raise
     except Exception as e:  # noqa: BLE001 - one diverged run must not cost the queued ones
       # An hours-long queue of runs goes on past a run that fails (e.g. a diverging loss); the
       # failures are listed at the end and make the command exit 1. No result file is written,
@@ -269,6 +276,9 @@ def main(argv=None) -> int:
           print(report.write_report(claim, args.budget, directory, expected))
         if failed is not None:
           raise failed
+    except TrainingInterrupted as e:
+      print(f"stopped: {e}; rerun the command to run what is missing", file=sys.stderr)
+      return 128 + e.signum
     except (FileNotFoundError, ValueError, RuntimeError) as e:
       print(f"error: {e}", file=sys.stderr)
       return 1

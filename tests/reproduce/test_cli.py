@@ -90,6 +90,32 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
   assert cli.main(args) == 0 and calls == [0, 1, 2, 1]  # a rerun retries only the failed run
 
 
+def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
+  """SIGTERM inside a run (TrainingInterrupted) stops the runner, where a failing run does not."""
+  import signal
+
+  from fedjax_proj.training.signals import TrainingInterrupted
+
+  calls = []
+
+  def runner(claim, config, work, log):
+    calls.append(config["seed"])
+    if config["seed"] == 1:
+      raise TrainingInterrupted(
+        "SIGTERM received: stopped after round 1/2", 1, signal.SIGTERM, True
+      )
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [
+      {"round": 1, "global_accuracy": 0.5}
+    ]
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  args = [*PILOT_SMOKE, "--seeds=0,1,2", f"--results={tmp_path}"]
+  assert cli.main(args) == 128 + signal.SIGTERM
+  out, err = capsys.readouterr()
+  assert calls == [0, 1]  # seed 2 never started
+  assert "stopped fedproj-iris-pilot smoke fedavg seed 1" in out and "rerun the command" in err
+
+
 def _write(directory, method, seed, value):
   directory.mkdir(parents=True, exist_ok=True)
   result = {
