@@ -13,7 +13,9 @@ comparable pairs. ``--seeds`` defaults to the budget's pre-registered seeds 0..n
 chosen by the power calculation ``--power`` prints); more seeds are exploratory. A run whose
 result file exists with the same resolved config is skipped; one from another config is reported
 as stale and rerun only with ``--rerun_stale``; a corrupt one is reported as corrupt, kept aside
-and rerun. A run holds a lock, so two processes never run (or delete) the same one. Every input
+and rerun. The queue is printed first with its time at the wall times this budget's results
+recorded (``--no_run``: only that), and what is left after each run. A run holds a lock, so two
+processes never run (or delete) the same one. Every input
 is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
 See docs/reproduction.md, "Results".
 """
@@ -158,6 +160,61 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
   return "\n".join(lines)
 
 
+def recorded_seconds(directory: Path) -> dict[str, list[float]]:
+  """{method: wall seconds of every valid result in ``directory``}, stale ones included (same
+  budget, older config or code): what the runs of this budget took where they ran."""
+  out: dict[str, list[float]] = {}
+  for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
+    result, _ = run.read_result(path)
+    if result is not None and isinstance(result.get("wall_seconds"), int | float):
+      out.setdefault(result["method"], []).append(float(result["wall_seconds"]))
+  return out
+
+
+def _duration(seconds: float) -> str:
+  return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def _eta(methods: list[str], recorded: dict[str, list[float]]) -> str:
+  """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
+  method; methods never recorded are named, not guessed."""
+  if not methods:
+    return "nothing left"
+  known = [m for m in methods if recorded.get(m)]
+  unknown = sorted({m for m in methods if not recorded.get(m)})
+  total = sum(sum(recorded[m]) / len(recorded[m]) for m in known)
+  parts = []
+  if known:
+    parts.append(
+      f"about {_duration(total)} in one process for {len(known)} run(s) at this budget's "
+      "recorded times"
+    )
+  if unknown:
+    parts.append(
+      f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
+    )
+  return "; ".join(parts)
+
+
+def queue_summary(plan: list, queue: list, recorded: dict, rerun_stale: bool) -> str:
+  """One line before the first run: what is done, what will run, what is left alone, and how long
+  the queue takes in one process at the mean wall time each method's results recorded (their
+  machines' load included: the results' ``load_average``)."""
+  counts: dict[str, int] = {}
+  for *_, state in plan:
+    counts[state] = counts.get(state, 0) + 1
+  parts = [f"{counts.get('done', 0)} done", f"{len(queue)} to run"]
+  parts += [f"{counts[s]} {s}" for s in ("missing", "corrupt") if counts.get(s)]
+  if counts.get("stale"):
+    parts.append(
+      f"{counts['stale']} stale"
+      + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
+    )
+  means = ", ".join(f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()))
+  line = f"queue: {', '.join(parts)}; {_eta([p[0] for p in queue], recorded)}"
+  return line + (f" (mean per run: {means})" if means and queue else "")
+
+
 class RunsFailed(RuntimeError):
   """Some (method, seed) runs of a claim raised; the others ran to the end."""
 
@@ -192,6 +249,12 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
 
     for _, _, config, _, _, _ in plan:
       validate_config(ml_collections.ConfigDict(run.substitute_data(config, root)))
+  queue = [
+    p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
+  ]
+  recorded = recorded_seconds(run.result_path(results, claim.name, budget, "x", 0).parent)
+  print(queue_summary(plan, queue, recorded, args.rerun_stale), flush=True)
+  ran = 0
   for method, seed, config, deviations, path, state in plan:
     tag = f"{claim.name} {budget} {method} seed {seed}"
     if state == "done":
@@ -238,6 +301,10 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       continue
     summary = ", ".join(f"{k}={v:.2f}" for k, v in result["metrics"].items())
     print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
+    ran += 1
+    recorded.setdefault(method, []).append(result["wall_seconds"])
+    left = [m for m, *_ in queue[ran:]]
+    print(f"queue: {ran} of {len(queue)} run; {_eta(left, recorded)}", flush=True)
   if failed:
     raise RunsFailed(failed, expected)
   return expected

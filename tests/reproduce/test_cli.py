@@ -116,6 +116,42 @@ def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
   assert "stopped fedproj-iris-pilot smoke fedavg seed 1" in out and "rerun the command" in err
 
 
+def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, capsys, monkeypatch):
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  directory = tmp_path / "fedproj-iris-pilot" / "smoke"
+  assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  # Nothing recorded yet: the runs are counted, their time is not guessed.
+  assert "queue: 0 done, 1 to run, 1 missing; 1 run(s) of fedavg with no recorded time" in out
+  assert "queue: 1 of 1 run; nothing left" in out
+  result = json.loads((directory / "fedavg-seed0.json").read_text())
+  result["wall_seconds"] = 600.0  # as if the run had taken ten minutes
+  (directory / "fedavg-seed0.json").write_text(json.dumps(result))
+  args = ["fedproj-iris-pilot", "--budget=smoke", "--seeds=0,1,2,3"]
+  assert cli.main([*args, "--methods=fedavg", f"--results={tmp_path}", "--no_run"]) == 0
+  assert "queue: 1 done, 3 to run, 3 missing; about 30 min in one process for 3 run(s)" in (
+    capsys.readouterr().out
+  )
+  # A method with no recorded time is named, with its runs, beside the estimate of the others.
+  both = [*args, "--methods=fedavg,fedproj", f"--results={tmp_path}", "--no_run"]
+  assert cli.main(both) == 0
+  out = capsys.readouterr().out
+  assert "about 30 min in one process for 3 run(s)" in out
+  assert "4 run(s) of fedproj with no recorded time" in out
+  # A stale result is left alone unless --rerun_stale, and the summary says which.
+  result["config"]["rounds"] = 999
+  (directory / "fedavg-seed0.json").write_text(json.dumps(result))
+  stale = [*args, "--methods=fedavg", f"--results={tmp_path}", "--no_run"]
+  assert cli.main(stale) == 0
+  assert "0 done, 3 to run, 3 missing, 1 stale left alone (--rerun_stale reruns them)" in (
+    capsys.readouterr().out
+  )
+  assert cli.main([*stale, "--rerun_stale"]) == 0
+  assert "0 done, 4 to run, 3 missing, 1 stale; about 40 min" in capsys.readouterr().out
+  assert calls == [0]  # --no_run ran nothing
+
+
 def _write(directory, method, seed, value):
   directory.mkdir(parents=True, exist_ok=True)
   result = {
