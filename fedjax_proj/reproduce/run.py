@@ -140,10 +140,13 @@ ADDED_FIELDS = {
   "lr_step_epochs": 0,
   "lr_step_gamma": 0.1,
   "public_split": "train",
+  # "dataset" is the normaliser every run used before --normalization=code existed.
+  "normalization": "dataset",
 }
 # Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
-# (or ``method_defaults``) already hold: they compute nothing themselves.
-DEFAULT_ONLY_FIELDS = ("fedproj_alpha_by_beta", "ewc_normalize", "fot_eps")
+# (or ``method_defaults``) already hold, or only choose what a run writes (TensorBoard event
+# files): they compute nothing themselves.
+DEFAULT_ONLY_FIELDS = ("fedproj_alpha_by_beta", "ewc_normalize", "fot_eps", "tensorboard")
 
 
 def canonical(config: dict[str, Any]) -> dict[str, Any]:

@@ -249,6 +249,36 @@ def test_added_field_at_its_default_keeps_old_fingerprints():
   assert run.fingerprint({**old, "rounds": 9}) != run.fingerprint(old)
 
 
+def test_every_committed_result_is_current():
+  """A config field added, renamed or re-defaulted without keeping what committed results computed
+  turns them stale: the runner would rerun hours of runs, and the docs' tables would show results
+  the current budget no longer produces. Such a change must be deliberate: give the field its
+  old-behaviour value in run.ADDED_FIELDS (or RUN_FIELDS), or rerun and commit the results."""
+  from fedjax_proj.data.sources import find_shared_data
+  from fedjax_proj.reproduce.claims import get_claim
+
+  data = find_shared_data()  # the configs name the data files, which must exist to resolve
+  if data is None:
+    pytest.skip("../shared/data not found")
+  root = run.DEFAULT_RESULTS
+  paths = sorted([*root.glob("*/*/*-seed*.json"), *root.glob("*/sweep/*/*-seed*.json")])
+  if not paths:
+    pytest.skip("no committed results")
+  stale = []
+  for path in paths:
+    result = json.loads(path.read_text())
+    # <claim>/<budget>/<file>, or <claim>/sweep/<regime>/<file> (budget "sweep/<regime>").
+    budget = path.parent.relative_to(root / result["claim"]).as_posix()
+    config, _ = cli.planned_config(
+      get_claim(result["claim"]), budget, result["method"], result["seed"], data
+    )
+    if run.status(path, run.fingerprint(config)) != "done":
+      now, then = run.canonical(config), run.canonical(result["config"])
+      diff = sorted(k for k in now.keys() | then.keys() if now.get(k, "-") != then.get(k, "-"))
+      stale.append(f"{path.relative_to(run.DEFAULT_RESULTS)}: {', '.join(diff)}")
+  assert not stale, "committed results made stale:\n" + "\n".join(stale)
+
+
 def test_runner_extras_go_to_detail_not_metrics(tmp_path, monkeypatch):
   def runner(claim, config, work, log):
     return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, [{"round": 1}]
