@@ -160,42 +160,6 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
   return "\n".join(lines)
 
 
-def recorded_seconds(directory: Path) -> dict[str, list[float]]:
-  """{method: wall seconds of every valid result in ``directory``}, stale ones included (same
-  budget, older config or code): what the runs of this budget took where they ran."""
-  out: dict[str, list[float]] = {}
-  for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
-    result, _ = run.read_result(path)
-    if result is not None and isinstance(result.get("wall_seconds"), int | float):
-      out.setdefault(result["method"], []).append(float(result["wall_seconds"]))
-  return out
-
-
-def _duration(seconds: float) -> str:
-  return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
-
-
-def _eta(methods: list[str], recorded: dict[str, list[float]]) -> str:
-  """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
-  method; methods never recorded are named, not guessed."""
-  if not methods:
-    return "nothing left"
-  known = [m for m in methods if recorded.get(m)]
-  unknown = sorted({m for m in methods if not recorded.get(m)})
-  total = sum(sum(recorded[m]) / len(recorded[m]) for m in known)
-  parts = []
-  if known:
-    parts.append(
-      f"about {_duration(total)} in one process for {len(known)} run(s) at this budget's "
-      "recorded times"
-    )
-  if unknown:
-    parts.append(
-      f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
-    )
-  return "; ".join(parts)
-
-
 def queue_summary(plan: list, queue: list, recorded: dict, rerun_stale: bool) -> str:
   """One line before the first run: what is done, what will run, what is left alone, and how long
   the queue takes in one process at the mean wall time each method's results recorded (their
@@ -211,7 +175,7 @@ def queue_summary(plan: list, queue: list, recorded: dict, rerun_stale: bool) ->
       + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
     )
   means = ", ".join(f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()))
-  line = f"queue: {', '.join(parts)}; {_eta([p[0] for p in queue], recorded)}"
+  line = f"queue: {', '.join(parts)}; {report.eta([p[0] for p in queue], recorded)}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
 
@@ -252,7 +216,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   queue = [
     p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
   ]
-  recorded = recorded_seconds(run.result_path(results, claim.name, budget, "x", 0).parent)
+  recorded = report.recorded_seconds(run.result_path(results, claim.name, budget, "x", 0).parent)
   print(queue_summary(plan, queue, recorded, args.rerun_stale), flush=True)
   ran = 0
   for method, seed, config, deviations, path, state in plan:
@@ -304,7 +268,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     ran += 1
     recorded.setdefault(method, []).append(result["wall_seconds"])
     left = [m for m, *_ in queue[ran:]]
-    print(f"queue: {ran} of {len(queue)} run; {_eta(left, recorded)}", flush=True)
+    print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
   if failed:
     raise RunsFailed(failed, expected)
   return expected

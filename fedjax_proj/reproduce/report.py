@@ -311,6 +311,80 @@ def verdict_table(claim: Claim, found: dict, budget: str, equivalent=()) -> list
   return lines + [""]
 
 
+def recorded_seconds(directory: Path) -> dict[str, list[float]]:
+  """{method: wall seconds of every valid result in ``directory``}, stale ones included (same
+  budget, older config or code): what the runs of this budget took where they ran."""
+  out: dict[str, list[float]] = {}
+  for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
+    result, _ = run.read_result(path)
+    if result is not None and isinstance(result.get("wall_seconds"), int | float):
+      out.setdefault(result["method"], []).append(float(result["wall_seconds"]))
+  return out
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 90:
+    return f"{seconds:.0f} s"
+  return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def eta(methods: list[str], recorded: dict[str, list[float]]) -> str:
+  """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
+  method; methods never recorded are named, not guessed."""
+  if not methods:
+    return "nothing left"
+  known = [m for m in methods if recorded.get(m)]
+  unknown = sorted({m for m in methods if not recorded.get(m)})
+  total = sum(sum(recorded[m]) / len(recorded[m]) for m in known)
+  parts = []
+  if known:
+    parts.append(
+      f"about {_duration(total)} in one process for {len(known)} run(s) at this budget's "
+      "recorded times"
+    )
+  if unknown:
+    parts.append(
+      f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
+    )
+  return "; ".join(parts)
+
+
+def completion_lines(claim: Claim, found: dict, budget: str) -> list[str]:
+  """What the verdicts still lack: the pre-registered (method, seed) runs without a current
+  result, and their time at the mean wall time this budget's results recorded."""
+  b = claim.budgets.get(budget)
+  if b is None:
+    return []
+  missing = {
+    m: [s for s in range(b.seeds) if s not in found.get(m, {})] for m in claim.at(budget).methods
+  }
+  missing = {m: s for m, s in missing.items() if s}
+  if not missing:
+    return []
+  recorded = {
+    m: [float(r["wall_seconds"]) for r in rs.values() if "wall_seconds" in r]
+    for m, rs in found.items()
+  }
+  queue = [m for m, seeds in missing.items() for _ in seeds]
+  runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
+  return [
+    f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
+    f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}` runs them: "
+    f"{eta(queue, recorded)}.",
+    "",
+  ]
+
+
+def _seed_ranges(seeds: list[int]) -> str:
+  """[0, 1, 2, 5] -> 'seeds 0-2, 5'."""
+  parts, start = [], seeds[0]
+  for prev, cur in zip(seeds, [*seeds[1:], None], strict=True):
+    if cur != prev + 1:
+      parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+      start = cur
+  return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(parts)
+
+
 def curve_table(claim: Claim, found: dict) -> list[str]:
   """For every claimed pair, how many of the evaluated (round, seed) points favour the claimed
   winner: the generated reading of the curves (hand-written text cites it, never contradicts it)."""
@@ -488,6 +562,7 @@ def render(
   if deviations:
     lines += ["Deviations from the budget (this machine): " + "; ".join(deviations) + ".", ""]
   lines += method_table(claim, found) + verdict_table(claim, found, budget, equivalent)
+  lines += completion_lines(claim, found, budget)
   lines += exploratory_table(claim, found, budget) + curve_table(claim, found)
   lines += ablation_table(claim, found)
   lines += diagnostics(found, ("fedproj", *claim.ablations))

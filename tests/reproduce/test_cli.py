@@ -198,6 +198,28 @@ def test_report_too_few_seeds(tmp_path):
   assert v[("fedproj", "feddf", "client_accuracy")] == stats.TOO_FEW  # no feddf results at all
 
 
+def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
+  # The pilot's cpu budget pre-registers 3 seeds of fedavg, feddf and fedproj.
+  for seed in (0, 1, 2):
+    _write(tmp_path, "fedavg", seed, 70.0)
+  _write(tmp_path, "fedproj", 0, 90.0)
+  found, _, _ = report.load_results(tmp_path)
+  (line, _) = report.completion_lines(PILOT, found, "cpu")
+  assert "5 run(s) of the pre-registered seeds are missing" in line
+  assert "(feddf seeds 0-2; fedproj seeds 1-2)" in line
+  assert "fedproj-iris-pilot --budget=cpu` runs them" in line
+  # fedproj's recorded second counts for its 2 runs; feddf has none, so its 3 are not guessed.
+  assert "about 2 s in one process for 2 run(s)" in line
+  assert "3 run(s) of feddf with no recorded time" in line
+  for seed in (0, 1, 2):
+    _write(tmp_path, "feddf", seed, 60.0)
+    _write(tmp_path, "fedproj", seed, 90.0)
+  found, _, _ = report.load_results(tmp_path)
+  assert report.completion_lines(PILOT, found, "cpu") == []  # complete: nothing to say
+  assert report._seed_ranges([0, 1, 2, 5, 7, 8]) == "seeds 0-2, 5, 7-8"
+  assert report._seed_ranges([4]) == "seed 4"
+
+
 @pytest.mark.parametrize(
   "argv, message",
   [
