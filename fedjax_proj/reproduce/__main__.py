@@ -5,6 +5,7 @@
     python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu \\
         --methods=fedavg,feddf,fedproj --report
     python -m fedjax_proj.reproduce fedproj-iris-pilot --sweep --report   # the pilot's regimes
+    python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=drift --jobs=2  # 2 cores
     python -m fedjax_proj.reproduce --update_docs                         # docs/reproduction.md
     python -m fedjax_proj.reproduce --list
 
@@ -14,7 +15,8 @@ chosen by the power calculation ``--power`` prints); more seeds are exploratory.
 result file exists with the same resolved config is skipped; one from another config is reported
 as stale and rerun only with ``--rerun_stale``; a corrupt one is reported as corrupt, kept aside
 and rerun. The queue is printed first with its time at the wall times this budget's results
-recorded (``--no_run``: only that), and what is left after each run. A run holds a lock, so two
+recorded (``--no_run``: only that), and what is left after each run. ``--jobs=N`` runs the
+queue in N worker processes pinned to disjoint cores (:mod:`.jobs`). A run holds a lock, so two
 processes never run (or delete) the same one. Every input
 is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
 See docs/reproduction.md, "Results".
@@ -25,11 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import docs_tables, protocol, report, run, sweep
+from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
 from fedjax_proj.training.signals import TrainingInterrupted
 
 
@@ -72,7 +75,21 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument("--list", action="store_true", help="list the claims")
   p.add_argument("--results", default=str(run.DEFAULT_RESULTS), help="results folder")
   p.add_argument("--data", default="", help="shared data folder (default: ../shared/data)")
+  p.add_argument(
+    "--jobs",
+    type=int,
+    default=1,
+    help="run the queue in N processes, each pinned to its share of the cores (default: 1)",
+  )
+  p.add_argument("--job_worker", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
+  if args.jobs != 1:
+    try:
+      jobs.check_jobs(args.jobs)
+    except ValueError as e:
+      p.error(str(e))
+    if args.sweep:
+      p.error("--jobs does not apply to --sweep; run the sweep in one process")
   if not (args.claim or args.update_docs or args.list):
     p.error("give a CLAIM (or --list / --update_docs); claims: " + ", ".join(claims_lib.CLAIMS))
   if args.claim:
@@ -160,7 +177,9 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
   return "\n".join(lines)
 
 
-def queue_summary(plan: list, queue: list, recorded: dict, rerun_stale: bool) -> str:
+def queue_summary(
+  plan: list, queue: list, recorded: dict, rerun_stale: bool, n_jobs: int = 1
+) -> str:
   """One line before the first run: what is done, what will run, what is left alone, and how long
   the queue takes in one process at the mean wall time each method's results recorded (their
   machines' load included: the results' ``load_average``)."""
@@ -175,7 +194,7 @@ def queue_summary(plan: list, queue: list, recorded: dict, rerun_stale: bool) ->
       + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
     )
   means = ", ".join(f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()))
-  line = f"queue: {', '.join(parts)}; {report.eta([p[0] for p in queue], recorded)}"
+  line = f"queue: {', '.join(parts)}; {report.eta([p[0] for p in queue], recorded, n_jobs)}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
 
@@ -217,7 +236,9 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
   ]
   recorded = report.recorded_seconds(run.result_path(results, claim.name, budget, "x", 0).parent)
-  print(queue_summary(plan, queue, recorded, args.rerun_stale), flush=True)
+  if not args.job_worker:  # a worker's parent prints the queue and its progress
+    print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs), flush=True)
+  parallel = args.jobs > 1 and not args.no_run
   ran = 0
   for method, seed, config, deviations, path, state in plan:
     tag = f"{claim.name} {budget} {method} seed {seed}"
@@ -233,7 +254,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     if args.no_run:
       print(f"{state} {tag}", flush=True)
       continue
-    print(f"run {tag} ({state})", flush=True)
+    if parallel:  # the workers run it
+      continue
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
       result = run.run_one(
@@ -245,6 +267,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
         data_root=root,
         config=config,
         deviations=deviations,
+        on_start=lambda tag=tag, state=state: print(f"run {tag} ({state})", flush=True),
       )
     except run.RunLocked as e:  # another process runs it: leave it alone, not a failure
       print(f"locked {tag}: {e}", flush=True)
@@ -267,11 +290,58 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
     ran += 1
     recorded.setdefault(method, []).append(result["wall_seconds"])
-    left = [m for m, *_ in queue[ran:]]
-    print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
+    if not args.job_worker:
+      left = [m for m, *_ in queue[ran:]]
+      print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
+  if parallel and queue:
+    failed = run_in_jobs(args, claim, budget, root, results, queue, recorded)
   if failed:
     raise RunsFailed(failed, expected)
   return expected
+
+
+# Worker lines the parent has printed itself (the plan's statuses) or that only say a run was
+# left to another worker.
+_QUIET = ("skip ", "stale ", "corrupt ", "deviation: ", "locked ")
+
+
+def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, recorded) -> list:
+  """Runs ``queue`` in ``args.jobs`` pinned worker processes (:mod:`.jobs`), relaying their
+  lines and the queue's progress; returns the failures (the workers' FAILED lines). A worker
+  stopped by a signal stops the parent as a single runner's stop request does."""
+  left = {f"{claim.name} {budget} {m} seed {s}": m for m, s, *_ in queue}
+  failed, lock = [], threading.Lock()
+
+  def on_line(k: int, line: str) -> None:
+    with lock:
+      if line.startswith(_QUIET):
+        return
+      print(f"[job {k}] {line}", flush=True)
+      if line.startswith("FAILED "):
+        failed.append(line[len("FAILED ") :])
+      if line.startswith("done "):
+        tag = line[len("done ") :].split(":", 1)[0]
+        method = left.pop(tag, None)
+        if method is not None:
+          seconds = line.rsplit(" in ", 1)[-1].removesuffix(" s")
+          if seconds.replace(".", "", 1).isdigit():
+            recorded.setdefault(method, []).append(float(seconds))
+        done = len(queue) - len(left)
+        eta = report.eta(list(left.values()), recorded, args.jobs)
+        print(f"queue: {done} of {len(queue)} run; {eta}", flush=True)
+
+  argv = jobs.worker_argv(args, claim.name, budget, root, results)
+  print(f"starting {args.jobs} jobs, cores {jobs.core_shares(args.jobs)}", flush=True)
+  codes = jobs.run_workers(argv, args.jobs, on_line, cwd=run.REPO_ROOT)
+  stopped = [c - 128 for c in codes if c > 128]
+  if stopped:
+    raise TrainingInterrupted(
+      f"{len(stopped)} of {len(codes)} job(s) stopped by a signal", 0, stopped[0], False
+    )
+  odd = [f"job {k} exited with {c}" for k, c in enumerate(codes) if c not in (0, 1)]
+  if any(c == 1 for c in codes) and not failed:
+    odd.append("a job exited with 1 (its lines above say why)")
+  return failed + odd
 
 
 def main(argv=None) -> int:

@@ -328,9 +328,10 @@ def _duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
 
-def eta(methods: list[str], recorded: dict[str, list[float]]) -> str:
+def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -> str:
   """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
-  method; methods never recorded are named, not guessed."""
+  method, in one process and, with ``n_jobs`` > 1, spread over that many (assumed to share the
+  runs evenly); methods never recorded are named, not guessed."""
   if not methods:
     return "nothing left"
   known = [m for m in methods if recorded.get(m)]
@@ -338,9 +339,10 @@ def eta(methods: list[str], recorded: dict[str, list[float]]) -> str:
   total = sum(sum(recorded[m]) / len(recorded[m]) for m in known)
   parts = []
   if known:
+    spread = f"about {_duration(total / n_jobs)} with {n_jobs} jobs, " if n_jobs > 1 else ""
     parts.append(
-      f"about {_duration(total)} in one process for {len(known)} run(s) at this budget's "
-      "recorded times"
+      f"{spread or 'about '}{_duration(total)} in one process for {len(known)} run(s) at this "
+      "budget's recorded times"
     )
   if unknown:
     parts.append(

@@ -226,7 +226,15 @@ def status(path: Path, fp: str) -> str:
 # Files whose content decides what a run computes: the package (less the report side of the
 # reproduce tool, which only reads results) and the entry points. Their hash is a result's code
 # fingerprint; two results pair only when it is equal (or recorded as equivalent, report.py).
-REPORT_ONLY = ("report.py", "stats.py", "protocol.py", "__main__.py", "docs_tables.py", "plot.py")
+REPORT_ONLY = (
+  "report.py",
+  "stats.py",
+  "protocol.py",
+  "__main__.py",
+  "jobs.py",
+  "docs_tables.py",
+  "plot.py",
+)
 
 
 def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
@@ -429,6 +437,7 @@ def run_one(
   config: dict | None = None,
   deviations: list[str] | None = None,
   log=print,
+  on_start=None,
 ) -> dict:
   """Runs one (method, seed) and writes its result JSON; returns the result.
 
@@ -456,6 +465,8 @@ def run_one(
       raise RunLocked(f"{path.name} was finished by another process meanwhile")
     if state == "corrupt":
       path.replace(path.with_suffix(".json.corrupt"))
+    if on_start is not None:  # the run is this process's now (the runner announces it)
+      on_start()
     work = path.with_suffix(".work")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)

@@ -366,23 +366,53 @@ def test_a_run_held_by_another_process_is_left_alone(tmp_path, capsys, monkeypat
   assert run.status(path, json.loads(path.read_text())["fingerprint"]) == "done"
 
 
-def test_two_concurrent_runners_keep_one_valid_result(tmp_path):
-  """Two processes on the same claim, method and seed: both exit 0, one result, valid."""
+def test_jobs_run_every_run_once_and_equal_one_process(tmp_path):
+  """--jobs=2: two pinned workers start on the same run and share the queue through the run
+  locks; every run is done once, and each result equals the one a single runner writes (same
+  program, same seed)."""
+  import os
   import subprocess
   import sys
 
-  cmd = [sys.executable, "-m", "fedjax_proj.reproduce", *PILOT_SMOKE, "--seeds=0"]
-  cmd.append(f"--results={tmp_path}")
-  procs = [
-    subprocess.Popen(cmd, cwd=run.REPO_ROOT, stdout=subprocess.PIPE, text=True) for _ in range(2)
-  ]
-  outs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], outs
-  assert sum("done fedproj-iris-pilot" in o for o in outs) == 1, outs  # exactly one ran it
-  path = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
-  result, problem = run.read_result(path)
-  assert problem is None and len(result["curve"]) == 2
-  assert not path.with_suffix(".work").exists()
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs 2 usable cores")
+  args = [*PILOT_SMOKE, "--seeds=0,1,2"]
+  cmd = [sys.executable, "-m", "fedjax_proj.reproduce", *args, "--jobs=2"]
+  out = subprocess.run(
+    [*cmd, f"--results={tmp_path / 'jobs'}"],
+    cwd=run.REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=True,
+  ).stdout
+  assert "starting 2 jobs" in out and "queue: 3 of 3 run; nothing left" in out
+  done = [line for line in out.splitlines() if " done fedproj-iris-pilot" in line]
+  assert len(done) == 3 and len(set(d.split("] ", 1)[1].split(":")[0] for d in done)) == 3
+  # Only the worker that holds a run announces it.
+  assert sum(line.split("] ", 1)[-1].startswith("run ") for line in out.splitlines()) == 3
+  assert cli.main([*args, f"--results={tmp_path / 'one'}"]) == 0
+  for seed in (0, 1, 2):
+    a, b = (
+      json.loads(
+        run.result_path(tmp_path / d, "fedproj-iris-pilot", "smoke", "fedavg", seed).read_text()
+      )
+      for d in ("jobs", "one")
+    )
+    assert a["metrics"] == b["metrics"] and a["curve"] == b["curve"], seed
+  assert not list((tmp_path / "jobs").rglob("*.work"))  # no worker left a work folder
+
+
+def test_jobs_beyond_the_usable_cores_is_refused_before_any_run(capsys):
+  import os
+
+  cores = len(os.sched_getaffinity(0))
+  with pytest.raises(SystemExit) as e:
+    cli.main([*PILOT_SMOKE, f"--jobs={cores + 1}"])
+  assert e.value.code == 2
+  assert f"--jobs={cores + 1} but this process may use {cores} core(s)" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    cli.main([*PILOT_SMOKE, "--jobs=2", "--sweep"])
 
 
 @pytest.mark.parametrize(
