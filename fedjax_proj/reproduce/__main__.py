@@ -333,7 +333,8 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
   argv = jobs.worker_argv(args, claim.name, budget, root, results)
   print(f"starting {args.jobs} jobs, cores {jobs.core_shares(args.jobs)}", flush=True)
   codes = jobs.run_workers(argv, args.jobs, on_line, cwd=run.REPO_ROOT)
-  stopped = [c - 128 for c in codes if c > 128]
+  # A worker stopped by a signal exits 128+n (a run's stop request) or -n (killed by it).
+  stopped = [-c if c < 0 else c - 128 for c in codes if c < 0 or c > 128]
   if stopped:
     raise TrainingInterrupted(
       f"{len(stopped)} of {len(codes)} job(s) stopped by a signal", 0, stopped[0], False

@@ -403,6 +403,34 @@ def test_jobs_run_every_run_once_and_equal_one_process(tmp_path):
   assert not list((tmp_path / "jobs").rglob("*.work"))  # no worker left a work folder
 
 
+def test_sigterm_to_a_jobs_runner_stops_every_worker(tmp_path):
+  import os
+  import signal
+  import subprocess
+  import sys
+
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs 2 usable cores")
+  cmd = [sys.executable, "-m", "fedjax_proj.reproduce", *PILOT_SMOKE, "--seeds=0,1,2,3,4,5,6,7"]
+  proc = subprocess.Popen(
+    [*cmd, "--jobs=2", f"--results={tmp_path}"],
+    cwd=run.REPO_ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  for line in proc.stdout:  # a worker holds its first run
+    if "] run fedproj-iris-pilot" in line:
+      break
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+  assert "stopped by a signal" in err and "rerun the command" in err
+  finished = list(tmp_path.rglob("fedavg-seed*.json"))
+  assert len(finished) < 8  # the queue stopped; what finished is whole
+  assert all(run.read_result(p)[1] is None for p in finished)
+
+
 def test_jobs_beyond_the_usable_cores_is_refused_before_any_run(capsys):
   import os
 
