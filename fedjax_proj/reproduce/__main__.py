@@ -309,7 +309,7 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
   """Runs ``queue`` in ``args.jobs`` pinned worker processes (:mod:`.jobs`), relaying their
   lines and the queue's progress; returns the failures (the workers' FAILED lines). A worker
   stopped by a signal stops the parent as a single runner's stop request does."""
-  left = {f"{claim.name} {budget} {m} seed {s}": m for m, s, *_ in queue}
+  left = {f"{claim.name} {budget} {m} seed {s}": (m, path) for m, s, _, _, path, _ in queue}
   failed, lock = [], threading.Lock()
 
   def on_line(k: int, line: str) -> None:
@@ -320,14 +320,12 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
       if line.startswith("FAILED "):
         failed.append(line[len("FAILED ") :])
       if line.startswith("done "):
-        tag = line[len("done ") :].split(":", 1)[0]
-        method = left.pop(tag, None)
-        if method is not None:
-          seconds = line.rsplit(" in ", 1)[-1].removesuffix(" s")
-          if seconds.replace(".", "", 1).isdigit():
-            recorded.setdefault(method, []).append(float(seconds))
+        method, path = left.pop(line[len("done ") :].split(":", 1)[0], (None, None))
+        result = run.read_result(path)[0] if path is not None else None
+        if result is not None:  # its time sharpens the estimate, as in one process
+          recorded.setdefault(method, []).append(float(result["wall_seconds"]))
         done = len(queue) - len(left)
-        eta = report.eta(list(left.values()), recorded, args.jobs)
+        eta = report.eta([m for m, _ in left.values()], recorded, args.jobs)
         print(f"queue: {done} of {len(queue)} run; {eta}", flush=True)
 
   argv = jobs.worker_argv(args, claim.name, budget, root, results)
