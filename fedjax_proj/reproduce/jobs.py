@@ -1,7 +1,7 @@
 """``--jobs N``: a claim's queue in N worker processes, each pinned to its own share of the cores.
 
-XLA:CPU runs the small convolutions of these models on about one core per process, so N processes
-on N cores finish a queue about N times sooner than one process (docs/reproduction.md, "Results").
+Pinned workers run N runs at once without competing for a core (docs/reproduction.md, "Results":
+how well one unpinned process would use N cores instead was not measured).
 Each worker is the same command on the same plan, in the same order (seed by seed); the run lock
 (``run.run_one``) makes a worker leave a run that another holds or has finished, so every run
 runs once and an interrupted queue still completes seed by seed. The parent relays the workers'
