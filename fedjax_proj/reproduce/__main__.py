@@ -235,7 +235,9 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   queue = [
     p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
   ]
-  recorded = report.recorded_seconds(run.result_path(results, claim.name, budget, "x", 0).parent)
+  recorded = report.recorded_seconds(
+    run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
+  )
   if not args.job_worker:  # a worker's parent prints the queue and its progress
     print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs), flush=True)
   parallel = args.jobs > 1 and not args.no_run

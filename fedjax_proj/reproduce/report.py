@@ -311,12 +311,41 @@ def verdict_table(claim: Claim, found: dict, budget: str, equivalent=()) -> list
   return lines + [""]
 
 
-def recorded_seconds(directory: Path) -> dict[str, list[float]]:
+def machine_label(result: dict) -> str:
+  """Which machine a result ran on, in words ("not recorded" before results kept it)."""
+  m = result.get("machine")
+  if not m:
+    return "not recorded"
+  if m.get("backend") == "cpu":
+    return f"CPU, {m.get('cores')} of {m.get('cpu_count')} cores"
+  return f"{m.get('device_kind')} ({m.get('backend')})"
+
+
+def machines(results: list[dict]) -> str:
+  """ "<machine>: <n> runs" for every machine among ``results``."""
+  counts: dict[str, int] = {}
+  for r in results:
+    label = machine_label(r)
+    if label == "not recorded":
+      label = "not recorded (this project's 2-core CPU machine)"
+    counts[label] = counts.get(label, 0) + 1
+  return ", ".join(f"{k}: {v} run{'s' * (v != 1)}" for k, v in sorted(counts.items()))
+
+
+def backend_of(result: dict) -> str:
+  """The JAX backend a result ran on; results from before machines were recorded ran on CPUs."""
+  return (result.get("machine") or {}).get("backend", "cpu")
+
+
+def recorded_seconds(directory: Path, backend: str | None = None) -> dict[str, list[float]]:
   """{method: wall seconds of every valid result in ``directory``}, stale ones included (same
-  budget, older config or code): what the runs of this budget took where they ran."""
+  budget, older config or code): what the runs of this budget took where they ran. With
+  ``backend``, only results that ran on it (a GPU run's seconds say nothing of a CPU's)."""
   out: dict[str, list[float]] = {}
   for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
     result, _ = run.read_result(path)
+    if result is not None and backend is not None and backend_of(result) != backend:
+      continue
     if result is not None and isinstance(result.get("wall_seconds"), int | float):
       out.setdefault(result["method"], []).append(float(result["wall_seconds"]))
   return out
@@ -353,7 +382,7 @@ def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -
 
 def completion_lines(claim: Claim, found: dict, budget: str) -> list[str]:
   """What the verdicts still lack: the pre-registered (method, seed) runs without a current
-  result, and their time at the mean wall time this budget's results recorded."""
+  result, and their time at the mean wall time this budget's CPU results recorded."""
   b = claim.budgets.get(budget)
   if b is None:
     return []
@@ -363,8 +392,13 @@ def completion_lines(claim: Claim, found: dict, budget: str) -> list[str]:
   missing = {m: s for m, s in missing.items() if s}
   if not missing:
     return []
+  # The docs' estimate is for a CPU machine: a GPU run's seconds would understate it many times.
   recorded = {
-    m: [float(r["wall_seconds"]) for r in rs.values() if "wall_seconds" in r]
+    m: [
+      float(r["wall_seconds"])
+      for r in rs.values()
+      if "wall_seconds" in r and backend_of(r) == "cpu"
+    ]
     for m, rs in found.items()
   }
   queue = [m for m, seeds in missing.items() for _ in seeds]
@@ -571,7 +605,7 @@ def render(
   lines += [
     f"Commits: {', '.join(commits)}; code fingerprints: {', '.join(codes)}; 1-min load "
     "average during the runs: "
-    f"{min(loads):.1f}-{max(loads):.1f} (2-core machine unless stated).",
+    f"{min(loads):.1f}-{max(loads):.1f}; machines: {machines(results)}.",
     "",
   ]
   lines += [f"![{f}]({f})" for f in figures]

@@ -246,6 +246,31 @@ def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
   return sorted(files + list((repo_root / "experiments").glob("*.py")))
 
 
+def machine_info() -> dict:
+  """Where a run computed: JAX's backend and device kind, the cores this process may use and the
+  machine's. A result keeps it so a report can say which machine produced which numbers (the same
+  code computes in another reduction order on a GPU) and an ETA uses times from the same kind."""
+  import jax
+
+  return {
+    "backend": jax.default_backend(),
+    "device_kind": jax.devices()[0].device_kind,
+    "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    "cpu_count": os.cpu_count(),
+  }
+
+
+def local_backend() -> str:
+  """The backend a run here will most likely use, found without starting JAX (which would take
+  an accelerator's memory in a parent process): "gpu" where an NVIDIA device node exists, "tpu"
+  where an accel node exists, else "cpu". Only ETAs use it."""
+  if Path("/dev/nvidia0").exists():
+    return "gpu"
+  if Path("/dev/accel0").exists():
+    return "tpu"
+  return "cpu"
+
+
 def code_fingerprint(repo_root: Path = REPO_ROOT) -> str:
   """SHA-256 (16 hex digits) over the paths and contents of :func:`code_files`."""
   h = hashlib.sha256()
@@ -490,6 +515,7 @@ def run_one(
       "git_commit": commit,
       "code": {"git_commit": commit, "fingerprint": code_fingerprint()},
       "load_average": list(os.getloadavg()),
+      "machine": machine_info(),
       "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     problem = check_result(result)

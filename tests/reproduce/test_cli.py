@@ -152,6 +152,37 @@ def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, ca
   assert calls == [0]  # --no_run ran nothing
 
 
+def test_results_record_their_machine_and_etas_use_only_the_same_backend(
+  tmp_path, capsys, monkeypatch
+):
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner([]))
+  directory = tmp_path / "fedproj-iris-pilot" / "smoke"
+  base = [*PILOT_SMOKE, "--methods=fedavg", f"--results={tmp_path}"]
+  assert cli.main([*base, "--seeds=0,1"]) == 0
+  capsys.readouterr()
+  cpu = json.loads((directory / "fedavg-seed0.json").read_text())
+  assert cpu["machine"]["backend"] == "cpu"  # where this test runs
+  assert cpu["machine"]["cores"] >= 1 and cpu["machine"]["device_kind"]
+  cpu["wall_seconds"] = 600.0
+  (directory / "fedavg-seed0.json").write_text(json.dumps(cpu))
+  gpu = json.loads((directory / "fedavg-seed1.json").read_text())
+  gpu["wall_seconds"] = 6.0
+  gpu["machine"] = {"backend": "gpu", "device_kind": "NVIDIA H200", "cores": 2, "cpu_count": 16}
+  (directory / "fedavg-seed1.json").write_text(json.dumps(gpu))
+  queued = [*base, "--seeds=0,1,2,3", "--no_run"]
+  # Here (a CPU) the two missing runs are timed at the CPU run's 600 s, not averaged with 6 s.
+  monkeypatch.setattr(run, "local_backend", lambda: "cpu")
+  assert cli.main(queued) == 0
+  assert "2 to run, 2 missing; about 20 min in one process for 2 run(s)" in capsys.readouterr().out
+  monkeypatch.setattr(run, "local_backend", lambda: "gpu")
+  assert cli.main(queued) == 0
+  assert "2 to run, 2 missing; about 12 s in one process for 2 run(s)" in capsys.readouterr().out
+  # The report names each machine with its number of runs.
+  assert cli.main([*queued, "--report"]) == 0
+  text = (directory / "report.md").read_text()
+  assert "machines: CPU, " in text and "NVIDIA H200 (gpu): 1 run" in text
+
+
 def _write(directory, method, seed, value):
   directory.mkdir(parents=True, exist_ok=True)
   result = {
