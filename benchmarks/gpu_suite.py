@@ -13,7 +13,9 @@ is, keeps what it measured and is marked ``timed_out``):
 a. ``correctness``: vmap_scan == vmap_stepwise == sequential (largest parameter difference to
    vmap_scan after one FedAvg round; two FedProj rounds, the second with a memory buffer) for the
    MLP, the FedAvg CNN and ResNet-8 on real CIFAR-10, under float32 matmul precision (TF32 would
-   hide real differences). Passes when every difference is <= ``--tolerance``.
+   hide real differences). Passes when every difference, relative to the largest parameter update
+   of the round (the metrics: to their value), is <= ``--tolerance``: float rounding in another
+   computation order grows with the update (docs/performance.md, "Running the GPU suite").
 b. ``throughput``: one FedAvg round per strategy at 10/50/100/500 clients (vmap_scan in chunks of
    ``--chunk`` above it) for the CNN and ResNet-8: samples/s, round time, compile time (first
    round minus a timed round), peak device memory (``memory_stats``; cumulative over the
@@ -68,6 +70,10 @@ BUDGETS = {
   "nlp_round": 120,
 }
 
+
+# Step a's pass mark: a strategy's largest difference to vmap_scan over the round's largest
+# parameter update (compare_rows says why relative).
+TOLERANCE = 1e-2
 
 # --tiny is a smoke test of the code paths, not a measurement: on a loaded shared CPU its steps may
 # take minutes of wall time, so they are not cut short.
@@ -197,9 +203,9 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
       )
       fns = {s: make_round(alg, s, batch_fn) for s in STRATEGIES}
       res = compare_strategies(fns, lambda a=alg, v=variables: a.init(v, jax.random.key(0)), rd, 0)
-      for s in STRATEGIES:
-        diff = float(np.abs(res[s]["flat"] - res["vmap_scan"]["flat"]).max())
-        rows.append({"program": f"fedavg/{name}", "strategy": s, "max_abs_diff": diff})
+      init = np.asarray(tree_lib.tree_ravel(variables))
+      flats = {s: res[s]["flat"] for s in STRATEGIES}
+      rows += compare_rows(f"fedavg/{name}", flats, scale_of_update(flats["vmap_scan"], init))
     name = cfg.fedproj_model
     model, _, batch_fn, variables, rd, _ = _fedavg_setup(
       name, x, y, cfg.clients, cfg.steps, cfg.batch
@@ -229,18 +235,51 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
       flats[s] = np.asarray(tree_lib.tree_ravel(state.variables))
       keys = ("distill_loss", "lmem_global", "projected_fraction", "mean_cos")
       mets[s] = np.asarray([float(metrics[k]) for k in keys])
-    for s in STRATEGIES:
-      diff = float(np.abs(flats[s] - flats["vmap_scan"]).max())
-      rows.append({"program": f"fedproj/{name} (2 rounds)", "strategy": s, "max_abs_diff": diff})
-      diff = float(np.abs(mets[s] - mets["vmap_scan"]).max())
-      rows.append(
-        {"program": f"fedproj/{name} round-2 metrics", "strategy": s, "max_abs_diff": diff}
-      )
-  worst = max(r["max_abs_diff"] for r in rows)
-  results["max_abs_diff"] = worst
+    init = np.asarray(tree_lib.tree_ravel(variables))
+    rows += compare_rows(
+      f"fedproj/{name} (2 rounds)", flats, scale_of_update(flats["vmap_scan"], init)
+    )
+    rows += compare_rows(
+      f"fedproj/{name} round-2 metrics", mets, float(np.abs(mets["vmap_scan"]).max())
+    )
+  results["max_abs_diff"] = max(r["max_abs_diff"] for r in rows)
+  results["max_rel_diff"] = max(r["rel_diff"] for r in rows)
   results["tolerance"] = cfg.tolerance
-  results["passed"] = bool(worst <= cfg.tolerance)
+  results["tolerance_kind"] = "relative to the largest parameter update (metrics: value)"
+  results["passed"] = bool(results["max_rel_diff"] <= cfg.tolerance)
   return results["passed"]
+
+
+def scale_of_update(final, init) -> float:
+  """The largest parameter change of the reference strategy: what a difference is measured in."""
+  import numpy as np
+
+  return float(np.abs(np.asarray(final) - np.asarray(init)).max())
+
+
+def compare_rows(program: str, values: dict, scale: float) -> list[dict]:
+  """Each strategy's largest difference to vmap_scan, absolute and relative to ``scale``.
+
+  Why relative: the same round computed in another order (a per-client conv against a batched
+  one, cuDNN's choice of algorithm for each shape) differs by float rounding, which grows with
+  the size of the update. On CPU the strategies' ResNet-8 FedAvg rounds differ by 9e-5 with a
+  largest update of 0.64 (1.4e-4 of it); a wrong client, step or learning rate differs by a
+  sizeable fraction of the update (tests/benchmarks/test_gpu_suite.py)."""
+  import numpy as np
+
+  rows = []
+  for s, v in values.items():
+    diff = float(np.abs(np.asarray(v) - np.asarray(values["vmap_scan"])).max())
+    rows.append(
+      {
+        "program": program,
+        "strategy": s,
+        "max_abs_diff": diff,
+        "scale": scale,
+        "rel_diff": diff / scale if scale > 0 else float(diff > 0) * float("inf"),
+      }
+    )
+  return rows
 
 
 def step_throughput(cfg, x, y, public, results: dict) -> bool:
@@ -470,9 +509,14 @@ def markdown(report: dict) -> str:
   res = report["steps"]["correctness"].get("result", {})
   if res.get("rows"):
     lines += ["", "## a. correctness (max |param diff| to vmap_scan)", ""]
-    lines += ["| program | strategy | max abs diff |", "|---|---|---:|"]
     lines += [
-      f"| {r['program']} | {r['strategy']} | {r['max_abs_diff']:.2e} |" for r in res["rows"]
+      "| program | strategy | max abs diff | largest update | relative |",
+      "|---|---|---:|---:|---:|",
+    ]
+    lines += [
+      f"| {r['program']} | {r['strategy']} | {r['max_abs_diff']:.2e} | "
+      f"{r.get('scale', float('nan')):.2e} | {r.get('rel_diff', float('nan')):.2e} |"
+      for r in res["rows"]
     ]
   res = report["steps"]["throughput"].get("result", {})
   if res.get("rows"):
@@ -573,7 +617,12 @@ def main(argv=None) -> int:
   p.add_argument("--tiny", action="store_true", help="CPU smoke sizes (about a minute)")
   p.add_argument("--steps", default=",".join(STEPS), help=f"subset of {','.join(STEPS)}")
   p.add_argument("--accuracy_state", default="", help="a previous accuracy_state.tar.gz to resume")
-  p.add_argument("--tolerance", type=float, default=1e-4, help="step a's max |diff| to pass")
+  p.add_argument(
+    "--tolerance",
+    type=float,
+    default=TOLERANCE,
+    help="step a's max |diff| / largest update to pass",
+  )
   for name, seconds in BUDGETS.items():
     p.add_argument(
       f"--budget_{name}", type=float, help=f"seconds (default {seconds}; --tiny: {TINY_BUDGET})"

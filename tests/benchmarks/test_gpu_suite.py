@@ -180,7 +180,8 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
     assert step["status"] == "ok", (name, step)
     assert set(step) >= {"status", "seconds", "budget_s", "result"}
   corr = report["steps"]["correctness"]["result"]
-  assert corr["passed"] is True and corr["max_abs_diff"] <= corr["tolerance"]
+  assert corr["passed"] is True and corr["max_rel_diff"] <= corr["tolerance"]
+  assert all(r["scale"] > 0 for r in corr["rows"])
   programs = {r["program"] for r in corr["rows"]}
   assert "fedavg/mlp" in programs and any(p.startswith("fedproj/") for p in programs)
   thr = report["steps"]["throughput"]["result"]["rows"]
@@ -203,6 +204,54 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
   assert [r["client_chunk"] for r in nlp] == ["none", "1"] and all(r["train_loss"] > 0 for r in nlp)
   table = (out / "suite.md").read_text()
   assert "TINY CPU SMOKE RUN" in table and "| correctness | ok |" in table
+
+
+def test_correctness_mark_passes_another_order_and_fails_a_wrong_learning_rate():
+  """Step a's relative criterion: the sequential loop (another computation order) passes it, a
+  round with one client's learning rate 10% off, or one local step missing, does not."""
+  import jax
+  import optax
+
+  from fedjax_proj.algorithms.base import make_round
+  from fedjax_proj.algorithms.fedavg import fedavg
+  from fedjax_proj.core import tree as tree_lib
+  from fedjax_proj.core.types import RoundData
+  from fedjax_proj.data.pipeline import make_batch_fn
+  from fedjax_proj.models import get_model
+
+  clients, steps, batch = 4, 5, 8
+  n = clients * steps * batch
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n, 8, 8, 3)).astype(np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  model = get_model("mlp", 10)
+  variables = model.init(jax.random.key(0), x[:1])
+  idx = np.arange(n, dtype=np.int32).reshape(clients, steps, batch)
+  mask = np.ones_like(idx, bool)
+
+  def final(lr, strategy="vmap_scan", mask=mask):
+    alg = fedavg(model, optax.sgd(lr, momentum=0.9))
+    rd = RoundData(x, y, np.arange(clients, dtype=np.int32), idx, mask,
+                   mask.sum((1, 2)).astype(np.float32), {})  # fmt: skip
+    state, _ = make_round(alg, strategy, make_batch_fn(lambda v: v))(
+      alg.init(variables, jax.random.key(0)), rd, jax.random.key(1)
+    )
+    return np.asarray(tree_lib.tree_ravel(state.variables))
+
+  ref = final(0.01)
+  short = mask.copy()
+  short[:, -1] = False  # every client skips its last step
+  flats = {
+    "vmap_scan": ref,
+    "sequential": final(0.01, "sequential"),
+    "lr +10%": final(0.011),
+    "last step missing": final(0.01, mask=short),
+  }
+  scale = gpu_suite.scale_of_update(ref, tree_lib.tree_ravel(variables))
+  rel = {r["strategy"]: r["rel_diff"] for r in gpu_suite.compare_rows("fedavg/mlp", flats, scale)}
+  assert rel["vmap_scan"] == 0.0
+  assert rel["sequential"] <= gpu_suite.TOLERANCE
+  assert rel["lr +10%"] > gpu_suite.TOLERANCE and rel["last step missing"] > gpu_suite.TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet8"])
