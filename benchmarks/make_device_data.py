@@ -8,9 +8,16 @@ The device machine has no ../shared/data and receives at most 64 MiB of working 
 * CIFAR-10 train (``--cifar10_train``, default all 50,000) and test (``--cifar10_test``) as the
   shared folder's own JPEG files, byte for byte (so the device decodes exactly the pixels the
   image-folder loader decodes here), in class order;
-* a subset of the CIFAR-100 public set (``--public``), re-encoded as JPEG (``--public_quality``;
-  lossy, which is harmless for an unlabelled distillation set and recorded in the file);
-* an MNIST subset (``--mnist_train``/``--mnist_test``) as raw uint8 (for GPSE's PMNIST MLP).
+* a subset of the CIFAR-100 public set (``--public``), re-encoded as JPEG (``--public_format=jpeg``,
+  ``--public_quality``; lossy, recorded in the file: enough for the GPU suite's timings) or as
+  lossless WebP (``--public_format=webp_lossless``: the exact pixels, ~35 MiB for all 20,000, for
+  claim runs, whose distillation and memory sets must be the ones a CPU run reads);
+* an MNIST subset (``--mnist_train``/``--mnist_test``) as raw uint8 (GPSE's and FOT's PMNIST);
+  ``--mnist_train=0`` leaves MNIST out (room for the lossless public set).
+
+For claim runs of the CIFAR-10 claims (docs/reproduction.md, "Running claims on a GPU"):
+
+    python benchmarks/make_device_data.py --public_format=webp_lossless --mnist_train=0
 
 Subsets are drawn with a fixed seed, stratified by class for CIFAR-10. The total must stay under
 ``--max_mib`` (60), else the script stops naming the flag to lower. ``gpu_suite.py`` unpacks the
@@ -71,15 +78,19 @@ def cifar10_jpegs(root: Path, split: str, n: int, rng) -> tuple[list[bytes], np.
   return blobs, np.asarray(labels, np.int16)
 
 
-def _jpeg(image: np.ndarray, quality: int) -> bytes:
+def _encode(image: np.ndarray, public_format: str, quality: int) -> bytes:
   from PIL import Image
 
   buf = io.BytesIO()
-  Image.fromarray(image).save(buf, format="JPEG", quality=quality)
+  if public_format == "webp_lossless":
+    Image.fromarray(image).save(buf, format="WEBP", lossless=True, quality=100, method=6)
+  else:
+    Image.fromarray(image).save(buf, format="JPEG", quality=quality)
   return buf.getvalue()
 
 
-def decode_jpegs(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def decode_images(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+  """Decodes concatenated image files (JPEG or WebP: PIL reads the format from the bytes)."""
   from PIL import Image
 
   return np.stack(
@@ -98,22 +109,29 @@ def build(args) -> dict[str, np.ndarray]:
   with np.load(shared / "cifar100" / "public_20k.npz") as z:
     keep = np.sort(rng.choice(len(z["label"]), min(args.public, len(z["label"])), replace=False))
     images, labels = z["image"][keep], z["label"][keep]
-  blobs = [_jpeg(im, args.public_quality) for im in images]
+  blobs = [_encode(im, args.public_format, args.public_quality) for im in images]
   out["public_jpeg"], out["public_offsets"] = _concat(blobs)
   out["public_label"] = labels.astype(np.int16)
   for split, n in (("train", args.mnist_train), ("test", args.mnist_test)):
+    if args.mnist_train <= 0:  # left out: no empty MNIST files that a run would read as data
+      break
     with np.load(shared / "mnist" / f"{split}.npz") as z:
       keep = np.sort(rng.choice(len(z["label"]), min(n, len(z["label"])), replace=False))
       out[f"mnist_{split}_image"], out[f"mnist_{split}_label"] = z["image"][keep], z["label"][keep]
   out["about"] = np.asarray(
     f"built by benchmarks/make_device_data.py seed={args.seed} from {shared}; public set "
-    f"re-encoded as JPEG quality {args.public_quality}"
+    + (
+      "as lossless WebP (exact pixels)"
+      if args.public_format == "webp_lossless"
+      else f"re-encoded as JPEG quality {args.public_quality} (lossy)"
+    )
   )
   return out
 
 
 def unpack(npz_path: Path, dest: Path) -> dict[str, int]:
-  """Writes ``dest/{cifar10,mnist}/{train,test}.npz`` and ``dest/cifar100/public_20k.npz``.
+  """Writes ``dest/{cifar10,mnist}/{train,test}.npz`` (MNIST where packed) and
+  ``dest/cifar100/public_20k.npz``.
 
   The layout of ../shared/data with npz files (``image`` uint8, ``label`` int64), so
   ``FEDJAX_PROJ_SHARED_DATA=dest`` and ``load_dataset`` find it. Returns example counts.
@@ -126,11 +144,13 @@ def unpack(npz_path: Path, dest: Path) -> dict[str, int]:
       "cifar100/public_20k.npz": ("public_jpeg", "public_offsets", "public_label"),
     }
     for rel, (data, offsets, label) in parts.items():
-      images = decode_jpegs(z[data], z[offsets])
+      images = decode_images(z[data], z[offsets])
       (dest / rel).parent.mkdir(parents=True, exist_ok=True)
       np.savez(dest / rel, image=images, label=z[label].astype(np.int64))
       counts[rel] = len(images)
     for split in ("train", "test"):
+      if f"mnist_{split}_image" not in z.files:  # packed without MNIST (--mnist_train=0)
+        continue
       (dest / "mnist").mkdir(parents=True, exist_ok=True)
       images = z[f"mnist_{split}_image"]
       np.savez(
@@ -151,7 +171,10 @@ def main(argv=None) -> int:
   p.add_argument("--cifar10_train", type=int, default=50000)
   p.add_argument("--cifar10_test", type=int, default=10000)
   p.add_argument("--public", type=int, default=20000)
-  p.add_argument("--public_quality", type=int, default=90)
+  p.add_argument("--public_format", choices=("jpeg", "webp_lossless"), default="jpeg")
+  p.add_argument(
+    "--public_quality", type=int, default=90, help="JPEG quality (--public_format=jpeg)"
+  )
   p.add_argument("--mnist_train", type=int, default=60000)
   p.add_argument("--mnist_test", type=int, default=10000)
   p.add_argument("--max_mib", type=float, default=60.0)

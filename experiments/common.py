@@ -12,7 +12,7 @@ continues D's newest valid checkpoint bit-exactly (``--rounds=N`` with it extend
 (0: only on a signal), ``--keep_checkpoints=n``, ``--tensorboard``. One run at a time holds D
 (fedjax_proj/training/rundir.py). The first SIGINT/SIGTERM prints at once which round the run
 stops after, finishes it, saves and exits with 128 + the signal number and the resume command; a
-second one aborts and says what is on disk. A non-finite loss or parameters exit 1 keeping the
+second one aborts and says what is on disk. A non-finite loss or parameters exit 3 keeping the
 last good checkpoint. Flag errors exit 2 and runtime refusals exit 1, each naming the fix; flags
 must be spelled out in full (no prefix matching).
 
@@ -394,10 +394,16 @@ def main(
   return run_reporting(lambda: run_experiment(config), argv, config.output_dir)
 
 
+# A run stopped on a non-finite loss or parameters: an outcome of its config (the claim runner
+# records it as diverged instead of retrying it), told apart from the refusals' 1.
+EXIT_NONFINITE = 3
+
+
 def run_reporting(run: Callable[[], object], argv, output_dir: str) -> int:
   """Runs ``run()`` and maps how it ended to an exit code and a message: 0; 128 + the signal
-  with what is on disk and the resume command after an interrupt; 1 with the error's one line
-  (a refused directory or flag, a foreign checkpoint, a non-finite run, a full disk...)."""
+  with what is on disk and the resume command after an interrupt; EXIT_NONFINITE (3) when it
+  diverged; 1 with the error's one line (a refused directory or flag, a foreign checkpoint, a
+  full disk...)."""
   from fedjax_proj.training.checkpoint import CheckpointError
   from fedjax_proj.training.loop import NonFiniteError
   from fedjax_proj.training.signals import AbortedBySignal, TrainingInterrupted
@@ -414,7 +420,10 @@ def run_reporting(run: Callable[[], object], argv, output_dir: str) -> int:
     when = "by a second interrupt" if isinstance(e, AbortedBySignal) else "before round 1"
     print(f"aborted {when}; {on_disk(output_dir, argv)}", file=sys.stderr)
     return 128 + signal.SIGINT
-  except (ValueError, CheckpointError, NonFiniteError) as e:
+  except NonFiniteError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_NONFINITE
+  except (ValueError, CheckpointError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   except OSError as e:  # disk full, name too long, permission...: one line, not a traceback

@@ -280,15 +280,19 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       # a rerun of the command starts the run again.
       print(f"stopped {tag}: {e}", flush=True)
       raise
-    except Exception as e:  # noqa: BLE001 - one diverged run must not cost the queued ones
-      # An hours-long queue of runs goes on past a run that fails (e.g. a diverging loss); the
-      # failures are listed at the end and make the command exit 1. No result file is written,
-      # so a rerun retries exactly the failed runs.
+    except Exception as e:  # noqa: BLE001 - one failed run must not cost the queued ones
+      # An hours-long queue of runs goes on past a run that fails (a crash, missing data; a
+      # diverging loss is an outcome, recorded as a diverged result); the failures are listed
+      # at the end and make the command exit 1. No result file is written, so a rerun retries
+      # exactly the failed runs.
       failed.append(f"{tag}: {type(e).__name__}: {e}")
       print(f"FAILED {tag}: {type(e).__name__}: {e}", flush=True)
       traceback.print_exc()
       continue
     summary = ", ".join(f"{k}={v:.2f}" for k, v in result["metrics"].items())
+    if result.get("diverged"):
+      d = result["diverged"]
+      summary = f"DIVERGED after round {d['last_finite_round']} ({d['error']}), recorded"
     print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
     ran += 1
     recorded.setdefault(method, []).append(result["wall_seconds"])

@@ -92,9 +92,38 @@ def _fmt(x: float, digits: int = 2) -> str:
   return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def split_diverged(found: dict) -> tuple[dict, dict]:
+  """(the results with metrics, the diverged ones), each {method: {seed: result}}."""
+  ok: dict[str, dict[int, dict]] = {}
+  diverged: dict[str, dict[int, dict]] = {}
+  for m, rs in found.items():
+    for seed, r in rs.items():
+      (diverged if r.get("diverged") else ok).setdefault(m, {})[seed] = r
+  return ok, diverged
+
+
+def diverged_lines(diverged: dict) -> list[str]:
+  """The diverged runs, as outcomes: which, after which round, and why."""
+  if not diverged:
+    return []
+  parts = []
+  for m, rs in sorted(diverged.items()):
+    rounds = ", ".join(f"{rs[s]['diverged']['last_finite_round']}" for s in sorted(rs))
+    parts.append(f"{m} {_seed_ranges(sorted(rs))} (last finite round: {rounds})")
+  first = next(iter(next(iter(diverged.values())).values()))["diverged"]["error"]
+  return [
+    "Diverged (a non-finite loss or parameters stopped the run; recorded as the config's "
+    "outcome, not rerun, and left out of every statistic): " + "; ".join(parts) + ". First "
+    f"error: {first}",
+    "",
+  ]
+
+
 def _per_seed(found: dict, method: str, metric: str) -> dict[int, float]:
   out = {}
   for s, r in found.get(method, {}).items():
+    if r.get("diverged"):  # no metrics; its partial curve is not a final accuracy
+      continue
     try:
       out[s] = metric_value(r, metric)
     except KeyError:
@@ -173,6 +202,7 @@ class Confirmatory(NamedTuple):
   declared: int
   refused: tuple[int, ...]  # seeds whose two runs recorded different code
   unknown: int  # seeds where either run is code unknown
+  mixed: int = 0  # kept pairs whose two runs computed matmuls at different precisions
 
 
 def confirmatory_rows(
@@ -187,19 +217,21 @@ def confirmatory_rows(
   for o in claim.orderings:
     a = protocol.confirmatory(_per_seed(found, o.better, o.metric), declared)
     b = protocol.confirmatory(_per_seed(found, o.worse, o.metric), declared)
-    refused, unknown = [], 0
+    refused, unknown, mixed = [], 0, 0
     for seed in sorted(set(a) & set(b)):
-      same = same_code(found[o.better][seed], found[o.worse][seed], list(equivalent))
+      ra, rb = found[o.better][seed], found[o.worse][seed]
+      same = same_code(ra, rb, list(equivalent))
       if same is False:
         refused.append(seed)
-      elif same is None:
-        unknown += 1
+        continue
+      unknown += same is None
+      mixed += arithmetic(ra) != arithmetic(rb)
     keep = set(a) & set(b) - set(refused)
     diffs = stats.differences(
       {k: a[k] for k in keep}, {k: b[k] for k in keep}, o.metric in LOWER_IS_BETTER
     )
-    parts.append((o, stats.paired(diffs), protocol.paired_p(diffs), tuple(refused), unknown))
-  adjusted = protocol.holm([p for _, _, p, _, _ in parts])
+    parts.append((o, stats.paired(diffs), protocol.paired_p(diffs), tuple(refused), unknown, mixed))
+  adjusted = protocol.holm([p for _, _, p, *_ in parts])
   return [
     Confirmatory(
       o.better,
@@ -212,8 +244,9 @@ def confirmatory_rows(
       declared,
       refused,
       unknown,
+      mixed,
     )
-    for (o, pr, p, refused, unknown), adj in zip(parts, adjusted, strict=True)
+    for (o, pr, p, refused, unknown, mixed), adj in zip(parts, adjusted, strict=True)
   ]
 
 
@@ -278,7 +311,9 @@ def _p(x: float) -> str:
   return "—" if math.isnan(x) else (f"{x:.4f}" if x >= 1e-4 else f"{x:.1e}")
 
 
-def verdict_table(claim: Claim, found: dict, budget: str, equivalent=()) -> list[str]:
+def verdict_table(
+  claim: Claim, found: dict, budget: str, equivalent=(), diverged: dict | None = None
+) -> list[str]:
   rows = confirmatory_rows(claim, found, budget, equivalent)
   declared = rows[0].declared if rows else protocol.MIN_SEEDS
   lines = [
@@ -293,9 +328,18 @@ def verdict_table(claim: Claim, found: dict, budget: str, equivalent=()) -> list
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
+    verdict = r.verdict
+    lost = {
+      m: sorted(s for s in (diverged or {}).get(m, {}) if s < declared) for m in (r.better, r.worse)
+    }
+    lost = {m: s for m, s in lost.items() if s}
+    if lost and r.paired.n < declared:  # the pre-registered test cannot be computed
+      verdict = "not computable: " + "; ".join(
+        f"{m} diverged on {_seed_ranges(s)}" for m, s in lost.items()
+      )
     lines.append(
       f"| {r.better} > {r.worse} | {r.metric} | {_paired_cells(r.paired)} | {_p(r.p)} | "
-      f"{_p(r.p_holm)} | {r.verdict} |"
+      f"{_p(r.p_holm)} | {verdict} |"
     )
   refused = [f"{r.better} > {r.worse} seeds {list(r.refused)}" for r in rows if r.refused]
   if refused:
@@ -308,6 +352,15 @@ def verdict_table(claim: Claim, found: dict, budget: str, equivalent=()) -> list
       "kept their code fingerprint, so whether both runs computed with the same code cannot be "
       "checked (their commits are listed below).",
     ]
+  mixed = sum(r.mixed for r in rows)
+  if mixed:
+    lines += [
+      "",
+      f"Mixed arithmetic: {mixed} of the pairs above pair a run whose matrix products and "
+      "convolutions were full float32 with one at an accelerator's default, reduced precision "
+      "(TF32 on recent NVIDIA GPUs); the machines are listed below. Run a claim's budget on one "
+      "kind, or pin JAX_DEFAULT_MATMUL_PRECISION=float32 on the accelerator.",
+    ]
   return lines + [""]
 
 
@@ -318,7 +371,21 @@ def machine_label(result: dict) -> str:
     return "not recorded"
   if m.get("backend") == "cpu":
     return f"CPU, {m.get('cores')} of {m.get('cpu_count')} cores"
-  return f"{m.get('device_kind')} ({m.get('backend')})"
+  return f"{m.get('device_kind')} ({m.get('backend')}, matmul precision {arithmetic(result)})"
+
+
+FULL_FLOAT32 = ("float32", "highest", "F32_F32_F32")
+
+
+def arithmetic(result: dict) -> str:
+  """The precision a result's matrix products and convolutions ran at: "float32" on a CPU (XLA:CPU
+  has no reduced mode) or where pinned, else the accelerator's default (TF32 on recent NVIDIA
+  GPUs, bfloat16 passes on TPUs: docs/reproduction.md, "Running claims on a GPU")."""
+  m = result.get("machine") or {}
+  if m.get("backend", "cpu") == "cpu":
+    return "float32"
+  precision = str(m.get("matmul_precision", "default"))
+  return "float32" if precision in FULL_FLOAT32 else precision
 
 
 def machines(results: list[dict]) -> str:
@@ -380,15 +447,17 @@ def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -
   return "; ".join(parts)
 
 
-def completion_lines(claim: Claim, found: dict, budget: str) -> list[str]:
+def completion_lines(
+  claim: Claim, found: dict, budget: str, diverged: dict | None = None
+) -> list[str]:
   """What the verdicts still lack: the pre-registered (method, seed) runs without a current
-  result, and their time at the mean wall time this budget's CPU results recorded."""
+  result (a diverged one is an outcome, not missing), and their time at the mean wall time this
+  budget's CPU results recorded."""
   b = claim.budgets.get(budget)
   if b is None:
     return []
-  missing = {
-    m: [s for s in range(b.seeds) if s not in found.get(m, {})] for m in claim.at(budget).methods
-  }
+  done = {m: {**found.get(m, {}), **(diverged or {}).get(m, {})} for m in claim.at(budget).methods}
+  missing = {m: [s for s in range(b.seeds) if s not in done[m]] for m in claim.at(budget).methods}
   missing = {m: s for m, s in missing.items() if s}
   if not missing:
     return []
@@ -573,6 +642,8 @@ def render(
   corrupt: list | None = None,
   equivalent=(),
 ) -> str:
+  everything = found
+  found, diverged = split_diverged(found)
   b = claim.budgets.get(budget)
   if b is not None:
     claim = claim.at(budget)  # the budget's methods and the orderings between them
@@ -588,17 +659,18 @@ def render(
     lines += [f"Stale results (another config, not shown): {', '.join(stale)}.", ""]
   if corrupt:
     lines += [f"Corrupt result files (not used; rerun them): {', '.join(corrupt)}.", ""]
-  if not found:
+  if not everything:
     return "\n".join(lines + ["No results yet.", ""])
-  commits = sorted({r["git_commit"][:12] for rs in found.values() for r in rs.values()})
-  codes = sorted({code_of(r) or "unknown" for rs in found.values() for r in rs.values()})
-  loads = [r["load_average"][0] for rs in found.values() for r in rs.values()]
-  results = [r for rs in found.values() for r in rs.values()]
+  results = [r for rs in everything.values() for r in rs.values()]
+  commits = sorted({r["git_commit"][:12] for r in results})
+  codes = sorted({code_of(r) or "unknown" for r in results})
+  loads = [r["load_average"][0] for r in results]
   deviations = sorted({d for r in results for d in r.get("deviations", [])})
   if deviations:
     lines += ["Deviations from the budget (this machine): " + "; ".join(deviations) + ".", ""]
-  lines += method_table(claim, found) + verdict_table(claim, found, budget, equivalent)
-  lines += completion_lines(claim, found, budget)
+  lines += method_table(claim, found)
+  lines += verdict_table(claim, found, budget, equivalent, diverged)
+  lines += diverged_lines(diverged) + completion_lines(claim, found, budget, diverged)
   lines += exploratory_table(claim, found, budget) + curve_table(claim, found)
   lines += ablation_table(claim, found)
   lines += diagnostics(found, ("fedproj", *claim.ablations))
@@ -615,7 +687,8 @@ def render(
 def write_report(claim: Claim, budget: str, directory: Path, expected: dict | None) -> str:
   """Writes ``report.md`` and the figures in ``directory``; returns the markdown."""
   found, stale, corrupt = load_results(directory, expected)
-  figures = plot_curves(claim, found, directory) if directory.is_dir() else []
+  plotted = split_diverged(found)[0]
+  figures = plot_curves(claim, plotted, directory) if directory.is_dir() else []
   equivalent = _load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
   text = render(claim, budget, found, stale, figures, corrupt, equivalent)
   if directory.is_dir():

@@ -183,14 +183,26 @@ def result_path(results: Path, claim: str, budget: str, method: str, seed: int) 
 REQUIRED_KEYS = ("claim", "budget", "method", "seed", "metrics", "curve", "config")
 
 
+class Diverged(FloatingPointError):
+  """A run stopped on a non-finite loss or non-finite parameters (training/loop.py).
+
+  A deterministic outcome of the config, not a failure to retry: the runner records it as a
+  result with ``diverged`` and no metrics, and the report names it (docs/reproduction.md,
+  "Results": diverged runs)."""
+
+
 def check_result(result: Any) -> str | None:
   """Why ``result`` is not a usable result (missing keys, an empty curve, a metric that is not a
-  number), or None when it is."""
+  number), or None when it is. A diverged result has no metrics and the curve up to its last
+  finite round (maybe none)."""
   if not isinstance(result, dict):
     return "not a JSON object"
   missing = [k for k in REQUIRED_KEYS if k not in result]
   if missing:
     return f"missing {', '.join(missing)}"
+  if result.get("diverged"):
+    ok = isinstance(result["diverged"], dict) and "error" in result["diverged"]
+    return None if ok and result["metrics"] == {} else "diverged without its error, or with metrics"
   if not isinstance(result["curve"], list) or not result["curve"]:
     return "empty curve"
   metrics = result["metrics"]
@@ -257,6 +269,9 @@ def machine_info() -> dict:
     "device_kind": jax.devices()[0].device_kind,
     "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     "cpu_count": os.cpu_count(),
+    # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products
+    # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
+    "matmul_precision": jax.config.jax_default_matmul_precision or "default",
   }
 
 
@@ -312,7 +327,12 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
 
   c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
   c.output_dir, c.progress, c.checkpoint_every = str(work), False, 0
-  summary = run_experiment(c, log=log)
+  from fedjax_proj.training.loop import NonFiniteError
+
+  try:
+    summary = run_experiment(c, log=log)
+  except NonFiniteError as e:
+    raise Diverged(str(e)) from e
   curve = _read_curve(work / "metrics.jsonl")
   metrics = {"test_accuracy": 100 * summary["final_test_accuracy"]}
   evaluated = [r["test_accuracy"] for r in curve if "test_accuracy" in r]
@@ -329,7 +349,10 @@ def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, l
       argv.append(f"--{key}={value}")
   kwargs = ",".join(f"{k}={v}" for k, v in config["method_kwargs"].items())
   argv.append(f"--method_kwargs={kwargs}")
-  if entry.main(argv) != 0:
+  rc = entry.main(argv)
+  if rc == entry.common.EXIT_NONFINITE:
+    raise Diverged(f"{claim.entry} stopped on a non-finite loss or parameters (its error above)")
+  if rc != 0:
     raise RuntimeError(f"{claim.entry} {' '.join(argv)} failed (see its error above).")
   summary = json.loads((work / "summary.json").read_text())
   metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
@@ -496,7 +519,15 @@ def run_one(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
+    diverged = None
+    try:
+      metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
+    except Diverged as e:
+      # Recorded, not retried: the same config diverges again. The curve up to the last finite
+      # round is what the run logged before it stopped.
+      logged = work / "metrics.jsonl"
+      metrics, curve = {}, _read_curve(logged) if logged.is_file() else []
+      diverged = {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
     # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
     detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
     commit = git_commit()
@@ -516,6 +547,7 @@ def run_one(
       "code": {"git_commit": commit, "fingerprint": code_fingerprint()},
       "load_average": list(os.getloadavg()),
       "machine": machine_info(),
+      **({"diverged": diverged} if diverged else {}),
       "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     problem = check_result(result)

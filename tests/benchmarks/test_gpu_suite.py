@@ -101,6 +101,56 @@ def test_device_data_round_trip_is_exact(tmp_path):
     assert all(r.tobytes() in rows for r in z["image"])
 
 
+def test_lossless_public_set_round_trips_exactly_and_mnist_can_be_left_out(tmp_path):
+  shared = _fake_shared(tmp_path / "shared")
+  args = ("--public_format=webp_lossless", "--mnist_train=0", "--public=64")
+  assert _pack(shared, tmp_path / "dev", *args) == 0
+  counts = make_device_data.unpack(tmp_path / "dev" / "device_data.npz", tmp_path / "data")
+  assert "mnist/train.npz" not in counts and not (tmp_path / "data" / "mnist").exists()
+  with (
+    np.load(tmp_path / "data" / "cifar100" / "public_20k.npz") as z,
+    np.load(shared / "cifar100" / "public_20k.npz") as src,
+  ):
+    np.testing.assert_array_equal(z["image"], src["image"])  # every pixel, not JPEG's
+    np.testing.assert_array_equal(z["label"], src["label"])
+  with np.load(tmp_path / "dev" / "device_data.npz") as z:
+    assert "lossless" in str(z["about"])
+
+
+def test_claims_on_device_packs_what_it_ran_and_names_what_the_deadline_left(tmp_path):
+  shared = _fake_shared(tmp_path / "shared")
+  assert _pack(shared, tmp_path / "dev", "--cifar10_train=100", "--cifar10_test=40") == 0
+  out = tmp_path / "out"
+  env = {
+    **cpu_env(),
+    "OUT": str(out),
+    "WORK": str(tmp_path / "work"),
+    "DEVICE_DATA": str(tmp_path / "dev" / "device_data.npz"),
+    "JOBS": "1",
+    "EXTRA_ARGS": "--seeds=0 --methods=fedavg",
+  }
+  env.pop("JAX_DEFAULT_MATMUL_PRECISION", None)
+  # 65 s: the first claim starts (>= 60 s left); after its run the second finds < 60 s left.
+  claim = "fedproj-iris-pilot:smoke"
+  proc = subprocess.run(
+    ["bash", str(ROOT / "benchmarks" / "claims_on_device.sh"), "65", claim, claim],
+    cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+  )  # fmt: skip
+  assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert f"deadline reached, {claim} not started" in proc.stdout
+  with tarfile.open(out / "claims_results.tgz") as tar:
+    names = [n for n in tar.getnames() if n.endswith(".json")]
+    assert names == ["./fedproj-iris-pilot/smoke/fedavg-seed0.json"]  # new results only
+    result = json.loads(tar.extractfile(names[0]).read())
+  assert result["machine"]["matmul_precision"] == "float32"  # pinned by the script
+  assert (out / "claims.log").read_text().count("done fedproj-iris-pilot smoke fedavg seed 0") == 1
+  bad = subprocess.run(
+    ["bash", str(ROOT / "benchmarks" / "claims_on_device.sh"), "60", "fot-pmnist-iid"],
+    cwd=ROOT, capture_output=True, text=True, env=env,
+  )  # fmt: skip
+  assert bad.returncode == 2 and "is not CLAIM:BUDGET" in bad.stderr
+
+
 def test_device_data_subset_is_stratified_and_size_capped(tmp_path, capsys):
   shared = _fake_shared(tmp_path / "shared")
   assert _pack(shared, tmp_path / "dev", "--cifar10_train=50", "--cifar10_test=20") == 0

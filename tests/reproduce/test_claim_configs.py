@@ -144,6 +144,28 @@ def test_verdict_uses_only_preregistered_seeds_and_refuses_mixed_code():
   assert "Pairs refused (the two runs recorded different code): fedproj > feddf seeds [0]" in text
 
 
+def test_pairs_of_full_float32_and_reduced_precision_runs_are_disclosed():
+  pilot = claims.PILOT
+  found = {
+    m: {s: _result(m, s, v + s, "A") for s in range(3)}
+    for m, v in (("fedproj", 90.0), ("fedavg", 60.0), ("feddf", 61.0))
+  }
+  gpu = {"backend": "gpu", "device_kind": "NVIDIA H200", "cores": 2, "cpu_count": 16}
+  found["fedproj"][1]["machine"] = {**gpu, "matmul_precision": "default"}  # TF32: mixed
+  found["fedproj"][2]["machine"] = {**gpu, "matmul_precision": "float32"}  # pinned: same maths
+  rows = report.confirmatory_rows(pilot, found, "cpu")
+  assert all(r.mixed == 1 and r.paired.n == 3 for r in rows)  # disclosed, not refused
+  text = "\n".join(report.verdict_table(pilot, found, "cpu"))
+  assert f"Mixed arithmetic: {len(rows)} of the pairs above" in text
+  assert report.machine_label(found["fedproj"][1]) == (
+    "NVIDIA H200 (gpu, matmul precision default)"
+  )
+  assert report.arithmetic(found["fedproj"][2]) == report.arithmetic(found["fedavg"][0])
+  for r in found["fedproj"].values():
+    r["machine"] = {**gpu, "matmul_precision": "float32"}
+  assert "Mixed arithmetic" not in "\n".join(report.verdict_table(pilot, found, "cpu"))
+
+
 def test_help_gives_the_defaults(capsys):
   with pytest.raises(SystemExit):
     cli.main(["--help"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -88,6 +89,59 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
   assert "1 run(s) failed" in err and "non-finite train loss" in err
   assert (directory / "report.md").is_file()  # the finished runs are reported
   assert cli.main(args) == 0 and calls == [0, 1, 2, 1]  # a rerun retries only the failed run
+
+
+def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys, monkeypatch):
+  calls = []
+
+  def runner(claim, config, work, log):
+    calls.append((config["method"], config["seed"]))
+    if config["method"] == "feddf" and config["seed"] == 1:
+      (work / "metrics.jsonl").write_text('{"round": 1, "train_loss": 2.0}\n')
+      raise run.Diverged("Round 2 of feddf produced non-finite train_loss")
+    value = 50.0 + config["seed"] + (5.0 if config["method"] == "fedproj" else 0.0)
+    return {"global_accuracy": value, "client_accuracy": value}, [{"round": 1}]
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  args = ["fedproj-iris-pilot", "--budget=smoke", f"--results={tmp_path}", "--report"]
+  assert cli.main(args) == 0  # an outcome, not a failure
+  out = capsys.readouterr().out
+  assert "done fedproj-iris-pilot smoke feddf seed 1: DIVERGED after round 1 (Round 2" in out
+  path = tmp_path / "fedproj-iris-pilot" / "smoke" / "feddf-seed1.json"
+  result = json.loads(path.read_text())
+  assert result["metrics"] == {} and result["diverged"]["last_finite_round"] == 1
+  assert result["curve"] == [{"round": 1, "train_loss": 2.0}]
+  n = len(calls)
+  assert cli.main(args) == 0 and len(calls) == n  # done: the same config diverges again
+  text = (path.parent / "report.md").read_text()
+  assert "Diverged (a non-finite loss or parameters stopped the run" in text
+  assert "feddf seed 1 (last finite round: 1)" in text
+  assert "| fedproj > feddf | global_accuracy | 2 |" in text  # seeds 0 and 2 only
+  assert "not computable: feddf diverged on seed 1" in text
+  assert "| fedproj > fedavg | global_accuracy | 3 |" in text  # untouched by feddf's seed
+  assert "To complete the verdicts" not in text  # a diverged run is not missing
+
+
+def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkeypatch):
+  """experiments/common.py exits EXIT_NONFINITE on a non-finite run; the continual runner turns
+  it into run.Diverged (recorded), any other non-zero exit into a failure (retried)."""
+  import types
+
+  from fedjax_proj.reproduce import claims
+
+  spec = importlib.util.spec_from_file_location(
+    "entry_common", run.REPO_ROOT / "experiments" / "common.py"
+  )
+  common = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(common)
+  codes = iter([common.EXIT_NONFINITE, 1])
+  fake = types.SimpleNamespace(common=common, main=lambda argv: next(codes))
+  monkeypatch.setattr(run, "load_entry", lambda claim: fake)
+  config = {"iid": False, "method_kwargs": {}, "seed": 0}
+  with pytest.raises(run.Diverged):
+    run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+  with pytest.raises(RuntimeError, match="failed"):
+    run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
 
 
 def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
@@ -180,7 +234,7 @@ def test_results_record_their_machine_and_etas_use_only_the_same_backend(
   # The report names each machine with its number of runs.
   assert cli.main([*queued, "--report"]) == 0
   text = (directory / "report.md").read_text()
-  assert "machines: CPU, " in text and "NVIDIA H200 (gpu): 1 run" in text
+  assert "machines: CPU, " in text and "NVIDIA H200 (gpu, matmul precision default): 1 run" in text
 
 
 def _write(directory, method, seed, value):

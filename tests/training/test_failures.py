@@ -79,13 +79,13 @@ def test_nan_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path)
   assert not (tmp_path / "summary.json").exists()
 
 
-def test_divergent_learning_rate_exits_1_naming_round_and_method(tmp_path, capsys):
+def test_divergent_learning_rate_exits_3_naming_round_and_method(tmp_path, capsys):
   entry, common = _cifar10_entry_point()
   # SGD at lr=20 on digits diverges after a couple of finite rounds (round 3 with seed 0).
   flags = ["--preset=smoke", "--dataset=digits", "--model=mlp", "--optimizer=sgd", "--lr=20"]
   flags += ["--rounds=8", "--eval_every=8", "--checkpoint_every=1", "--progress=false"]
   rc = common.main([*flags, f"--output_dir={tmp_path}"], "", entry.get_config, {})
-  assert rc == 1
+  assert rc == common.EXIT_NONFINITE == 3  # told apart from a refusal's 1
   err = capsys.readouterr().err
   found = re.search(r"Round (\d+) of fedavg produced non-finite train_loss", err)
   assert found and "Lower the learning rate" in err, err
