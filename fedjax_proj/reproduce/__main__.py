@@ -193,7 +193,10 @@ def queue_summary(
       f"{counts['stale']} stale"
       + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
     )
-  means = ", ".join(f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()))
+  queued = {p[0] for p in queue}
+  means = ", ".join(
+    f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
+  )
   line = f"queue: {', '.join(parts)}; {report.eta([p[0] for p in queue], recorded, n_jobs)}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
