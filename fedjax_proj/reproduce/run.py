@@ -11,9 +11,11 @@ loaded by file path from the source checkout) plus the claim's budget overrides
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -186,9 +188,9 @@ REQUIRED_KEYS = ("claim", "budget", "method", "seed", "metrics", "curve", "confi
 class Diverged(FloatingPointError):
   """A run stopped on a non-finite loss or non-finite parameters (training/loop.py).
 
-  A deterministic outcome of the config, not a failure to retry: the runner records it as a
-  result with ``diverged`` and no metrics, and the report names it (docs/reproduction.md,
-  "Results": diverged runs)."""
+  An outcome of the run, not a failure to retry (retrying until a run does not diverge would
+  choose results): the runner records it as a result with ``diverged`` and no metrics, and the
+  report names it (docs/reproduction.md, "Results": diverged runs)."""
 
 
 def check_result(result: Any) -> str | None:
@@ -341,6 +343,28 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   return metrics, curve
 
 
+class _Tee(io.TextIOBase):
+  """Writes to every stream it holds (the terminal and a buffer)."""
+
+  def __init__(self, *streams):
+    self.streams = streams
+
+  def write(self, text: str) -> int:
+    for stream in self.streams:
+      stream.write(text)
+    return len(text)
+
+  def flush(self) -> None:
+    for stream in self.streams:
+      stream.flush()
+
+  def fileno(self) -> int:  # for code that writes to the descriptor: the terminal's
+    return self.streams[0].fileno()
+
+  def isatty(self) -> bool:
+    return self.streams[0].isatty()
+
+
 def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
   entry = load_entry(claim)
   argv = ["--preset=paper", "--iid" if config["iid"] else "--noniid", f"--output_dir={work}"]
@@ -349,9 +373,16 @@ def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, l
       argv.append(f"--{key}={value}")
   kwargs = ",".join(f"{k}={v}" for k, v in config["method_kwargs"].items())
   argv.append(f"--method_kwargs={kwargs}")
-  rc = entry.main(argv)
+  said = io.StringIO()  # the entry point's error line, kept for a diverged run's record
+  with contextlib.redirect_stderr(_Tee(sys.stderr, said)):
+    rc = entry.main(argv)
   if rc == entry.common.EXIT_NONFINITE:
-    raise Diverged(f"{claim.entry} stopped on a non-finite loss or parameters (its error above)")
+    errors = [line for line in said.getvalue().splitlines() if line.startswith("error: ")]
+    raise Diverged(
+      errors[-1].removeprefix("error: ")
+      if errors
+      else f"{claim.entry} stopped on a non-finite loss or parameters"
+    )
   if rc != 0:
     raise RuntimeError(f"{claim.entry} {' '.join(argv)} failed (see its error above).")
   summary = json.loads((work / "summary.json").read_text())
@@ -523,7 +554,7 @@ def run_one(
     try:
       metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
     except Diverged as e:
-      # Recorded, not retried: the same config diverges again. The curve up to the last finite
+      # Recorded, never retried (docs/reproduction.md, "Results"). The curve up to the last finite
       # round is what the run logged before it stopped.
       logged = work / "metrics.jsonl"
       metrics, curve = {}, _read_curve(logged) if logged.is_file() else []

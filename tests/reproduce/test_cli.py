@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -112,7 +113,7 @@ def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys
   assert result["metrics"] == {} and result["diverged"]["last_finite_round"] == 1
   assert result["curve"] == [{"round": 1, "train_loss": 2.0}]
   n = len(calls)
-  assert cli.main(args) == 0 and len(calls) == n  # done: the same config diverges again
+  assert cli.main(args) == 0 and len(calls) == n  # done: an outcome, never retried
   text = (path.parent / "report.md").read_text()
   assert "Diverged (a non-finite loss or parameters stopped the run" in text
   assert "feddf seed 1 (last finite round: 1)" in text
@@ -135,10 +136,15 @@ def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkey
   common = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(common)
   codes = iter([common.EXIT_NONFINITE, 1])
-  fake = types.SimpleNamespace(common=common, main=lambda argv: next(codes))
+
+  def main(argv):
+    print("error: Round 26 of ewc produced non-finite train_loss", file=sys.stderr)
+    return next(codes)
+
+  fake = types.SimpleNamespace(common=common, main=main)
   monkeypatch.setattr(run, "load_entry", lambda claim: fake)
   config = {"iid": False, "method_kwargs": {}, "seed": 0}
-  with pytest.raises(run.Diverged):
+  with pytest.raises(run.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
   with pytest.raises(RuntimeError, match="failed"):
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
