@@ -45,13 +45,32 @@ if [ ! -f "$data" ]; then
     "python benchmarks/make_device_data.py and carry .device_data" >&2
   exit 3
 fi
-python3 - "$data" "$work/data" <<'EOF' || exit 3
+python3 - "$data" "$work/data" "$@" <<'EOF' || exit 3
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, "benchmarks")
 import make_device_data
 
+from fedjax_proj.reproduce import claims, run
+
+# Refused before any compute: a claim whose runs read the public set, on a pack whose public set
+# is lossy JPEG (distillation and memory on other pixels than a CPU run's).
+with np.load(sys.argv[1]) as z:
+  about = str(z["about"])
+for cb in sys.argv[3:]:
+  name, budget = cb.split(":")
+  claim = claims.get_claim(name)
+  for method in claim.at(budget).methods:
+    public = run.resolve_config(claim, budget, method, 0, Path(sys.argv[2])).get("public_data")
+    if public and "lossy" in about:
+      sys.exit(
+        f"claims_on_device: {cb} reads the public set ({method}), but {sys.argv[1]} holds it as "
+        "lossy JPEG: build it with --public_format=webp_lossless (docs/reproduction.md, "
+        '"Running claims on a GPU")'
+      )
 print("device data:", make_device_data.unpack(Path(sys.argv[1]), Path(sys.argv[2])), flush=True)
 EOF
 results=$work/results

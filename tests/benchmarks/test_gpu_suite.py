@@ -149,6 +149,12 @@ def test_claims_on_device_packs_what_it_ran_and_names_what_the_deadline_left(tmp
     cwd=ROOT, capture_output=True, text=True, env=env,
   )  # fmt: skip
   assert bad.returncode == 2 and "is not CLAIM:BUDGET" in bad.stderr
+  lossy = subprocess.run(  # the pack's public set is JPEG: a FedProj claim is refused at once
+    ["bash", str(ROOT / "benchmarks" / "claims_on_device.sh"), "60", "fedproj-cifar10-dir0.5:cpu"],
+    cwd=ROOT, capture_output=True, text=True, env=env,
+  )  # fmt: skip
+  assert lossy.returncode == 3 and "--public_format=webp_lossless" in lossy.stderr, lossy.stderr
+  assert not (tmp_path / "work" / "results" / "fedproj-cifar10-dir0.5" / "cpu").exists()
 
 
 def test_device_data_subset_is_stratified_and_size_capped(tmp_path, capsys):
