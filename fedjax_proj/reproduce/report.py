@@ -231,7 +231,9 @@ def confirmatory_rows(
       {k: a[k] for k in keep}, {k: b[k] for k in keep}, o.metric in LOWER_IS_BETTER
     )
     parts.append((o, stats.paired(diffs), protocol.paired_p(diffs), tuple(refused), unknown, mixed))
-  adjusted = protocol.holm([p for _, _, p, *_ in parts])
+  # An ordering without its n pre-registered pairs (incomplete, or broken by a diverged run) has
+  # no test: it counts in the family with p = 1, so its partial p cannot lower the others' bar.
+  adjusted = protocol.holm([p if pr.n >= declared else math.nan for _, pr, p, *_ in parts])
   return [
     Confirmatory(
       o.better,

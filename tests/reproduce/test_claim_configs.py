@@ -139,6 +139,12 @@ def test_verdict_uses_only_preregistered_seeds_and_refuses_mixed_code():
   # Seed 0 of feddf ran other code: refused, leaving 2 of 3 seeds: incomplete.
   r = rows[("feddf", "global_accuracy")]
   assert r.refused == (0,) and r.paired.n == 2 and r.verdict == protocol.INCOMPLETE
+  # The incomplete ordering has no test: no adjusted p, and it counts in the family as p = 1.
+  assert math.isnan(r.p_holm) and not math.isnan(r.p)
+  complete = [x for x in rows.values() if x.paired.n == 3]
+  assert [x.p_holm for x in complete] == protocol.holm(
+    [x.p for x in complete] + [math.nan] * (len(rows) - len(complete))
+  )[: len(complete)]
   assert report.confirmatory_rows(pilot, found, "cpu", [{"A", "B"}])[1].paired.n == 3
   text = "\n".join(report.verdict_table(pilot, found, "cpu"))
   assert "Pairs refused (the two runs recorded different code): fedproj > feddf seeds [0]" in text
