@@ -367,10 +367,11 @@ def verdict_table(
 
 
 def machine_label(result: dict) -> str:
-  """Which machine a result ran on, in words ("not recorded" before results kept it)."""
+  """Which machine a result ran on, in words (results from before machines were recorded ran
+  on this project's CPU machine)."""
   m = result.get("machine")
   if not m:
-    return "not recorded"
+    return "not recorded (this project's 2-core CPU machine)"
   if m.get("backend") == "cpu":
     return f"CPU, {m.get('cores')} of {m.get('cpu_count')} cores"
   return f"{m.get('device_kind')} ({m.get('backend')}, matmul precision {arithmetic(result)})"
@@ -395,8 +396,6 @@ def machines(results: list[dict]) -> str:
   counts: dict[str, int] = {}
   for r in results:
     label = machine_label(r)
-    if label == "not recorded":
-      label = "not recorded (this project's 2-core CPU machine)"
     counts[label] = counts.get(label, 0) + 1
   return ", ".join(f"{k}: {v} run{'s' * (v != 1)}" for k, v in sorted(counts.items()))
 

@@ -308,6 +308,10 @@ def test_correctness_mark_passes_another_order_and_fails_a_wrong_learning_rate()
   assert rel["vmap_scan"] == 0.0
   assert rel["sequential"] <= gpu_suite.TOLERANCE
   assert rel["lr +10%"] > gpu_suite.TOLERANCE and rel["last step missing"] > gpu_suite.TOLERANCE
+  # Nothing to measure against (a zero update): equal values pass, a difference fails.
+  still = gpu_suite.compare_rows("x", {"vmap_scan": np.zeros(3), "sequential": np.zeros(3)}, 0.0)
+  moved = gpu_suite.compare_rows("x", {"vmap_scan": np.zeros(3), "sequential": np.ones(3)}, 0.0)
+  assert still[1]["rel_diff"] == 0.0 and moved[1]["rel_diff"] == float("inf")
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet8"])
