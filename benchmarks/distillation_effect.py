@@ -1,0 +1,216 @@
+"""What the server's ensemble distillation does to the global model, round by round.
+
+FedDF (Lin et al., 2020) and FedProj's server (paper 001, Algorithm 1, lines 31-42) average the
+clients' models, then distil the clients' ensemble into that average on public data. The method
+helps only if (a) the ensemble is a better model than the average, and (b) distillation moves
+the average towards it. Our claims found FedDF *below* FedAvg (docs/reproduction.md), so this
+diagnostic measures both, on the test set, every round of a claim's own run:
+
+* ``before``: the FedAvg average θ_avg, before distillation;
+* ``after``: the distilled model, the new global model (what the run evaluates);
+* ``teacher``: the ensemble the server distils from (the method's combination of the sampled
+  clients' logits), evaluated on the test images, which is the accuracy distillation aims at;
+* ``clients``: the mean accuracy of the sampled clients' own models.
+
+``after - before`` is the round's distillation gain. The run is the claim's resolved config
+(``python -m fedjax_proj.reproduce CLAIM --budget=B --dry_run`` prints it) through the library's
+own experiment driver: the diagnostic only wraps the host-loop form of the server step to
+evaluate what passes through it, and checks that its last ``after`` is the run's final accuracy.
+
+  python benchmarks/distillation_effect.py --claim=fedproj-cifar10-dir0.3 --budget=drift \
+      --method=feddf --seeds=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_proj.algorithms import registry
+from fedjax_proj.algorithms.distillation import distill
+from fedjax_proj.core import tree as tree_lib
+from fedjax_proj.core.engine import TwoForms
+from fedjax_proj.training.evaluate import make_evaluator
+from fedjax_proj.training.loop import to_device
+
+# The server's teacher per method (fedjax_proj/algorithms/distillation: FedET weighs by certainty).
+TEACHERS = {"feddf": "mean", "fedproj": "mean", "fedet": "uncertainty"}
+
+
+def _logits_fn(model, normalize, batch_size: int):
+  """``logits(variables, images) -> [N, K]`` in fixed-size batches (one compiled forward)."""
+
+  @jax.jit
+  def forward(variables, x):
+    return model.apply(variables, normalize(x), train=False).logits.astype(jnp.float32)
+
+  def logits(variables, images):
+    out, n = [], images.shape[0]
+    for start in range(0, n, batch_size):
+      x = images[start : start + batch_size]
+      pad = batch_size - x.shape[0]
+      if pad:
+        x = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)])
+      out.append(forward(variables, x)[: batch_size - pad])
+    return jnp.concatenate(out)
+
+  return logits
+
+
+def instrument(algorithm, model, normalize, test, teacher: str, batch_size: int, rows: list):
+  """``algorithm`` with its server step's host form wrapped to append one row per round to
+  ``rows``; the step's inputs and outputs pass through unchanged."""
+  if not isinstance(algorithm.aggregate, TwoForms):
+    raise ValueError(
+      f"{algorithm.name} has no host-loop server step: the diagnostic applies to the "
+      "distillation family (feddf, fedet, fedproj)."
+    )
+  evaluate = make_evaluator(model, normalize, batch_size)
+  logits = _logits_fn(model, normalize, batch_size)
+  combine = distill.TEACHER_COMBINERS[teacher]
+  images, labels = test
+  original = algorithm.aggregate.host
+
+  def accuracy(pred_logits):
+    return float(jnp.mean(jnp.argmax(pred_logits, -1) == labels))
+
+  def host(state, rd, outputs, key):
+    stacked = outputs["variables"]
+    averaged = tree_lib.weighted_mean(stacked, rd.num_examples)  # the server's own first step
+    before = evaluate(averaged, images, labels)["accuracy"]
+    num = jax.tree.leaves(stacked)[0].shape[0]
+    client_logits = jnp.stack(
+      [logits(jax.tree.map(lambda a, i=i: a[i], stacked), images) for i in range(num)]
+    )
+    row = {
+      "before": before,
+      "teacher": accuracy(combine(client_logits)),
+      "clients": float(np.mean([accuracy(z) for z in client_logits])),
+    }
+    new_state, metrics = original(state, rd, outputs, key)
+    row["after"] = evaluate(new_state.variables, images, labels)["accuracy"]
+    row["gain"] = row["after"] - row["before"]
+    rows.append({"round": len(rows) + 1, **row})
+    return new_state, metrics
+
+  return algorithm._replace(aggregate=TwoForms(algorithm.aggregate.traced, host))
+
+
+def diagnose(config: dict, log=print) -> dict:
+  """Runs one resolved image-claim config with the server step instrumented.
+
+  Returns:
+    ``{"rounds": [...], "final_test_accuracy": ..., "summary": {...}}``; raises if the run did not
+    go through the host-loop server step or its last ``after`` is not the run's final accuracy.
+  """
+  from fedjax_proj.data.sources import load_dataset
+  from fedjax_proj.training import experiment
+  from fedjax_proj.training.inputs import subset
+
+  c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
+  teacher = TEACHERS.get(c.method)
+  if teacher is None:
+    raise ValueError(f"--method={c.method}: choose one of {sorted(TEACHERS)}.")
+  test_ds = load_dataset(c.dataset, "test", c.data_dir or None)
+  test = to_device(subset(test_ds, c.test_subset, c.seed + 1))
+  rows: list[dict] = []
+  build = registry.build_algorithm
+
+  def build_instrumented(method, ctx, **hparams):
+    algorithm = build(method, ctx, **hparams)
+    return instrument(algorithm, ctx.model, ctx.normalize, test, teacher, c.eval_batch_size, rows)
+
+  with tempfile.TemporaryDirectory() as work:
+    c.output_dir, c.progress, c.checkpoint_every = work, False, 0
+    with mock.patch.object(registry, "build_algorithm", build_instrumented):
+      summary = experiment.run_experiment(c, log=log)
+  if len(rows) != c.rounds:
+    raise RuntimeError(
+      f"the instrumented server step ran {len(rows)} of {c.rounds} rounds: the run's strategy "
+      "does not use the host-loop server form; rerun with a host-looped strategy."
+    )
+  final = summary["final_test_accuracy"]
+  if rows[-1]["after"] != final:
+    raise RuntimeError(f"last 'after' {rows[-1]['after']} is not the run's final accuracy {final}")
+  gains = np.array([r["gain"] for r in rows])
+  gaps = np.array([r["teacher"] - r["before"] for r in rows])
+  return {
+    "rounds": rows,
+    "final_test_accuracy": final,
+    "summary": {
+      "mean_gain": float(gains.mean()),
+      "rounds_gain_positive": int((gains > 0).sum()),
+      "mean_teacher_minus_before": float(gaps.mean()),
+      "rounds_teacher_above_before": int((gaps > 0).sum()),
+      "mean_clients": float(np.mean([r["clients"] for r in rows])),
+    },
+  }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--claim", default="fedproj-cifar10-dir0.3")
+  p.add_argument("--budget", default="drift", choices=("smoke", "cpu", "drift", "paper"))
+  p.add_argument("--method", default="feddf", choices=sorted(TEACHERS))
+  p.add_argument("--seeds", default="0", help="comma-separated")
+  p.add_argument("--out", default="", help="result JSON (default: results/distillation_effect-*.json)")
+  args = p.parse_args(argv)
+  try:
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  except ValueError:
+    p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+  return args
+
+
+def main(argv=None) -> dict:
+  from fedjax_proj.reproduce import claims, run
+
+  args = parse_args(argv)
+  claim = claims.CLAIMS.get(args.claim)
+  if claim is None or claim.kind != "image":
+    image = sorted(n for n, c in claims.CLAIMS.items() if c.kind == "image")
+    raise SystemExit(f"--claim={args.claim}: choose an image claim: {', '.join(image)}.")
+  data_root = run.default_data_root()
+  out = {"claim": args.claim, "budget": args.budget, "method": args.method, "seeds": {}}
+  out["git_commit"], out["machine"] = run.git_commit(), run.machine_info()
+  for seed in args.seeds:
+    config = run.resolve_config(claim, args.budget, args.method, seed, data_root)
+    t0 = time.perf_counter()
+    result = diagnose(run.substitute_data(config, data_root), log=lambda *a, **k: None)
+    result["wall_seconds"] = time.perf_counter() - t0
+    out["seeds"][str(seed)] = result
+    s = result["summary"]
+    print(
+      f"seed {seed}: final {100 * result['final_test_accuracy']:.2f}; distillation gain "
+      f"{100 * s['mean_gain']:+.2f} per round ({s['rounds_gain_positive']}/{len(result['rounds'])}"
+      f" rounds up); teacher - average {100 * s['mean_teacher_minus_before']:+.2f} "
+      f"({s['rounds_teacher_above_before']} rounds above)"
+    )
+    for r in result["rounds"]:
+      print(
+        "  round {round:2d}: average {before:.4f}  distilled {after:.4f}  teacher {teacher:.4f}"
+        "  clients {clients:.4f}".format(**r)
+      )
+  name = f"{args.claim}-{args.budget}-{args.method}-seeds{'_'.join(map(str, args.seeds))}"
+  if args.out:
+    path = Path(args.out)
+    path.write_text(json.dumps(out, indent=1))
+  else:
+    from common import write_results  # benchmarks/common.py (run as a script)
+
+    path = write_results(f"distillation_effect-{name}", out)
+  print(f"wrote {path}")
+  return out
+
+
+if __name__ == "__main__":
+  main()
