@@ -1,4 +1,4 @@
-"""What the server's ensemble distillation does to the global model, round by round.
+r"""What the server's ensemble distillation does to the global model, round by round.
 
 FedDF (Lin et al., 2020) and FedProj's server (paper 001, Algorithm 1, lines 31-42) average the
 clients' models, then distil the clients' ensemble into that average on public data. The method
@@ -18,7 +18,7 @@ own experiment driver: the diagnostic only wraps the host-loop form of the serve
 evaluate what passes through it, and checks that its last ``after`` is the run's final accuracy.
 
   python benchmarks/distillation_effect.py --claim=fedproj-cifar10-dir0.3 --budget=drift \
-      --method=feddf --seeds=0
+      --method=feddf --seeds=0,1,2
 """
 
 from __future__ import annotations
@@ -141,19 +141,61 @@ def diagnose(config: dict, log=print) -> dict:
   final = summary["final_test_accuracy"]
   if rows[-1]["after"] != final:
     raise RuntimeError(f"last 'after' {rows[-1]['after']} is not the run's final accuracy {final}")
-  gains = np.array([r["gain"] for r in rows])
-  gaps = np.array([r["teacher"] - r["before"] for r in rows])
+  return {"rounds": rows, "final_test_accuracy": final, "summary": summarize(rows)}
+
+
+def summarize(rows: list[dict]) -> dict:
+  """What the rounds say: the mean gain, how far the teacher is above the average, whether
+  distillation closes the distance to the teacher, and whether the gain's sign is the teacher's
+  lead's (rows from any number of rounds and seeds; accuracies as fractions)."""
+  before, after, teacher = (np.array([r[k] for r in rows]) for k in ("before", "after", "teacher"))
+  gain, lead = after - before, teacher - before
+  signed = (gain != 0) & (lead != 0)
   return {
-    "rounds": rows,
-    "final_test_accuracy": final,
-    "summary": {
-      "mean_gain": float(gains.mean()),
-      "rounds_gain_positive": int((gains > 0).sum()),
-      "mean_teacher_minus_before": float(gaps.mean()),
-      "rounds_teacher_above_before": int((gaps > 0).sum()),
-      "mean_clients": float(np.mean([r["clients"] for r in rows])),
-    },
+    "rounds": len(rows),
+    "mean_gain": float(gain.mean()),
+    "rounds_gain_positive": int((gain > 0).sum()),
+    "mean_teacher_minus_before": float(lead.mean()),
+    "rounds_teacher_above_before": int((lead > 0).sum()),
+    "mean_distance_to_teacher_before": float(np.abs(lead).mean()),
+    "mean_distance_to_teacher_after": float(np.abs(teacher - after).mean()),
+    "rounds_gain_sign_is_teacher_lead_sign": int((np.sign(gain) == np.sign(lead))[signed].sum()),
+    "rounds_with_both_signs": int(signed.sum()),
+    "mean_clients": float(np.mean([r["clients"] for r in rows])),
   }
+
+
+def _summary_line(what: str, s: dict) -> str:
+  pct = lambda v: f"{100 * v:+.2f}"  # noqa: E731
+  return (
+    f"{what}: distillation gain {pct(s['mean_gain'])} per round ({s['rounds_gain_positive']}/"
+    f"{s['rounds']} rounds up); teacher - average {pct(s['mean_teacher_minus_before'])} "
+    f"({s['rounds_teacher_above_before']} above); distance to the teacher "
+    f"{100 * s['mean_distance_to_teacher_before']:.2f} before, "
+    f"{100 * s['mean_distance_to_teacher_after']:.2f} after; the gain has the teacher's lead's "
+    f"sign in {s['rounds_gain_sign_is_teacher_lead_sign']}/{s['rounds_with_both_signs']} rounds"
+  )
+
+
+def _seed_lines(seed, result: dict) -> str:
+  lines = [
+    f"seed {seed}: final {100 * result['final_test_accuracy']:.2f}",
+    _summary_line(f"seed {seed}", summarize(result["rounds"])),
+  ]
+  for r in result["rounds"]:
+    lines.append(
+      "  round {round:2d}: average {before:.4f}  distilled {after:.4f}  teacher {teacher:.4f}"
+      "  clients {clients:.4f}".format(**r)
+    )
+  return "\n".join(lines)
+
+
+def _print(out: dict) -> None:
+  """A stored result's per-seed tables and summaries (recomputed from its rows)."""
+  for seed, result in out["seeds"].items():
+    print(_seed_lines(seed, result))
+  rows = [r for res in out["seeds"].values() for r in res["rounds"]]
+  print(_summary_line("pooled", summarize(rows)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -162,7 +204,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--budget", default="drift", choices=("smoke", "cpu", "drift", "paper"))
   p.add_argument("--method", default="feddf", choices=sorted(TEACHERS))
   p.add_argument("--seeds", default="0", help="comma-separated")
-  p.add_argument("--out", default="", help="result JSON (default: results/distillation_effect-*.json)")
+  p.add_argument(
+    "--summarize", default="", help="a result JSON of this script: print its summaries, run nothing"
+  )
+  p.add_argument(
+    "--out", default="", help="result JSON (default: results/distillation_effect-*.json)"
+  )
   args = p.parse_args(argv)
   try:
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -175,6 +222,10 @@ def main(argv=None) -> dict:
   from fedjax_proj.reproduce import claims, run
 
   args = parse_args(argv)
+  if args.summarize:
+    out = json.loads(Path(args.summarize).read_text())
+    _print(out)
+    return out
   claim = claims.CLAIMS.get(args.claim)
   if claim is None or claim.kind != "image":
     image = sorted(n for n, c in claims.CLAIMS.items() if c.kind == "image")
@@ -188,18 +239,9 @@ def main(argv=None) -> dict:
     result = diagnose(run.substitute_data(config, data_root), log=lambda *a, **k: None)
     result["wall_seconds"] = time.perf_counter() - t0
     out["seeds"][str(seed)] = result
-    s = result["summary"]
-    print(
-      f"seed {seed}: final {100 * result['final_test_accuracy']:.2f}; distillation gain "
-      f"{100 * s['mean_gain']:+.2f} per round ({s['rounds_gain_positive']}/{len(result['rounds'])}"
-      f" rounds up); teacher - average {100 * s['mean_teacher_minus_before']:+.2f} "
-      f"({s['rounds_teacher_above_before']} rounds above)"
-    )
-    for r in result["rounds"]:
-      print(
-        "  round {round:2d}: average {before:.4f}  distilled {after:.4f}  teacher {teacher:.4f}"
-        "  clients {clients:.4f}".format(**r)
-      )
+    print(_seed_lines(seed, result))
+  out["pooled"] = summarize([r for res in out["seeds"].values() for r in res["rounds"]])
+  print(_summary_line("pooled", out["pooled"]))
   name = f"{args.claim}-{args.budget}-{args.method}-seeds{'_'.join(map(str, args.seeds))}"
   if args.out:
     path = Path(args.out)

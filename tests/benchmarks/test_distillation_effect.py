@@ -61,3 +61,20 @@ def test_without_distillation_the_gain_is_zero(config):
 def test_methods_without_a_distillation_server_are_refused(config):
   with pytest.raises(ValueError, match="choose one of"):
     distillation_effect.diagnose({**config, "method": "fedavg"})
+
+
+def test_summary_counts_gains_teacher_leads_and_distances():
+  rows = [  # distillation moves towards the teacher, up where it leads, down where it trails
+    {"before": 0.40, "after": 0.44, "teacher": 0.45, "clients": 0.30},
+    {"before": 0.50, "after": 0.42, "teacher": 0.40, "clients": 0.30},
+    {"before": 0.30, "after": 0.30, "teacher": 0.35, "clients": 0.20},
+  ]
+  s = distillation_effect.summarize(rows)
+  assert s["rounds"] == 3 and s["rounds_gain_positive"] == 1
+  assert s["mean_gain"] == pytest.approx((0.04 - 0.08 + 0.0) / 3)
+  assert s["rounds_teacher_above_before"] == 2
+  assert s["mean_teacher_minus_before"] == pytest.approx((0.05 - 0.10 + 0.05) / 3)
+  assert s["mean_distance_to_teacher_before"] == pytest.approx((0.05 + 0.10 + 0.05) / 3)
+  assert s["mean_distance_to_teacher_after"] == pytest.approx((0.01 + 0.02 + 0.05) / 3)
+  assert (s["rounds_gain_sign_is_teacher_lead_sign"], s["rounds_with_both_signs"]) == (2, 2)
+  assert s["mean_clients"] == pytest.approx(0.8 / 3)
