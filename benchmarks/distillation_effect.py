@@ -42,6 +42,7 @@ from fedjax_proj.core.engine import TwoForms
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import to_device
 
+RESULTS = Path(__file__).resolve().parent / "results"
 # The server's teacher per method (fedjax_proj/algorithms/distillation: FedET weighs by certainty).
 TEACHERS = {"feddf": "mean", "fedproj": "mean", "fedet": "uncertainty"}
 
@@ -205,6 +206,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--method", default="feddf", choices=sorted(TEACHERS))
   p.add_argument("--seeds", default="0", help="comma-separated")
   p.add_argument(
+    "--tiny",
+    action="store_true",
+    help="the config shrunk to two rounds on small data (reproduce's tiny()): a wiring check",
+  )
+  p.add_argument(
     "--summarize", default="", help="a result JSON of this script: print its summaries, run nothing"
   )
   p.add_argument(
@@ -231,25 +237,25 @@ def main(argv=None) -> dict:
     image = sorted(n for n, c in claims.CLAIMS.items() if c.kind == "image")
     raise SystemExit(f"--claim={args.claim}: choose an image claim: {', '.join(image)}.")
   data_root = run.default_data_root()
+  name = f"{args.claim}-{args.budget}-{args.method}-seeds{'_'.join(map(str, args.seeds))}"
+  path = Path(args.out) if args.out else RESULTS / f"distillation_effect-{name}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
   out = {"claim": args.claim, "budget": args.budget, "method": args.method, "seeds": {}}
   out["git_commit"], out["machine"] = run.git_commit(), run.machine_info()
+  out["tiny"] = args.tiny
   for seed in args.seeds:
     config = run.resolve_config(claim, args.budget, args.method, seed, data_root)
+    if args.tiny:
+      config = run.tiny(claim, config)
     t0 = time.perf_counter()
     result = diagnose(run.substitute_data(config, data_root), log=lambda *a, **k: None)
     result["wall_seconds"] = time.perf_counter() - t0
     out["seeds"][str(seed)] = result
     print(_seed_lines(seed, result))
-  out["pooled"] = summarize([r for res in out["seeds"].values() for r in res["rounds"]])
+    out["pooled"] = summarize([r for res in out["seeds"].values() for r in res["rounds"]])
+    # After every seed, so a stopped or failed run keeps the seeds it finished.
+    path.write_text(json.dumps(out, indent=1) + "\n")
   print(_summary_line("pooled", out["pooled"]))
-  name = f"{args.claim}-{args.budget}-{args.method}-seeds{'_'.join(map(str, args.seeds))}"
-  if args.out:
-    path = Path(args.out)
-    path.write_text(json.dumps(out, indent=1))
-  else:
-    from common import write_results  # benchmarks/common.py (run as a script)
-
-    path = write_results(f"distillation_effect-{name}", out)
   print(f"wrote {path}")
   return out
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from benchmarks import distillation_effect
 from fedjax_proj.reproduce import run
 from fedjax_proj.reproduce.claims import CLAIMS
+
+CLAIM = "fedproj-cifar10-dir0.3"
 
 
 def _images(n, classes, seed):
@@ -17,50 +21,66 @@ def _images(n, classes, seed):
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
+def data_root(tmp_path_factory):
+  """The shared data's layout with random pixels; the public set as large as the smoke budget's."""
   root = tmp_path_factory.mktemp("data")
-  for name, n, classes, seed in (("cifar10", run.TINY_TRAIN, 10, 0), ("cifar100", 128, 100, 2)):
-    (root / name).mkdir()
-    files = {"train.npz": n} if name == "cifar10" else {"public_20k.npz": n}
-    for file, size in files.items():
-      np.savez(root / name / file, **_images(size, classes, seed))
+  (root / "cifar10").mkdir()
+  (root / "cifar100").mkdir()
+  np.savez(root / "cifar10" / "train.npz", **_images(run.TINY_TRAIN, 10, 0))
   np.savez(root / "cifar10" / "test.npz", **_images(100, 10, 1))
-  claim = CLAIMS["fedproj-cifar10-dir0.3"]
-  c = run.tiny(claim, run.resolve_config(claim, "cpu", "feddf", 0, root))
-  c = run.substitute_data(c, root)
-  c.update(public_size=128, memory_size=128)
+  np.savez(root / "cifar100" / "public_20k.npz", **_images(500, 100, 2))
+  return root
+
+
+def _tiny_config(data_root, **kwargs):
+  claim = CLAIMS[CLAIM]
+  c = run.tiny(claim, run.resolve_config(claim, "smoke", "feddf", 0, data_root))
+  c = run.substitute_data(c, data_root)
+  c["method_kwargs"] = {**c["method_kwargs"], **kwargs}
   return c
 
 
-def test_instrumented_run_equals_the_plain_run_and_reports_every_round(config, tmp_path):
+def test_instrumented_run_equals_the_plain_run_and_is_written_per_seed(
+  data_root, tmp_path, monkeypatch
+):
   import ml_collections
 
   from fedjax_proj.training.experiment import run_experiment
 
-  result = distillation_effect.diagnose(config, log=lambda *a, **k: None)
-  plain = ml_collections.ConfigDict({**config, "output_dir": str(tmp_path), "progress": False})
+  monkeypatch.setenv("FEDJAX_PROJ_SHARED_DATA", str(data_root))
+  out = tmp_path / "effect.json"
+  argv = [f"--claim={CLAIM}", "--budget=smoke", "--tiny", "--seeds=0", f"--out={out}"]
+  result = distillation_effect.main(argv)
+  assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+  seed = result["seeds"]["0"]
+  plain = ml_collections.ConfigDict(
+    {**_tiny_config(data_root), "output_dir": str(tmp_path / "plain"), "progress": False}
+  )
+  # Same config, same program: the wrapper passes the server step's values through unchanged.
   assert (
-    result["final_test_accuracy"]
+    seed["final_test_accuracy"]
     == run_experiment(plain, log=lambda *a, **k: None)["final_test_accuracy"]
   )
-  rows = result["rounds"]
-  assert [r["round"] for r in rows] == list(range(1, config["rounds"] + 1))
+  rows = seed["rounds"]
+  assert [r["round"] for r in rows] == [1, 2] and result["pooled"]["rounds"] == 2
   for r in rows:
     assert all(0.0 <= r[k] <= 1.0 for k in ("before", "after", "teacher", "clients"))
     assert r["gain"] == pytest.approx(r["after"] - r["before"])
+  assert distillation_effect.main([f"--summarize={out}"]) == json.loads(out.read_text())
 
 
-def test_without_distillation_the_gain_is_zero(config):
-  c = {**config, "method_kwargs": {**config["method_kwargs"], "distill_epochs": 0}}
-  rows = distillation_effect.diagnose(c, log=lambda *a, **k: None)["rounds"]
+def test_without_distillation_the_gain_is_zero(data_root):
+  rows = distillation_effect.diagnose(
+    _tiny_config(data_root, distill_epochs=0), log=lambda *a, **k: None
+  )["rounds"]
   # No distillation epoch leaves the average as it is; at most one of the 100 test images may
   # flip between the server's jitted average and the diagnostic's own (another float order).
   assert all(abs(r["gain"]) <= 0.01 for r in rows), rows
 
 
-def test_methods_without_a_distillation_server_are_refused(config):
+def test_methods_without_a_distillation_server_are_refused(data_root):
   with pytest.raises(ValueError, match="choose one of"):
-    distillation_effect.diagnose({**config, "method": "fedavg"})
+    distillation_effect.diagnose({**_tiny_config(data_root), "method": "fedavg"})
 
 
 def test_summary_counts_gains_teacher_leads_and_distances():
