@@ -26,6 +26,8 @@ END = "<!-- results:end -->"
 # benchmarks/behaviour_fingerprint.py --compare match), under the results folder:
 # {"groups": [{"fingerprints": [...], "evidence": "..."}]}.
 EQUIVALENCE_FILE = "code_equivalence.json"
+# Each report's verdicts as plain values, beside its report.md (docs' "Verdicts at a glance").
+VERDICTS_FILE = "verdicts.json"
 # The per-round accuracy key of each kind of run.
 CURVE_METRIC = {"image": "test_accuracy", "pilot": "global_accuracy", "continual": None}
 
@@ -313,6 +315,51 @@ def _p(x: float) -> str:
   return "—" if math.isnan(x) else (f"{x:.4f}" if x >= 1e-4 else f"{x:.1e}")
 
 
+def verdict_text(r: Confirmatory, diverged: dict | None) -> str:
+  """``r``'s verdict, or "not computable" where a diverged run broke a pre-registered pair."""
+  lost = {
+    m: sorted(s for s in (diverged or {}).get(m, {}) if s < r.declared) for m in (r.better, r.worse)
+  }
+  lost = {m: s for m, s in lost.items() if s}
+  if lost and r.paired.n < r.declared:  # the pre-registered test cannot be computed
+    return "not computable: " + "; ".join(
+      f"{m} diverged on {_seed_ranges(s)}" for m, s in lost.items()
+    )
+  return r.verdict
+
+
+def _number(x: float) -> float | None:
+  return None if x is None or math.isnan(x) else float(x)
+
+
+def verdict_records(
+  claim: Claim, found: dict, budget: str, equivalent=(), diverged: dict | None = None
+) -> list[dict]:
+  """The verdict table's rows as plain values (``verdicts.json``; NaN as None), with the paper's
+  gap for each ordering (None where the paper gives no number)."""
+  records = []
+  for r in confirmatory_rows(claim, found, budget, equivalent):
+    gap = protocol.paper_effect(claim, r.better, r.worse, r.metric, r.metric in LOWER_IS_BETTER)
+    records.append(
+      {
+        "better": r.better,
+        "worse": r.worse,
+        "metric": r.metric,
+        "paper_gap": gap,
+        "seeds": r.paired.n,
+        "declared": r.declared,
+        "mean": _number(r.paired.mean),
+        "low": _number(r.paired.low),
+        "high": _number(r.paired.high),
+        "wins": r.paired.wins,
+        "p": _number(r.p),
+        "p_holm": _number(r.p_holm),
+        "verdict": verdict_text(r, diverged),
+      }
+    )
+  return records
+
+
 def verdict_table(
   claim: Claim, found: dict, budget: str, equivalent=(), diverged: dict | None = None
 ) -> list[str]:
@@ -330,18 +377,9 @@ def verdict_table(
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
-    verdict = r.verdict
-    lost = {
-      m: sorted(s for s in (diverged or {}).get(m, {}) if s < declared) for m in (r.better, r.worse)
-    }
-    lost = {m: s for m, s in lost.items() if s}
-    if lost and r.paired.n < declared:  # the pre-registered test cannot be computed
-      verdict = "not computable: " + "; ".join(
-        f"{m} diverged on {_seed_ranges(s)}" for m, s in lost.items()
-      )
     lines.append(
       f"| {r.better} > {r.worse} | {r.metric} | {_paired_cells(r.paired)} | {_p(r.p)} | "
-      f"{_p(r.p_holm)} | {verdict} |"
+      f"{_p(r.p_holm)} | {verdict_text(r, diverged)} |"
     )
   refused = [f"{r.better} > {r.worse} seeds {list(r.refused)}" for r in rows if r.refused]
   if refused:
@@ -694,7 +732,54 @@ def write_report(claim: Claim, budget: str, directory: Path, expected: dict | No
   text = render(claim, budget, found, stale, figures, corrupt, equivalent)
   if directory.is_dir():
     (directory / "report.md").write_text(text)
+    valid, diverged = split_diverged(found)
+    if budget in claim.budgets and valid:
+      records = verdict_records(claim, valid, budget, equivalent, diverged)
+      payload = {"claim": claim.name, "budget": budget, "verdicts": records}
+      (directory / VERDICTS_FILE).write_text(json.dumps(payload, indent=1) + "\n")
   return text
+
+
+def _glance_mean(r: dict) -> str:
+  if r["mean"] is None:
+    return "—"
+  if r["low"] is None or r["high"] is None:
+    return _fmt(r["mean"])
+  return f"{_fmt(r['mean'])} [{_fmt(r['low'])}, {_fmt(r['high'])}]"
+
+
+def glance_table(results: Path) -> list[str]:
+  """One line per pre-registered ordering of every claim × budget with a ``verdicts.json``: the
+  table a reader checks first (the sections below hold the per-method tables and commits)."""
+  rows = []
+  for name in CLAIMS:
+    for budget in ("paper", "drift", "cpu"):
+      path = results / name / budget / VERDICTS_FILE
+      if not path.is_file():
+        continue
+      for r in json.loads(path.read_text())["verdicts"]:
+        gap = "—" if r["paper_gap"] is None else f"{r['paper_gap']:+.2f}"
+        p = "—" if r["p_holm"] is None else _p(r["p_holm"])
+        rows.append(
+          f"| {name} | {budget} | {r['better']} > {r['worse']} | {r['metric']} | {gap} | "
+          f"{r['seeds']}/{r['declared']} | {_glance_mean(r)} | {p} | {r['verdict']} |"
+        )
+  if not rows:
+    return []
+  return [
+    "### Verdicts at a glance",
+    "",
+    "Every pre-registered ordering of every claim and budget with results (generated from each "
+    f"report's `{VERDICTS_FILE}`): the paper's gap, the seeds run out of those declared, the mean "
+    "paired difference in points (> 0 favours the claimed winner) with its 95% interval, and the "
+    "Holm-adjusted p. The sections below hold each claim's tables, curves, machines and commits.",
+    "",
+    "| claim | budget | ordering | metric | paper gap | seeds | mean diff [95% interval] "
+    "| p (Holm) | verdict |",
+    "|---|---|---|---|---|---|---|---|---|",
+    *rows,
+    "",
+  ]
 
 
 def update_docs(doc: Path, results: Path) -> str:
@@ -711,7 +796,7 @@ def update_docs(doc: Path, results: Path) -> str:
   sweep = results / "fedproj-iris-pilot" / "sweep" / "report.md"
   if sweep.is_file():
     sections.append(sweep.read_text())
-  body = "\n".join(sections) if sections else "No results yet.\n"
+  body = "\n".join(glance_table(results) + sections) if sections else "No results yet.\n"
   text = doc.read_text()
   block = f"{BEGIN}\n\n{body}\n{END}"
   if BEGIN in text and END in text:

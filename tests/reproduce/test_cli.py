@@ -82,7 +82,7 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
   out, err = capsys.readouterr()
   directory = tmp_path / "fedproj-iris-pilot" / "smoke"
   assert calls == [0, 1, 2]  # seed 2 still ran after seed 1 failed
-  assert sorted(p.name for p in directory.glob("*.json")) == [
+  assert sorted(p.name for p in directory.glob("*-seed*.json")) == [
     "fedavg-seed0.json",
     "fedavg-seed2.json",
   ]
@@ -343,14 +343,24 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
   report.write_report(PILOT, "cpu", directory, None)
   doc = tmp_path / "docs" / "reproduction.md"
   doc.parent.mkdir()
-  doc.write_text(f"# Title\n\n## Results\n\nhand text\n\n{report.BEGIN}\nold\n{report.END}\ntail\n")
+  stale = f"{report.BEGIN}\nstale block\n{report.END}"
+  doc.write_text(f"# Title\n\n## Results\n\nhand text\n\n{stale}\ntail\n")
   text = report.update_docs(doc, results)
   assert text.startswith("# Title\n\n## Results\n\nhand text\n\n") and text.endswith("tail\n")
-  assert "old" not in text
+  assert "stale block" not in text
   block = text.split(report.BEGIN)[1].split(report.END)[0]
   assert "| fedproj > fedavg | global_accuracy | 3 | 2.00 | 0.00 | 3/3 |" in block
   assert "](../results/fedproj-iris-pilot/cpu/accuracy.png)" in block
   assert report.update_docs(doc, results) == text  # idempotent
+  # The glance table leads the block, one line per pre-registered ordering, from verdicts.json.
+  assert block.index("### Verdicts at a glance") < block.index("### fedproj-iris-pilot")
+  verdicts = json.loads((directory / report.VERDICTS_FILE).read_text())["verdicts"]
+  assert len(verdicts) == len(PILOT.at("cpu").orderings)
+  row = next(v for v in verdicts if (v["worse"], v["metric"]) == ("fedavg", "global_accuracy"))
+  assert (row["seeds"], row["declared"], row["mean"]) == (3, 3, pytest.approx(2.0))
+  assert "| fedproj-iris-pilot | cpu | fedproj > fedavg | global_accuracy | " in block
+  assert "| 3/3 | 2.00 [2.00, 2.00] |" in block
+  assert "| 0/3 | — | — | incomplete |" in block  # no feddf results: nothing paired yet
 
 
 def test_added_field_at_its_default_keeps_old_fingerprints():
