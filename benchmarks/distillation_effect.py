@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from unittest import mock
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -39,32 +38,13 @@ from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import TwoForms
+from fedjax_proj.reproduce.claims import BUDGETS
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import to_device
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The server's teacher per method (fedjax_proj/algorithms/distillation: FedET weighs by certainty).
 TEACHERS = {"feddf": "mean", "fedproj": "mean", "fedet": "uncertainty"}
-
-
-def _logits_fn(model, normalize, batch_size: int):
-  """``logits(variables, images) -> [N, K]`` in fixed-size batches (one compiled forward)."""
-
-  @jax.jit
-  def forward(variables, x):
-    return model.apply(variables, normalize(x), train=False).logits.astype(jnp.float32)
-
-  def logits(variables, images):
-    out, n = [], images.shape[0]
-    for start in range(0, n, batch_size):
-      x = images[start : start + batch_size]
-      pad = batch_size - x.shape[0]
-      if pad:
-        x = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)])
-      out.append(forward(variables, x)[: batch_size - pad])
-    return jnp.concatenate(out)
-
-  return logits
 
 
 def instrument(algorithm, model, normalize, test, teacher: str, batch_size: int, rows: list):
@@ -76,7 +56,7 @@ def instrument(algorithm, model, normalize, test, teacher: str, batch_size: int,
       "distillation family (feddf, fedet, fedproj)."
     )
   evaluate = make_evaluator(model, normalize, batch_size)
-  logits = _logits_fn(model, normalize, batch_size)
+  logits = distill.HostClientLogits(model, normalize, batch_size)  # the server's own forward
   combine = distill.TEACHER_COMBINERS[teacher]
   images, labels = test
   original = algorithm.aggregate.host
@@ -88,10 +68,7 @@ def instrument(algorithm, model, normalize, test, teacher: str, batch_size: int,
     stacked = outputs["variables"]
     averaged = tree_lib.weighted_mean(stacked, rd.num_examples)  # the server's own first step
     before = evaluate(averaged, images, labels)["accuracy"]
-    num = jax.tree.leaves(stacked)[0].shape[0]
-    client_logits = jnp.stack(
-      [logits(jax.tree.map(lambda a, i=i: a[i], stacked), images) for i in range(num)]
-    )
+    client_logits = logits(stacked, images)  # [C, N, K]
     row = {
       "before": before,
       "teacher": accuracy(combine(client_logits)),
@@ -191,18 +168,22 @@ def _seed_lines(seed, result: dict) -> str:
   return "\n".join(lines)
 
 
+def _pooled(out: dict) -> dict:
+  """The summary of every seed's rounds together."""
+  return summarize([r for res in out["seeds"].values() for r in res["rounds"]])
+
+
 def _print(out: dict) -> None:
   """A stored result's per-seed tables and summaries (recomputed from its rows)."""
   for seed, result in out["seeds"].items():
     print(_seed_lines(seed, result))
-  rows = [r for res in out["seeds"].values() for r in res["rounds"]]
-  print(_summary_line("pooled", summarize(rows)))
+  print(_summary_line("pooled", _pooled(out)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--claim", default="fedproj-cifar10-dir0.3")
-  p.add_argument("--budget", default="drift", choices=("smoke", "cpu", "drift", "paper"))
+  p.add_argument("--budget", default="drift", choices=BUDGETS)
   p.add_argument("--method", default="feddf", choices=sorted(TEACHERS))
   p.add_argument("--seeds", default="0", help="comma-separated")
   p.add_argument(
@@ -252,7 +233,7 @@ def main(argv=None) -> dict:
     result["wall_seconds"] = time.perf_counter() - t0
     out["seeds"][str(seed)] = result
     print(_seed_lines(seed, result))
-    out["pooled"] = summarize([r for res in out["seeds"].values() for r in res["rounds"]])
+    out["pooled"] = _pooled(out)
     # After every seed, so a stopped or failed run keeps the seeds it finished.
     path.write_text(json.dumps(out, indent=1) + "\n")
   print(_summary_line("pooled", out["pooled"]))
