@@ -279,8 +279,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       continue
     except TrainingInterrupted as e:
       # A stop request (SIGTERM from a scheduler or `kill`) stops the queue, not just this run:
-      # the next run would start only to be killed too. What is on disk is the run's work folder;
-      # a rerun of the command starts the run again.
+      # the next run would start only to be killed too. The run saved a checkpoint after its
+      # round: a rerun of the command continues it from there (run.resumable).
       print(f"stopped {tag}: {e}", flush=True)
       raise
     except Exception as e:  # noqa: BLE001 - one failed run must not cost the queued ones
@@ -386,7 +386,10 @@ def main(argv=None) -> int:
         if failed is not None:
           raise failed
     except TrainingInterrupted as e:
-      print(f"stopped: {e}; rerun the command to run what is missing", file=sys.stderr)
+      print(
+        f"stopped: {e}; rerun the command to continue from the checkpoint and run what is left",
+        file=sys.stderr,
+      )
       return 128 + e.signum
     except (FileNotFoundError, ValueError, RuntimeError) as e:
       print(f"error: {e}", file=sys.stderr)

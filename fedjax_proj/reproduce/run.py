@@ -6,7 +6,9 @@ loaded by file path from the source checkout) plus the claim's budget overrides
 ``{data}`` placeholder kept and run-management fields cleared) decides whether a result on disk is
 ``done`` (same fingerprint: skipped), ``stale`` (another config: kept, rerun only with
 ``rerun_stale``) or ``missing``. Result files: ``<results>/<claim>/<budget>/<method>-seed<k>.json``
-(docs/reproduction.md, "Results").
+(docs/reproduction.md, "Results"). A run that stops before its result (a signal, a crash, a
+killed process) continues from its newest checkpoint on the next attempt when its config and code
+are unchanged (:func:`resumable`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
+from fedjax_proj.training.rundir import checkpoint_rounds
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "reproduce"
@@ -328,7 +331,10 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   from fedjax_proj.training.experiment import run_experiment
 
   c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
-  c.output_dir, c.progress, c.checkpoint_every = str(work), False, 0
+  c.output_dir, c.progress = str(work), False
+  # About ten checkpoints a run (and one on SIGINT/SIGTERM): a stopped or killed run continues
+  # from the newest on the next attempt (run_one), losing at most a tenth of its rounds.
+  c.checkpoint_every, c.keep_checkpoints = max(1, c.rounds // 10), 2
   from fedjax_proj.training.loop import NonFiniteError
 
   try:
@@ -453,6 +459,41 @@ def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
   return c
 
 
+# Kinds whose runs checkpoint (training/loop.py) and so continue where a stopped attempt ended.
+RESUMABLE_KINDS = ("image", "nlp", "continual")
+RESUME_RECORD = "claim_run.json"
+
+
+def resumable(work: Path, claim: Claim, config_fp: str, code_fp: str) -> dict | None:
+  """The record of a stopped attempt that ``work`` can continue, with its newest checkpoint's
+  ``round``, or None (nothing to resume: the run starts afresh).
+
+  An attempt is continued only when it ran the same config and the same code (code fingerprint):
+  a checkpoint of other code would splice two computations into one result. The checkpoint itself
+  is verified when restored (training/checkpoint.py).
+  """
+  if claim.kind not in RESUMABLE_KINDS:
+    return None
+  try:
+    record = json.loads((work / RESUME_RECORD).read_text())
+  except (OSError, ValueError):
+    return None
+  rounds = checkpoint_rounds(work)
+  if not rounds or record.get("fingerprint") != config_fp or record.get("code") != code_fp:
+    return None
+  return {**record, "round": rounds[-1]}
+
+
+def _write_resume_record(work: Path, earlier: dict, seconds: float | None) -> None:
+  """Records what a later attempt needs to continue this one: its config and code, and (after an
+  attempt ends, ``seconds`` not None) the time spent so far."""
+  record = {k: v for k, v in earlier.items() if k != "round"}
+  if seconds is not None:
+    record.update(seconds=record["seconds"] + seconds, sessions=record["sessions"] + 1)
+  with contextlib.suppress(OSError):  # the folder is gone or unwritable: the next attempt starts
+    (work / RESUME_RECORD).write_text(json.dumps(record) + "\n")  # afresh
+
+
 class RunLocked(RuntimeError):
   """Another process holds the lock of this (claim, budget, method, seed)."""
 
@@ -522,7 +563,10 @@ def run_one(
 
   The run first takes ``<method>-seed<k>.lock`` (a second process on the same run gets
   :class:`RunLocked` and touches nothing), then re-checks the result (finished by another process
-  meanwhile: :class:`RunLocked` too), and only then clears its work folder. The result is checked
+  meanwhile: :class:`RunLocked` too), and only then prepares its work folder
+  (``<method>-seed<k>.work``): an earlier attempt's checkpoints are continued when that attempt ran
+  the same config and code (:func:`resumable`; the result then records ``resumed_from_round`` and
+  ``wall_seconds`` counts every attempt), anything else there is cleared. The result is checked
   (:func:`check_result`) before it is written, atomically, so a file on disk is a whole valid
   result; a corrupt file in its place is kept as ``<name>.corrupt``.
   """
@@ -547,18 +591,37 @@ def run_one(
     if on_start is not None:  # the run is this process's now (the runner announces it)
       on_start()
     work = path.with_suffix(".work")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
+    code = code_fingerprint()
+    earlier = resumable(work, claim, fingerprint(config), code)
+    if earlier is None:
+      shutil.rmtree(work, ignore_errors=True)
+      work.mkdir(parents=True, exist_ok=True)
+      earlier = {"fingerprint": fingerprint(config), "code": code, "seconds": 0.0, "sessions": 0}
+      _write_resume_record(work, earlier, None)  # a killed attempt (no handler ran) resumes too
+    else:
+      log(
+        f"resuming {path.stem} from its checkpoint after round {earlier['round']} in {work} "
+        f"(same config and code; {earlier['seconds']:.0f} s spent in {earlier['sessions']} "
+        "earlier session(s))"
+      )
     start = time.time()
     diverged = None
+    runner_config = substitute_data(config, data_root)
+    if earlier.get("round"):
+      runner_config["resume"] = True  # a RUN_FIELD: the same computation, continued
     try:
-      metrics, curve = RUNNERS[claim.kind](claim, substitute_data(config, data_root), work, log)
+      metrics, curve = RUNNERS[claim.kind](claim, runner_config, work, log)
     except Diverged as e:
       # Recorded, never retried (docs/reproduction.md, "Results"). The curve up to the last finite
       # round is what the run logged before it stopped.
       logged = work / "metrics.jsonl"
       metrics, curve = {}, _read_curve(logged) if logged.is_file() else []
       diverged = {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
+    except BaseException:
+      # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,
+      # with the time spent, so the result's wall_seconds counts every session.
+      _write_resume_record(work, earlier, time.time() - start)
+      raise
     # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
     detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
     commit = git_commit()
@@ -570,7 +633,7 @@ def run_one(
       "metrics": metrics,
       "curve": curve,
       "detail": detail,
-      "wall_seconds": time.time() - start,
+      "wall_seconds": earlier["seconds"] + time.time() - start,  # every session of the run
       "fingerprint": fingerprint(config),
       "config": config,
       "deviations": list(deviations or []),
@@ -579,6 +642,7 @@ def run_one(
       "load_average": list(os.getloadavg()),
       "machine": machine_info(),
       **({"diverged": diverged} if diverged else {}),
+      **({"resumed_from_round": earlier["round"]} if earlier.get("round") else {}),
       "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     problem = check_result(result)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import pytest
 
 from fedjax_proj.reproduce import claims, run
@@ -45,25 +44,6 @@ COVERED_BY = {
   "fedproj-marc-dir0.3": "fedproj-mnli-dir0.5",
   "fedproj-marc-dir0.5": "fedproj-mnli-dir0.5",
 }
-
-
-def _images(n, shape, classes, seed):
-  rng = np.random.default_rng(seed)
-  labels = np.arange(n) % classes
-  images = rng.integers(0, 255, (n, *shape), dtype=np.uint8)
-  return {"image": images, "label": labels.astype(np.int64)}
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-  root = tmp_path_factory.mktemp("data")
-  for name, shape, classes in (("cifar10", (32, 32, 3), 10), ("mnist", (28, 28, 1), 10)):
-    (root / name).mkdir()
-    np.savez(root / name / "train.npz", **_images(run.TINY_TRAIN, shape, classes, 0))
-    np.savez(root / name / "test.npz", **_images(100, shape, classes, 1))
-  (root / "cifar100").mkdir()
-  np.savez(root / "cifar100" / "public_20k.npz", **_images(128, (32, 32, 3), 100, 2))
-  return root
 
 
 def test_every_claim_is_covered(data_root):
