@@ -583,7 +583,8 @@ def run_one(
       f"{path.name} is being run by another process (lock {path.with_suffix('.lock')}); left to it"
     ) from None
   try:
-    state = status(path, fingerprint(config))
+    fp = fingerprint(config)
+    state = status(path, fp)
     if state == "done":  # another process finished it while this one waited in its queue
       raise RunLocked(f"{path.name} was finished by another process meanwhile")
     if state == "corrupt":
@@ -591,12 +592,12 @@ def run_one(
     if on_start is not None:  # the run is this process's now (the runner announces it)
       on_start()
     work = path.with_suffix(".work")
-    code = code_fingerprint()
-    earlier = resumable(work, claim, fingerprint(config), code)
+    code = code_fingerprint()  # of the source files as the run starts
+    earlier = resumable(work, claim, fp, code)
     if earlier is None:
       shutil.rmtree(work, ignore_errors=True)
       work.mkdir(parents=True, exist_ok=True)
-      earlier = {"fingerprint": fingerprint(config), "code": code, "seconds": 0.0, "sessions": 0}
+      earlier = {"fingerprint": fp, "code": code, "seconds": 0.0, "sessions": 0}
       _write_resume_record(work, earlier, None)  # a killed attempt (no handler ran) resumes too
     else:
       log(
@@ -634,11 +635,11 @@ def run_one(
       "curve": curve,
       "detail": detail,
       "wall_seconds": earlier["seconds"] + time.time() - start,  # every session of the run
-      "fingerprint": fingerprint(config),
+      "fingerprint": fp,
       "config": config,
       "deviations": list(deviations or []),
       "git_commit": commit,
-      "code": {"git_commit": commit, "fingerprint": code_fingerprint()},
+      "code": {"git_commit": commit, "fingerprint": code},
       "load_average": list(os.getloadavg()),
       "machine": machine_info(),
       **({"diverged": diverged} if diverged else {}),
