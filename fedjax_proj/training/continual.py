@@ -252,6 +252,7 @@ def train_continual(
     "num_tasks": k,
     "rounds_per_task": list(schedule.rounds),
     **{f: carry[f] for f in ("wall_seconds", "train_seconds", "end_task_seconds")},
+    "resumed_from_round": start,  # 0: one uninterrupted session (as training/loop.py's train)
     **(summary_extra or {}),
   }
   finish(state, run, algorithm.global_variables, summary)

@@ -73,6 +73,7 @@ def _same_state(a, b) -> bool:
 @pytest.mark.parametrize("method", ["fot", "ewc", "er"])
 def test_resume_mid_task_and_at_a_task_end_equals_the_uninterrupted_run(method, tmp_path):
   full_state, full = _run(method, tmp_path / "full")
+  assert full["resumed_from_round"] == 0
   assert all(v is not None for v in (full["acc_matrix"][0][0], full["acc_matrix"][1][1]))
   for stop_at, where in [(3, "task 2/2, round 1/2 of the task"), (2, "task 1/2, round 2/2")]:
     out = tmp_path / f"cut{stop_at}"
@@ -90,6 +91,7 @@ def test_resume_mid_task_and_at_a_task_end_equals_the_uninterrupted_run(method, 
     state, summary = _run(method, out, resume=True)
     assert _same_state(state, full_state)  # the method's bases / Fishers / buffer included
     assert summary["acc_matrix"] == full["acc_matrix"] and summary["acc"] == full["acc"]
+    assert summary["resumed_from_round"] == stop_at
     assert ckpt.comparable_metrics(out) == ckpt.comparable_metrics(tmp_path / "full")
     a = ckpt.load_variables(tmp_path / "full" / "final_variables.npz")
     b = ckpt.load_variables(out / "final_variables.npz")
