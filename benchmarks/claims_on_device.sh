@@ -14,8 +14,10 @@
 #   JAX then allocates on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false).
 # - Matrix products and convolutions are pinned to full float32 (JAX_DEFAULT_MATMUL_PRECISION),
 #   the arithmetic of a CPU run, so GPU and CPU results of a claim compute the same maths.
-# - At SECONDS the running claim gets SIGTERM (each run stops after its round; unfinished runs
-#   rerun later) and the claims not started are named. The pack is refreshed every 20 s, so a
+# - At SECONDS the running claim gets SIGTERM (each run stops after its round and checkpoints
+#   into its .work folder under $WORK, which is not packed: an unfinished run continues in a later
+#   call on the same warm machine, and starts afresh on a fresh one) and the claims not started
+#   are named. The pack is refreshed every 20 s, so a
 #   call cut short still returns what finished. Here: tar xzf claims_results.tgz -C
 #   benchmarks/results/reproduce
 set -uo pipefail
