@@ -28,6 +28,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def parse_args(argv) -> argparse.Namespace:
     help="run the queue in N processes, each pinned to its share of the cores (default: 1)",
   )
   p.add_argument("--job_worker", action="store_true", help=argparse.SUPPRESS)
+  # The parent's name for this command, shared by its workers (run.run_one's ``attempt``).
+  p.add_argument("--job_attempt", default="", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.jobs != 1:
     try:
@@ -273,6 +276,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
         config=config,
         deviations=deviations,
         on_start=lambda tag=tag, state=state: print(f"run {tag} ({state})", flush=True),
+        attempt=args.job_attempt or None,
       )
     except run.RunLocked as e:  # another process runs it: leave it alone, not a failure
       print(f"locked {tag}: {e}", flush=True)
@@ -337,7 +341,8 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
         eta = report.eta([m for m, _ in left.values()], recorded, args.jobs)
         print(f"queue: {done} of {len(queue)} run; {eta}", flush=True)
 
-  argv = jobs.worker_argv(args, claim.name, budget, root, results)
+  attempt = f"{os.getpid()}-{time.time_ns()}"  # one name per command: a failing run runs once
+  argv = jobs.worker_argv(args, claim.name, budget, root, results, attempt)
   print(f"starting {args.jobs} jobs, cores {jobs.core_shares(args.jobs)}", flush=True)
   codes = jobs.run_workers(argv, args.jobs, on_line, cwd=run.REPO_ROOT)
   # A worker stopped by a signal exits 128+n (a run's stop request) or -n (killed by it).

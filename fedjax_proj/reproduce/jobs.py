@@ -4,7 +4,9 @@ Pinned workers run N runs at once without competing for a core (docs/reproductio
 how well one unpinned process would use N cores instead was not measured).
 Each worker is the same command on the same plan, in the same order (seed by seed); the run lock
 (``run.run_one``) makes a worker leave a run that another holds or has finished, so every run
-runs once and an interrupted queue still completes seed by seed. The parent relays the workers'
+runs once (a run that fails in one worker is not retried by another: the workers share the
+parent's attempt name, ``run.run_one``) and an interrupted queue still completes seed by seed.
+The parent relays the workers'
 lines (prefixed ``[job k]``), counts the finished runs against the queue's recorded-time estimate,
 forwards SIGINT/SIGTERM once to every worker (each finishes its round, as a single runner does),
 and afterwards reports like a single runner: failures, stop requests, then the report.
@@ -54,9 +56,12 @@ def core_shares(jobs: int) -> list[list[int] | None]:
   return shares
 
 
-def worker_argv(args, claim_name: str, budget: str, root: Path, results: Path) -> list[str]:
+def worker_argv(
+  args, claim_name: str, budget: str, root: Path, results: Path, attempt: str
+) -> list[str]:
   """The command of one worker: the parent's claim, budget, seeds and methods, without
-  ``--jobs``/``--report``/``--update_docs`` (the parent reports once, at the end)."""
+  ``--jobs``/``--report``/``--update_docs`` (the parent reports once, at the end), and the
+  parent's ``attempt`` name (a run that fails in one worker is not retried by another)."""
   argv = [
     sys.executable,
     "-m",
@@ -68,6 +73,7 @@ def worker_argv(args, claim_name: str, budget: str, root: Path, results: Path) -
     f"--results={results}",
     f"--data={root}",
     "--job_worker",
+    f"--job_attempt={attempt}",
   ]
   return argv + (["--rerun_stale"] if args.rerun_stale else [])
 

@@ -494,6 +494,14 @@ def _write_resume_record(work: Path, earlier: dict, seconds: float | None) -> No
     (work / RESUME_RECORD).write_text(json.dumps(record) + "\n")  # afresh
 
 
+def _failed_in(marker: Path, attempt: str) -> bool:
+  """Whether ``marker`` (``<method>-seed<k>.failed``) records a failure under ``attempt``."""
+  try:
+    return json.loads(marker.read_text()).get("attempt") == attempt
+  except (OSError, ValueError, AttributeError):
+    return False
+
+
 class RunLocked(RuntimeError):
   """Another process holds the lock of this (claim, budget, method, seed)."""
 
@@ -558,6 +566,7 @@ def run_one(
   deviations: list[str] | None = None,
   log=print,
   on_start=None,
+  attempt: str | None = None,
 ) -> dict:
   """Runs one (method, seed) and writes its result JSON; returns the result.
 
@@ -569,6 +578,11 @@ def run_one(
   ``wall_seconds`` counts every attempt), anything else there is cleared. The result is checked
   (:func:`check_result`) before it is written, atomically, so a file on disk is a whole valid
   result; a corrupt file in its place is kept as ``<name>.corrupt``.
+
+  ``attempt`` names the command this run belongs to, shared by its ``--jobs`` workers: a run that
+  failed (raised, other than a stop request) leaves ``<method>-seed<k>.failed`` with it, and
+  another worker of the same command leaves that run alone (:class:`RunLocked`), so a failing run
+  is tried once per command and listed once; a later command retries it.
   """
   from filelock import FileLock, Timeout
 
@@ -587,6 +601,9 @@ def run_one(
     state = status(path, fp)
     if state == "done":  # another process finished it while this one waited in its queue
       raise RunLocked(f"{path.name} was finished by another process meanwhile")
+    failed = path.with_suffix(".failed")
+    if attempt is not None and _failed_in(failed, attempt):
+      raise RunLocked(f"{path.name} failed in another job of this command; a rerun retries it")
     if state == "corrupt":
       path.replace(path.with_suffix(".json.corrupt"))
     if on_start is not None:  # the run is this process's now (the runner announces it)
@@ -618,10 +635,17 @@ def run_one(
       logged = work / "metrics.jsonl"
       metrics, curve = {}, _read_curve(logged) if logged.is_file() else []
       diverged = {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
-    except BaseException:
+    except BaseException as e:
       # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,
       # with the time spent, so the result's wall_seconds counts every session.
       _write_resume_record(work, earlier, time.time() - start)
+      from fedjax_proj.training.signals import TrainingInterrupted
+
+      if (
+        attempt is not None and isinstance(e, Exception) and not isinstance(e, TrainingInterrupted)
+      ):
+        with contextlib.suppress(OSError):  # written under the run lock: no other job starts it
+          failed.write_text(json.dumps({"attempt": attempt, "error": f"{type(e).__name__}: {e}"}))
       raise
     # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
     detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
@@ -653,6 +677,7 @@ def run_one(
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     tmp.replace(path)
     shutil.rmtree(work, ignore_errors=True)
+    failed.unlink(missing_ok=True)
     return result
   finally:
     lock.release()

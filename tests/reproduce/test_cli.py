@@ -176,6 +176,34 @@ def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
   assert "stopped fedproj-iris-pilot smoke fedavg seed 1" in out and "rerun the command" in err
 
 
+def test_a_run_failed_in_one_job_is_not_retried_by_another_of_the_same_command(
+  tmp_path, capsys, monkeypatch
+):
+  """--jobs workers share the parent's attempt name: a run that failed in one is left alone by
+  the others (tried and listed once); a later command retries it, and its success clears the
+  mark."""
+  calls = []
+
+  def runner(claim, config, work, log):
+    calls.append(config["seed"])
+    if len(calls) == 1:
+      raise RuntimeError("out of memory")
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [{"round": 1}]
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  worker = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", "--job_worker"]
+  marker = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0).with_suffix(
+    ".failed"
+  )
+  assert cli.main([*worker, "--job_attempt=A"]) == 1 and calls == [0]
+  assert json.loads(marker.read_text())["attempt"] == "A"
+  capsys.readouterr()
+  assert cli.main([*worker, "--job_attempt=A"]) == 0 and calls == [0]  # the other job of A
+  assert "failed in another job of this command" in capsys.readouterr().out
+  assert cli.main([*worker, "--job_attempt=B"]) == 0 and calls == [0, 0]  # a later command
+  assert not marker.exists() and marker.with_suffix(".json").is_file()
+
+
 def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, capsys, monkeypatch):
   calls = []
   monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
