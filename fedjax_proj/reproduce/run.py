@@ -464,24 +464,31 @@ RESUMABLE_KINDS = ("image", "nlp", "continual")
 RESUME_RECORD = "claim_run.json"
 
 
-def resumable(work: Path, claim: Claim, config_fp: str, code_fp: str) -> dict | None:
-  """The record of a stopped attempt that ``work`` can continue, with its newest checkpoint's
-  ``round``, or None (nothing to resume: the run starts afresh).
+def resumable(work: Path, claim: Claim, config_fp: str, code_fp: str) -> tuple[dict | None, str]:
+  """(the record of a stopped attempt that ``work`` can continue, with its newest checkpoint's
+  ``round``, "") or (None, why not: "" where no attempt left checkpoints there).
 
   An attempt is continued only when it ran the same config and the same code (code fingerprint):
   a checkpoint of other code would splice two computations into one result. The checkpoint itself
   is verified when restored (training/checkpoint.py).
   """
+  rounds = checkpoint_rounds(work)
+  if not rounds:
+    return None, ""
   if claim.kind not in RESUMABLE_KINDS:
-    return None
+    return None, f"{claim.kind} runs are not continued"
   try:
     record = json.loads((work / RESUME_RECORD).read_text())
   except (OSError, ValueError):
-    return None
-  rounds = checkpoint_rounds(work)
-  if not rounds or record.get("fingerprint") != config_fp or record.get("code") != code_fp:
-    return None
-  return {**record, "round": rounds[-1]}
+    return None, f"no readable {RESUME_RECORD} beside its checkpoints"
+  if record.get("fingerprint") != config_fp:
+    return None, f"its checkpoints are of another config ({record.get('fingerprint')})"
+  if record.get("code") != code_fp:
+    return None, (
+      f"its checkpoints are of other code (fingerprint {record.get('code')}, now {code_fp}: "
+      "the source files changed since it stopped)"
+    )
+  return {**record, "round": rounds[-1]}, ""
 
 
 def _write_resume_record(work: Path, earlier: dict, seconds: float | None) -> None:
@@ -610,8 +617,10 @@ def run_one(
       on_start()
     work = path.with_suffix(".work")
     code = code_fingerprint()  # of the source files as the run starts
-    earlier = resumable(work, claim, fp, code)
+    earlier, why_not = resumable(work, claim, fp, code)
     if earlier is None:
+      if why_not:
+        log(f"{path.stem}: a stopped attempt is not continued, {why_not}; starting afresh")
       shutil.rmtree(work, ignore_errors=True)
       work.mkdir(parents=True, exist_ok=True)
       earlier = {"fingerprint": fp, "code": code, "seconds": 0.0, "sessions": 0}

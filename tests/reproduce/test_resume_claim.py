@@ -68,10 +68,10 @@ def test_a_stopped_claim_run_continues_and_equals_an_uninterrupted_one(
   record = json.loads((work / run.RESUME_RECORD).read_text())
   assert record["sessions"] == 1 and record["seconds"] > 0
   fp, code = run.fingerprint(config), run.code_fingerprint()
-  assert run.resumable(work, CLAIM, fp, code)["round"] == 1
+  assert run.resumable(work, CLAIM, fp, code)[0]["round"] == 1
   # Another config or other code: never spliced onto this checkpoint, the run starts afresh.
-  assert run.resumable(work, CLAIM, "0" * 16, code) is None
-  assert run.resumable(work, CLAIM, fp, "0" * 16) is None
+  assert "another config" in run.resumable(work, CLAIM, "0" * 16, code)[1]
+  assert "other code" in run.resumable(work, CLAIM, fp, "0" * 16)[1]
 
   capsys.readouterr()
   resumed = _run(config, results, data_root)
@@ -83,7 +83,9 @@ def test_a_stopped_claim_run_continues_and_equals_an_uninterrupted_one(
   assert not work.exists()  # a finished run leaves only its result
 
 
-def test_a_work_folder_of_other_code_is_cleared_not_continued(data_root, tmp_path, monkeypatch):
+def test_a_work_folder_of_other_code_is_cleared_not_continued(
+  data_root, tmp_path, monkeypatch, capsys
+):
   config = _config(data_root)
   path = run.result_path(tmp_path, CLAIM.name, "cpu", "fedavg", 0)
   work = path.with_suffix(".work")
@@ -99,4 +101,5 @@ def test_a_work_folder_of_other_code_is_cleared_not_continued(data_root, tmp_pat
   monkeypatch.setitem(run.RUNNERS, "image", runner)
   result = _run(config, tmp_path, data_root)
   assert seen == [(False, False)]  # started afresh, in a cleared folder
+  assert "not continued, its checkpoints are of other code" in capsys.readouterr().out
   assert "resumed_from_round" not in result and result["wall_seconds"] < 9e9
