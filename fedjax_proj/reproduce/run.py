@@ -21,6 +21,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -389,6 +390,10 @@ def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, l
       if errors
       else f"{claim.entry} stopped on a non-finite loss or parameters"
     )
+  if rc - 128 in (signal.SIGINT, signal.SIGTERM):  # stopped by a signal after a checkpoint
+    from fedjax_proj.training.signals import TrainingInterrupted
+
+    raise TrainingInterrupted(f"{claim.entry} stopped by a signal", 0, rc - 128, True)
   if rc != 0:
     raise RuntimeError(f"{claim.entry} {' '.join(argv)} failed (see its error above).")
   summary = json.loads((work / "summary.json").read_text())
@@ -593,6 +598,8 @@ def run_one(
   """
   from filelock import FileLock, Timeout
 
+  from fedjax_proj.training.signals import TrainingInterrupted
+
   config = config or resolve_config(claim, budget, method, seed, data_root)
   path = result_path(results, claim.name, budget, method, seed)
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -644,15 +651,23 @@ def run_one(
       logged = work / "metrics.jsonl"
       metrics, curve = {}, _read_curve(logged) if logged.is_file() else []
       diverged = {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
-    except BaseException as e:
-      # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,
-      # with the time spent, so the result's wall_seconds counts every session.
+    except TrainingInterrupted as e:
+      # A stop request: the round loop saved a checkpoint after its round. The loop's message
+      # names an entry point's --resume flag; here the same command continues it.
       _write_resume_record(work, earlier, time.time() - start)
-      from fedjax_proj.training.signals import TrainingInterrupted
-
-      if (
-        attempt is not None and isinstance(e, Exception) and not isinstance(e, TrainingInterrupted)
-      ):
+      after = f" after round {e.round}" if e.round else ""
+      raise TrainingInterrupted(
+        f"{signal.Signals(e.signum).name} received: {path.stem} stopped{after}; run the same "
+        "command again to continue it from its newest checkpoint",
+        e.round,
+        e.signum,
+        e.saved,
+      ) from e
+    except BaseException as e:
+      # Stopped (a crash, a second signal): what the checkpoints hold is kept for the next
+      # attempt, with the time spent, so the result's wall_seconds counts every session.
+      _write_resume_record(work, earlier, time.time() - start)
+      if attempt is not None and isinstance(e, Exception):
         with contextlib.suppress(OSError):  # written under the run lock: no other job starts it
           failed.write_text(json.dumps({"attempt": attempt, "error": f"{type(e).__name__}: {e}"}))
       raise

@@ -125,17 +125,20 @@ def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys
 
 def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkeypatch):
   """experiments/common.py exits EXIT_NONFINITE on a non-finite run; the continual runner turns
-  it into run.Diverged (recorded), any other non-zero exit into a failure (retried)."""
+  it into run.Diverged (recorded), an exit on SIGINT/SIGTERM (128 + n, after its checkpoint) into
+  a stop request, any other non-zero exit into a failure (retried)."""
+  import signal
   import types
 
   from fedjax_proj.reproduce import claims
+  from fedjax_proj.training.signals import TrainingInterrupted
 
   spec = importlib.util.spec_from_file_location(
     "entry_common", run.REPO_ROOT / "experiments" / "common.py"
   )
   common = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(common)
-  codes = iter([common.EXIT_NONFINITE, 1])
+  codes = iter([common.EXIT_NONFINITE, 128 + signal.SIGTERM, 1])
 
   def main(argv):
     print("error: Round 26 of ewc produced non-finite train_loss", file=sys.stderr)
@@ -146,6 +149,9 @@ def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkey
   config = {"iid": False, "method_kwargs": {}, "seed": 0}
   with pytest.raises(run.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+  with pytest.raises(TrainingInterrupted) as stop:
+    run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+  assert stop.value.signum == signal.SIGTERM
   with pytest.raises(RuntimeError, match="failed"):
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
 
@@ -174,6 +180,9 @@ def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
   out, err = capsys.readouterr()
   assert calls == [0, 1]  # seed 2 never started
   assert "stopped fedproj-iris-pilot smoke fedavg seed 1" in out and "rerun the command" in err
+  # The round loop's hint (an entry point's --resume flag) is not this command's.
+  assert "fedavg-seed1 stopped after round 1; run the same command again" in out
+  assert "--resume" not in out + err
 
 
 def test_a_run_failed_in_one_job_is_not_retried_by_another_of_the_same_command(
