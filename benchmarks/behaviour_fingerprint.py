@@ -21,10 +21,10 @@ round, removes what came after the checkpoint of round 3 (task 2's first round) 
 
 ``--compare`` reads both directories and exits 1 on any difference: ``metrics.jsonl`` and
 ``summary.json`` record by record with the wall-clock fields dropped (any key ending in
-``_seconds`` or containing ``wall``; ``summary.json`` also without ``config`` and ``output_dir``,
-which name the directory), and every leaf of ``final_variables.npz`` bit for bit (dtype, shape and
-bytes). It is the check that a refactor left behaviour unchanged (docs/design.md,
-"The algorithm contract").
+``_seconds`` or containing ``wall``) and ``resumed_from_round``, which says how the run was
+managed (``summary.json`` also without ``config`` and ``output_dir``, which name the directory),
+and every leaf of ``final_variables.npz`` bit for bit (dtype, shape and bytes). It is the check
+that a refactor left behaviour unchanged (docs/design.md, "The algorithm contract").
 """
 
 from __future__ import annotations
@@ -184,11 +184,15 @@ def record(out: Path, names: list[str]) -> int:
   return failed
 
 
+# How a run was managed, not what it computed: a resumed run says where it resumed.
+RUN_MANAGEMENT = ("resumed_from_round",)
+
+
 def _comparable(record: dict, drop: tuple[str, ...] = ()) -> dict:
   return {
     k: v
     for k, v in record.items()
-    if not (k.endswith("_seconds") or "wall" in k or k == "round_seconds" or k in drop)
+    if not (k.endswith("_seconds") or "wall" in k or k in RUN_MANAGEMENT or k in drop)
   }
 
 
