@@ -181,15 +181,18 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
 
 
 def queue_summary(
-  plan: list, queue: list, recorded: dict, rerun_stale: bool, n_jobs: int = 1
+  plan: list, queue: list, recorded: dict, rerun_stale: bool, n_jobs: int = 1, continuing: int = 0
 ) -> str:
-  """One line before the first run: what is done, what will run, what is left alone, and how long
-  the queue takes in one process at the mean wall time each method's results recorded (their
-  machines' load included: the results' ``load_average``)."""
+  """One line before the first run: what is done, what will run (``continuing`` of it from a
+  stopped attempt's checkpoint), what is left alone, and how long the queue takes in one process
+  at the mean wall time each method's results recorded (their machines' load included: the
+  results' ``load_average``; a continued run counted whole)."""
   counts: dict[str, int] = {}
   for *_, state in plan:
     counts[state] = counts.get(state, 0) + 1
   parts = [f"{counts.get('done', 0)} done", f"{len(queue)} to run"]
+  if continuing:
+    parts[-1] += f" ({continuing} continuing from a checkpoint)"
   parts += [f"{counts[s]} {s}" for s in ("missing", "corrupt") if counts.get(s)]
   if counts.get("stale"):
     parts.append(
@@ -245,7 +248,12 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
   )
   if not args.job_worker:  # a worker's parent prints the queue and its progress
-    print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs), flush=True)
+    code = run.code_fingerprint()
+    continuing = sum(
+      run.resumable(p[4].with_suffix(".work"), claim, run.fingerprint(p[2]), code)[0] is not None
+      for p in queue
+    )
+    print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs, continuing), flush=True)
   parallel = args.jobs > 1 and not args.no_run
   ran = 0
   for method, seed, config, deviations, path, state in plan:

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from fedjax_proj.reproduce import __main__ as cli
 from fedjax_proj.reproduce import run
 from fedjax_proj.reproduce.claims import CLAIMS
 from fedjax_proj.training.checkpoint import Checkpointer
@@ -103,3 +104,20 @@ def test_a_work_folder_of_other_code_is_cleared_not_continued(
   assert seen == [(False, False)]  # started afresh, in a cleared folder
   assert "not continued, its checkpoints are of other code" in capsys.readouterr().out
   assert "resumed_from_round" not in result and result["wall_seconds"] < 9e9
+
+
+def test_the_queue_line_counts_the_runs_that_continue(data_root, tmp_path, capsys):
+  """A work folder with a checkpoint and the record of this config and code is announced as
+  continuing; one of other code is not."""
+  args = ["fedgkd-cifar10", "--budget=smoke", "--methods=fedavg", "--seeds=0,1"]
+  args += [f"--results={tmp_path}", f"--data={data_root}", "--no_run"]
+  code = run.code_fingerprint()
+  for seed, code_fp in ((0, code), (1, "0" * 16)):
+    config = run.resolve_config(CLAIM, "smoke", "fedavg", seed, data_root)
+    work = run.result_path(tmp_path, CLAIM.name, "smoke", "fedavg", seed).with_suffix(".work")
+    (work / "checkpoints" / "1").mkdir(parents=True)
+    record = {"fingerprint": run.fingerprint(config), "code": code_fp, "seconds": 1.0}
+    (work / run.RESUME_RECORD).write_text(json.dumps(record | {"sessions": 1}))
+  capsys.readouterr()
+  assert cli.main(args) == 0
+  assert "2 to run (1 continuing from a checkpoint)" in capsys.readouterr().out
