@@ -250,8 +250,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   if not args.job_worker:  # a worker's parent prints the queue and its progress
     code = run.code_fingerprint()
     continuing = sum(
-      run.resumable(p[4].with_suffix(".work"), claim, run.fingerprint(p[2]), code)[0] is not None
-      for p in queue
+      run.resumable(path.with_suffix(".work"), claim, expected[f"{m}-seed{k}"], code)[0] is not None
+      for m, k, _, _, path, _ in queue
     )
     print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs, continuing), flush=True)
   parallel = args.jobs > 1 and not args.no_run

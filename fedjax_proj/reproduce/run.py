@@ -651,22 +651,21 @@ def run_one(
       logged = work / "metrics.jsonl"
       metrics, curve = {}, _read_curve(logged) if logged.is_file() else []
       diverged = {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
-    except TrainingInterrupted as e:
-      # A stop request: the round loop saved a checkpoint after its round. The loop's message
-      # names an entry point's --resume flag; here the same command continues it.
-      _write_resume_record(work, earlier, time.time() - start)
-      after = f" after round {e.round}" if e.round else ""
-      raise TrainingInterrupted(
-        f"{signal.Signals(e.signum).name} received: {path.stem} stopped{after}; run the same "
-        "command again to continue it from its newest checkpoint",
-        e.round,
-        e.signum,
-        e.saved,
-      ) from e
     except BaseException as e:
-      # Stopped (a crash, a second signal): what the checkpoints hold is kept for the next
-      # attempt, with the time spent, so the result's wall_seconds counts every session.
+      # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,
+      # with the time spent, so the result's wall_seconds counts every session.
       _write_resume_record(work, earlier, time.time() - start)
+      if isinstance(e, TrainingInterrupted):
+        # A stop request: the round loop saved a checkpoint after its round. The loop's message
+        # names an entry point's --resume flag; here the same command continues it.
+        after = f" after round {e.round}" if e.round else ""
+        raise TrainingInterrupted(
+          f"{signal.Signals(e.signum).name} received: {path.stem} stopped{after}; run the same "
+          "command again to continue it from its newest checkpoint",
+          e.round,
+          e.signum,
+          e.saved,
+        ) from e
       if attempt is not None and isinstance(e, Exception):
         with contextlib.suppress(OSError):  # written under the run lock: no other job starts it
           failed.write_text(json.dumps({"attempt": attempt, "error": f"{type(e).__name__}: {e}"}))
