@@ -14,11 +14,12 @@
 #   JAX then allocates on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false).
 # - Matrix products and convolutions are pinned to full float32 (JAX_DEFAULT_MATMUL_PRECISION),
 #   the arithmetic of a CPU run, so GPU and CPU results of a claim compute the same maths.
-# - At SECONDS the running claim gets SIGTERM (each run stops after its round and checkpoints
-#   into its .work folder under $WORK, which is not packed: an unfinished run continues in a later
-#   call on the same warm machine, and starts afresh on a fresh one) and the claims not started
-#   are named. The pack is refreshed every 20 s, so a
-#   call cut short still returns what finished. Here: tar xzf claims_results.tgz -C
+# - SECONDS count from the first claim's start (after the data is unpacked and checked, a few
+#   seconds); a claim starts only with >= 60 s left. At SECONDS the running claim gets SIGTERM
+#   (each run stops after its round and checkpoints into its .work folder under $WORK, which is
+#   not packed: an unfinished run continues in a later call on the same warm machine, and starts
+#   afresh on a fresh one) and the claims not started are named. The pack is refreshed every
+#   20 s, so a call cut short still returns what finished. Here: tar xzf claims_results.tgz -C
 #   benchmarks/results/reproduce
 set -uo pipefail
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
@@ -31,7 +32,7 @@ for cb in "${@:2}"; do
     exit 2
   fi
 done
-deadline=$(($(date +%s) + $1))
+seconds=$1
 shift
 out=${OUT:-/tmp/claims_out}
 work=${WORK:-/tmp/claims_on_device}
@@ -62,6 +63,8 @@ from fedjax_proj.reproduce import claims, run
 # is lossy JPEG (distillation and memory on other pixels than a CPU run's).
 with np.load(sys.argv[1]) as z:
   about = str(z["about"])
+# Unpacked first: resolving a config checks that its data files exist.
+unpacked = make_device_data.unpack(Path(sys.argv[1]), Path(sys.argv[2]))
 for cb in sys.argv[3:]:
   name, budget = cb.split(":")
   claim = claims.get_claim(name)
@@ -73,12 +76,13 @@ for cb in sys.argv[3:]:
         "lossy JPEG: build it with --public_format=webp_lossless (docs/reproduction.md, "
         '"Running claims on a GPU")'
       )
-print("device data:", make_device_data.unpack(Path(sys.argv[1]), Path(sys.argv[2])), flush=True)
+print("device data:", unpacked, flush=True)
 EOF
 results=$work/results
 mkdir -p "$results"
 cp -r benchmarks/results/reproduce/. "$results/"
 touch "$work/start"
+deadline=$(($(date +%s) + seconds))
 pack() {
   (cd "$results" && find . -name '*-seed*.json' -newer "$work/start" -print0 |
     tar czf "$out/pack.tmp" --null -T -) && mv "$out/pack.tmp" "$out/claims_results.tgz"
