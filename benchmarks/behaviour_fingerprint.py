@@ -99,6 +99,7 @@ RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
   "feddf_seq": ("cifar10.py", (*_DIGITS, "--public_data={public}", "--method=feddf")),
   "scaffold": ("cifar10.py", (*_DIGITS, "--method=scaffold", "--optimizer=sgd", "--lr=0.05")),
   "moon": ("cifar10.py", (*_DIGITS, "--method=moon", "--strategy=vmap_scan")),
+  "fedrcl": ("cifar10.py", (*_DIGITS, "--method=fedrcl", "--strategy=vmap_scan")),
   "fedgkd": ("cifar10.py", (*_DIGITS, "--method=fedgkd", "--strategy=vmap_scan")),
   "fedgkd_vote": ("cifar10.py", (*_DIGITS, "--method=fedgkd_vote", "--strategy=vmap_scan")),
   "feddyn": ("cifar10.py", (*_DIGITS, "--method=feddyn", "--strategy=vmap_scan")),

@@ -8,10 +8,13 @@ This script produces that evidence and the entry:
 
     python benchmarks/code_equivalence.py a97d70a HEAD            # all fingerprint runs
     python benchmarks/code_equivalence.py a97d70a HEAD --runs=fedavg_scan,fedproj_scan
+    python benchmarks/code_equivalence.py 5bd6f64 HEAD --runs=fedrcl,moon --this_script
 
 For each commit it checks the tree out into a temporary ``git worktree``, records
 ``benchmarks/behaviour_fingerprint.py`` there (the commit's own runs, pinned to one CPU) and asks
-the commit's own ``fedjax_proj.reproduce.run.code_fingerprint`` for the fingerprint its results
+the commit's own ``fedjax_proj.reproduce.run.code_fingerprint`` (``--this_script``: both commits
+record this tree's ``behaviour_fingerprint.py``, for runs added after ``commit_a``; its flags must
+exist at both commits) for the fingerprint its results
 record. Then it compares the two recordings with this tree's ``--compare``; on 0 differences (and
 at least one run compared) it adds both fingerprints to one group of ``code_equivalence.json``,
 merged with any group that already holds either, with the commits, the runs compared and the
@@ -57,11 +60,14 @@ def _git(*args: str) -> str:
   ).stdout.strip()
 
 
-def _record(commit: str, tmp: Path, runs: str, cpu: int) -> tuple[Path, str]:
+def _record(commit: str, tmp: Path, runs: str, cpu: int, this_script: bool) -> tuple[Path, str]:
   """(the commit's fingerprint recording, its code fingerprint)."""
   tree = tmp / f"tree-{commit[:12]}"
   _git("worktree", "add", "--detach", str(tree), commit)
   try:
+    if this_script:  # outside fedjax_proj/ and experiments/: the code fingerprint is unchanged
+      script = "benchmarks/behaviour_fingerprint.py"
+      (tree / script).write_bytes((REPO / script).read_bytes())
     env = {**os.environ, "PYTHONPATH": str(tree)}
     shared = find_shared_data()
     if shared is not None:  # the temporary tree has no ../shared beside it
@@ -86,6 +92,11 @@ def main(argv=None) -> int:
   p.add_argument("--runs", default="", help="behaviour_fingerprint.py runs (default: all)")
   p.add_argument("--results", default=str(DEFAULT_RESULTS), help="the claim runner's results")
   p.add_argument("--cpu", type=int, default=0, help="the CPU the recordings are pinned to")
+  p.add_argument(
+    "--this_script",
+    action="store_true",
+    help="record both commits with this tree's behaviour_fingerprint.py (runs added since)",
+  )
   args = p.parse_args(argv)
   try:
     commits = [
@@ -94,7 +105,9 @@ def main(argv=None) -> int:
   except subprocess.CalledProcessError:
     p.error(f"not a commit of {REPO}: {args.commit_a!r} or {args.commit_b!r}")
   with tempfile.TemporaryDirectory() as tmp:
-    (dir_a, code_a), (dir_b, code_b) = (_record(c, Path(tmp), args.runs, args.cpu) for c in commits)
+    (dir_a, code_a), (dir_b, code_b) = (
+      _record(c, Path(tmp), args.runs, args.cpu, args.this_script) for c in commits
+    )
     compare = [sys.executable, str(REPO / "benchmarks" / "behaviour_fingerprint.py")]
     done = subprocess.run(
       [*compare, "--compare", str(dir_a), str(dir_b)], capture_output=True, text=True
@@ -111,6 +124,7 @@ def main(argv=None) -> int:
     "code_fingerprints": [code_a, code_b],
     "behaviour_fingerprint": summary,
     "runs": args.runs or "all",
+    "script": "this tree's" if args.this_script else "each commit's own",
     "date": datetime.date.today().isoformat(),
   }
   data["groups"] = merge_group(data["groups"], {code_a, code_b}, evidence)

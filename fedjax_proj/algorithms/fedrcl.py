@@ -52,7 +52,7 @@ _BIG = 1e9
 
 def _normalize(x: Array, eps: float = 1e-12) -> Array:
   x = x.astype(jnp.float32)
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  return x / jnp.maximum(losses.l2_norm(x, keepdims=True), eps)  # finite gradient at x = 0
 
 
 def relaxed_contrastive_terms(

@@ -22,6 +22,19 @@ def masked_mean(values: Array, mask: Array | None) -> Array:
   return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def l2_norm(x: Array, axis: int = -1, keepdims: bool = False) -> Array:
+  """Euclidean norm along ``axis`` whose gradient at a zero vector is 0, not NaN.
+
+  ``jnp.linalg.norm``'s gradient is x / ‖x‖, which is 0/0 at x = 0, and clamping the norm
+  afterwards (``maximum(norm, eps)``) does not help: the chain rule multiplies that NaN by the
+  clamp's zero. One example whose ReLU features are all zero then turns the whole batch gradient,
+  and the model, into NaN. The double ``where`` keeps the forward value exactly ``sqrt(Σ x²)``.
+  """
+  sq = jnp.sum(x * x, axis=axis, keepdims=keepdims)
+  positive = sq > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
+
+
 def cross_entropy(logits: Array, labels: Array, mask: Array | None = None) -> Array:
   """Masked mean softmax cross-entropy with integer labels."""
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)

@@ -48,7 +48,8 @@ def cosine_similarity(a: Array, b: Array, eps: float = 1e-8) -> Array:
   """Row-wise cosine similarity of [B, D] arrays (PyTorch's clamped-denominator convention)."""
   a = a.astype(jnp.float32)
   b = b.astype(jnp.float32)
-  denom = jnp.maximum(jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), eps)
+  # losses.l2_norm: a zero feature row gives cosine 0 and a zero gradient, not NaN.
+  denom = jnp.maximum(losses.l2_norm(a) * losses.l2_norm(b), eps)
   return jnp.sum(a * b, axis=-1) / denom
 
 

@@ -101,3 +101,13 @@ def test_fedrcl_clips_the_local_gradient():
 def test_bad_hyperparameters_fail_clearly():
   with pytest.raises(ValueError, match="topk_neg >= 1"):
     build("fedrcl", {"topk_neg": 0}, 0.0)
+
+
+def test_an_all_zero_feature_row_gives_a_finite_gradient():
+  # Post-ReLU features of one example can all be zero; the loss's normalisation then must not
+  # turn the batch gradient (and, after one step, the model) into NaN.
+  features = jnp.asarray(np.random.default_rng(1).normal(size=(6, 8)), jnp.float32).at[1].set(0.0)
+  labels = jnp.array([0, 0, 1, 1, 2, 2])
+  loss, grad = jax.value_and_grad(lambda f: sum(relaxed_contrastive_terms(f, labels)))(features)
+  assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all()
+  assert np.abs(np.asarray(grad)).sum() > 0  # the other rows still learn

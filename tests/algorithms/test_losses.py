@@ -124,3 +124,15 @@ def test_not_true_kl_matches_numpy_and_masks_true_class():
   )
   assert np.all(np.isfinite(grad))
   np.testing.assert_array_equal(np.asarray(grad)[np.arange(5), labels], 0.0)
+
+
+def test_l2_norm_equals_the_norm_and_has_a_finite_gradient_at_zero():
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(5, 7)), jnp.float32).at[2].set(0.0)
+  np.testing.assert_allclose(losses.l2_norm(x), np.linalg.norm(np.asarray(x), axis=-1), rtol=1e-6)
+  assert losses.l2_norm(x, keepdims=True).shape == (5, 1)
+  grad = jax.grad(lambda v: jnp.sum(losses.l2_norm(v)))(x)
+  # d‖x‖/dx = x/‖x‖ on non-zero rows; 0 (not jnp.linalg.norm's NaN) on the zero row.
+  np.testing.assert_array_equal(np.asarray(grad[2]), 0.0)
+  expected = np.asarray(x) / np.linalg.norm(np.asarray(x), axis=-1, keepdims=True).clip(1e-30)
+  np.testing.assert_allclose(np.delete(grad, 2, 0), np.delete(expected, 2, 0), rtol=1e-5)
+  assert np.isnan(np.asarray(jax.grad(lambda v: jnp.sum(jnp.linalg.norm(v, axis=-1)))(x))).any()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -47,3 +49,11 @@ def test_moon_declares_projection_head():
   assert registry.model_kwargs("moon") == {"projection_dim": 256}
   for name in ("fedprox", "fednova", "feddyn", "scaffold", "moon", "fedrcl"):
     assert not registry.needs_public(name)
+
+
+def test_an_all_zero_feature_row_gives_a_finite_gradient():
+  rng = np.random.default_rng(2)
+  z, zg, zp = (jnp.asarray(rng.normal(size=(4, 5)), jnp.float32) for _ in range(3))
+  z = z.at[0].set(0.0)
+  grad = jax.grad(lambda v: model_contrastive_loss(v, zg, zp, 0.5))(z)
+  assert np.isfinite(np.asarray(grad)).all() and np.abs(np.asarray(grad[1:])).sum() > 0
