@@ -28,11 +28,14 @@ def l2_norm(x: Array, axis: int = -1, keepdims: bool = False) -> Array:
   ``jnp.linalg.norm``'s gradient is x / ‖x‖, which is 0/0 at x = 0, and clamping the norm
   afterwards (``maximum(norm, eps)``) does not help: the chain rule multiplies that NaN by the
   clamp's zero. One example whose ReLU features are all zero then turns the whole batch gradient,
-  and the model, into NaN. The double ``where`` keeps the forward value exactly ``sqrt(Σ x²)``.
+  and the model, into NaN. Zero vectors are swapped for ones before the norm and their result
+  for 0 after it (the double ``where``), so every other vector goes through ``jnp.linalg.norm``
+  itself, forward and backward.
   """
-  sq = jnp.sum(x * x, axis=axis, keepdims=keepdims)
-  positive = sq > 0
-  return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
+  nonzero = jnp.any(x != 0, axis=axis, keepdims=True)
+  norm = jnp.linalg.norm(jnp.where(nonzero, x, 1.0), axis=axis, keepdims=True)
+  norm = jnp.where(nonzero, norm, 0.0)
+  return norm if keepdims else jnp.squeeze(norm, axis)
 
 
 def cross_entropy(logits: Array, labels: Array, mask: Array | None = None) -> Array:
