@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
+from fedjax_proj.training import signals
 from fedjax_proj.training.signals import TrainingInterrupted
 
 
@@ -256,6 +258,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs, continuing), flush=True)
   parallel = args.jobs > 1 and not args.no_run
   ran = 0
+  signals.clear_stop_request()
   for method, seed, config, deviations, path, state in plan:
     tag = f"{claim.name} {budget} {method} seed {seed}"
     if state == "done":
@@ -272,6 +275,11 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       continue
     if parallel:  # the workers run it
       continue
+    signum = signals.stop_requested()
+    if signum is not None:  # caught in the previous run's last round, which then finished
+      name = signal.Signals(signum).name
+      print(f"stopped before {tag}: {name} arrived as the previous run ended", flush=True)
+      raise TrainingInterrupted(f"{name} received; {tag} not started", 0, signum, True)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
       result = run.run_one(

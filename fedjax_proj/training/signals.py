@@ -20,6 +20,21 @@ import jax
 from fedjax_proj.core import distributed
 from fedjax_proj.training.checkpoint import Checkpointer
 
+# Signals a StopOnSignal caught in this process. A signal that arrives in a run's last round
+# ends no round loop early (the run simply finishes), so a caller that runs one run after another
+# (the claim runner's queue) reads it here and stops before the next run instead of forgetting it.
+_caught: list[int] = []
+
+
+def stop_requested() -> int | None:
+  """The first SIGINT/SIGTERM a :class:`StopOnSignal` caught in this process, or None."""
+  return _caught[0] if _caught else None
+
+
+def clear_stop_request() -> None:
+  """Forgets caught signals: a new queue (e.g. a second command in one notebook) starts afresh."""
+  _caught.clear()
+
 
 class TrainingInterrupted(Exception):
   """SIGINT/SIGTERM stopped the run after round ``round`` (saved when a checkpointer was given)."""
@@ -74,6 +89,7 @@ class StopOnSignal:
     if self.signum is not None:
       raise AbortedBySignal(f"second signal {signum}: aborting without saving")
     self.signum = signum
+    _caught.append(signum)
     if self.announce:
       # os.write: print() is not safe inside a signal handler that interrupted another print.
       os.write(sys.stderr.fileno(), self.message().encode())

@@ -185,6 +185,36 @@ def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
   assert "--resume" not in out + err
 
 
+def test_a_stop_request_in_the_last_round_stops_the_queue_after_it(tmp_path, capsys, monkeypatch):
+  """SIGTERM caught by the round loop in a run's last round: that run finishes and is recorded
+  (there is no later round to stop after), and the next run does not start."""
+  import signal
+
+  from fedjax_proj.training import signals
+
+  calls = []
+
+  def runner(claim, config, work, log):
+    calls.append(config["seed"])
+    if config["seed"] == 0:
+      with signals.StopOnSignal(True, announce=False):  # the round loop's handler, last round
+        signal.raise_signal(signal.SIGTERM)
+    return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [
+      {"round": 1, "global_accuracy": 0.5}
+    ]
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setattr(signals, "_caught", [signal.SIGINT])  # an earlier command's: forgotten
+  args = [*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}"]
+  assert cli.main(args) == 128 + signal.SIGTERM
+  out, err = capsys.readouterr()
+  assert calls == [0]  # seed 1 never started
+  assert (tmp_path / "fedproj-iris-pilot" / "smoke" / "fedavg-seed0.json").exists()
+  assert "stopped before fedproj-iris-pilot smoke fedavg seed 1: SIGTERM" in out
+  assert "rerun the command" in err
+  assert cli.main(args) == 0 and calls == [0, 1]  # the same command goes on with seed 1
+
+
 def test_a_run_failed_in_one_job_is_not_retried_by_another_of_the_same_command(
   tmp_path, capsys, monkeypatch
 ):
