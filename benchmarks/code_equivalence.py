@@ -11,12 +11,11 @@ This script produces that evidence and the entry:
     python benchmarks/code_equivalence.py 5bd6f64 HEAD --runs=fedrcl,moon --this_script
 
 For each commit it checks the tree out into a temporary ``git worktree``, records
-``benchmarks/behaviour_fingerprint.py`` there (the commit's own runs, pinned to one CPU) and asks
-the commit's own ``fedjax_proj.reproduce.run.code_fingerprint`` (``--this_script``: both commits
-record this tree's ``behaviour_fingerprint.py``, for runs added after ``commit_a``; its flags must
-exist at both commits) for the fingerprint its results
-record. Then it compares the two recordings with this tree's ``--compare``; on 0 differences (and
-at least one run compared) it adds both fingerprints to one group of ``code_equivalence.json``,
+``benchmarks/behaviour_fingerprint.py`` there (the commit's own runs, pinned to one CPU; with
+``--this_script``, this tree's script and runs, for runs added after ``commit_a``, whose flags must
+exist at both commits) and asks the commit's own ``fedjax_proj.reproduce.run.code_fingerprint``
+for the fingerprint its results record. Then it compares the two recordings with this tree's
+``--compare``; on 0 differences (and at least one run compared) it adds both fingerprints to one group of ``code_equivalence.json``,
 merged with any group that already holds either, with the commits, the runs compared and the
 date as evidence. Any difference leaves the file untouched and exits 1.
 """
