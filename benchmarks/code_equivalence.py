@@ -15,9 +15,10 @@ For each commit it checks the tree out into a temporary ``git worktree``, record
 ``--this_script``, this tree's script and runs, for runs added after ``commit_a``, whose flags must
 exist at both commits) and asks the commit's own ``fedjax_proj.reproduce.run.code_fingerprint``
 for the fingerprint its results record. Then it compares the two recordings with this tree's
-``--compare``; on 0 differences (and at least one run compared) it adds both fingerprints to one group of ``code_equivalence.json``,
-merged with any group that already holds either, with the commits, the runs compared and the
-date as evidence. Any difference leaves the file untouched and exits 1.
+``--compare``; on 0 differences (and at least one run compared) it adds both fingerprints to one
+group of ``code_equivalence.json``, merged with any group that already holds either, with the
+commits, the runs compared and the date as evidence. Any difference leaves the file untouched and
+exits 1.
 """
 
 from __future__ import annotations
