@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -35,6 +36,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from fedjax_proj.reproduce import run  # noqa: E402
 
 CIFAR10_CLASSES = (
   "airplane",
@@ -138,6 +141,10 @@ def unpack(npz_path: Path, dest: Path) -> dict[str, int]:
   """
   counts = {}
   with np.load(npz_path) as z:
+    # What the pack holds, beside the data: a claim run records a lossy public set as a deviation
+    # (fedjax_proj/reproduce/run.py, data_deviations).
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / run.DATA_RECORD).write_text(json.dumps({"about": str(z["about"])}) + "\n")
     parts = {
       "cifar10/train.npz": ("cifar10_train_jpeg", "cifar10_train_offsets", "cifar10_train_label"),
       "cifar10/test.npz": ("cifar10_test_jpeg", "cifar10_test_offsets", "cifar10_test_label"),

@@ -62,6 +62,14 @@ def parse_args(argv) -> argparse.Namespace:
     "see --power; others are exploratory)",
   )
   p.add_argument(
+    "--protocol",
+    default="v1",
+    choices=("v1", "v2"),
+    help=f"v2: the budget's confirmatory replication, its declared seeds from "
+    f"{protocol.V2_FIRST_SEED} scored on {protocol.V2_METRIC} "
+    '(docs/reproduction.md, "Protocol v2"); with --power, its plan (default: v1)',
+  )
+  p.add_argument(
     "--dry_run", action="store_true", help="print every method's resolved config; run nothing"
   )
   p.add_argument(
@@ -110,13 +118,39 @@ def parse_args(argv) -> argparse.Namespace:
       p.error(
         f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
       )
+    b = claim.budgets[args.budget]
+    if args.protocol == "v2" and b.v2 is None:
+      with_v2 = [
+        f"{c.name} --budget={k}"
+        for c in claims_lib.CLAIMS.values()
+        for k, x in c.budgets.items()
+        if x.v2 is not None
+      ]
+      p.error(
+        f"claim {claim.name} budget {args.budget} declares no protocol v2 replication; those "
+        f"that do: {', '.join(with_v2)}"
+      )
+    declared = (
+      claim.v2(args.budget).budgets[args.budget].declared if args.protocol == "v2" else b.declared
+    )
     try:
-      declared = claim.budgets[args.budget].seeds
-      args.seed_list = [int(s) for s in _csv(args.seeds)] if args.seeds else list(range(declared))
+      args.seed_list = [int(s) for s in _csv(args.seeds)] if args.seeds else list(declared)
     except ValueError:
       p.error(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
     if not args.seed_list or min(args.seed_list) < 0:
       p.error(f"--seeds must list non-negative integers, e.g. 0,1,2; got {args.seeds!r}")
+    # Seeds from V2_FIRST_SEED on are protocol v2's: a v1 command never runs them, nor v2 others.
+    v2_seeds = [s for s in args.seed_list if s >= protocol.V2_FIRST_SEED]
+    if args.protocol == "v1" and v2_seeds:
+      p.error(
+        f"--seeds {v2_seeds} are protocol v2's (seeds from {protocol.V2_FIRST_SEED} on): add "
+        "--protocol=v2, or choose seeds below it"
+      )
+    if args.protocol == "v2" and len(v2_seeds) < len(args.seed_list):
+      p.error(
+        f"--protocol=v2 runs seeds from {protocol.V2_FIRST_SEED} on (declared: "
+        f"{declared[0]}..{declared[-1]}); got {args.seeds!r}"
+      )
     if args.sweep and claim.name != claims_lib.PILOT.name:
       p.error(f"--sweep applies to {claims_lib.PILOT.name} only")
   return args
@@ -137,9 +171,11 @@ def data_root(args, claim: claims_lib.Claim) -> Path:
 
 def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
   """The config a run uses on this machine and its deviations from the budget
-  (run.public_fallback: the paper's public set when TFDS cannot give it)."""
+  (run.public_fallback: the paper's public set when TFDS cannot give it; run.data_deviations: a
+  lossy public set in a device pack). The run adds any of arithmetic (run.run_one)."""
   config = sweep.config_for(claim, budget, method, seed, root)
-  return run.public_fallback(config, root, claims_lib.PUBLIC)
+  config, deviations = run.public_fallback(config, root, claims_lib.PUBLIC)
+  return config, deviations + run.data_deviations(config, root)
 
 
 def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, root: Path) -> dict:
@@ -385,7 +421,13 @@ def main(argv=None) -> int:
       if args.power:
         directory = results / claim.name / args.budget
         found = report.load_results(directory)[0] if directory.is_dir() else {}
-        print(protocol.render_plan(claim, args.budget, report.measured_sd(claim, found)))
+        if args.protocol == "v2":
+          view = claim.v2(args.budget)
+          v2 = report.split_protocols(found)[1]
+          print(protocol.render_plan(view, args.budget, report.measured_sd(view, v2)))
+        else:
+          v1 = report.split_protocols(found)[0]
+          print(protocol.render_plan(claim, args.budget, report.measured_sd(claim, v1)))
         return 0
       root = data_root(args, claim)
       if args.dry_run:

@@ -46,6 +46,9 @@ class Budget(NamedTuple):
     power_source: where ``power_sd`` was measured.
     methods: the claim's methods this budget compares (None: all of them); the budget's verdicts
       are the orderings between these (:meth:`Claim.at`), so its Holm family is theirs.
+    first_seed: the first pre-registered seed (0 in v1; a protocol v2 view starts at
+      ``protocol.V2_FIRST_SEED``).
+    v2: the budget's protocol v2 replication, declared before any of its runs (None: none).
   """
 
   shared: Mapping[str, Any]
@@ -56,6 +59,32 @@ class Budget(NamedTuple):
   power_sd: Mapping[str, float] | None = None
   power_source: str = "not measured"
   methods: tuple[str, ...] | None = None
+  first_seed: int = 0
+  v2: Replication | None = None
+
+  @property
+  def declared(self) -> range:
+    """The pre-registered seeds: ``seeds`` of them from ``first_seed``."""
+    return range(self.first_seed, self.first_seed + self.seeds)
+
+
+class Replication(NamedTuple):
+  """A budget's protocol v2 confirmatory replication (protocol.py; docs/reproduction.md,
+  "Protocol v2"), declared before any of its runs.
+
+  Attributes:
+    seeds: the seed count from the power calculation (``protocol.plan`` of :meth:`Claim.v2`);
+      the seeds are ``protocol.V2_FIRST_SEED`` on.
+    power_sd: the largest paired sd (points) of v1's results at this budget under
+      ``protocol.V2_METRIC``.
+    power_source: the v1 results it was measured on.
+    effect_metric: the paper's metric whose gaps are the power calculation's effects.
+  """
+
+  seeds: int
+  power_sd: float
+  power_source: str
+  effect_metric: str = "test_accuracy"
 
 
 class Ordering(NamedTuple):
@@ -134,6 +163,31 @@ class Claim(NamedTuple):
       methods=tuple(m for m in self.methods if m in keep),
       orderings=tuple(o for o in self.orderings if o.better in keep and o.worse in keep),
       paper={m: v for m, v in self.paper.items() if m in keep},
+    )
+
+  def v2(self, budget: str) -> Claim:
+    """The claim as protocol v2 tests ``budget``: its methods and config, every ordering of
+    :meth:`at` once, on ``protocol.V2_METRIC``, with the replication's seeds, sd and cap; the
+    paper's gaps come from the replication's ``effect_metric``."""
+    from fedjax_proj.reproduce import protocol
+
+    b = self.budgets[budget]
+    if b.v2 is None:
+      raise ValueError(f"claim {self.name} budget {budget} declares no protocol v2 replication")
+    at, r, metric = self.at(budget), b.v2, protocol.V2_METRIC
+    pairs = dict.fromkeys((o.better, o.worse) for o in at.orderings)
+    view = b._replace(
+      seeds=r.seeds,
+      first_seed=protocol.V2_FIRST_SEED,
+      power_sd={metric: r.power_sd},
+      power_source=r.power_source,
+      v2=None,
+    )
+    return at._replace(
+      metrics=(metric,),
+      orderings=tuple(Ordering(a, w, metric) for a, w in pairs),
+      paper={m: {metric: v[r.effect_metric]} for m, v in at.paper.items() if r.effect_metric in v},
+      budgets={**self.budgets, budget: view},
     )
 
   @property
@@ -314,7 +368,9 @@ FEDPROJ_TABLE1 = {
 }
 
 
-def _fedproj_cifar(beta: str, seeds: dict, sd: Mapping[str, float], source: str) -> Claim:
+def _fedproj_cifar(
+  beta: str, seeds: dict, sd: Mapping[str, float], source: str, drift_v2: Replication
+) -> Claim:
   partition = f"dirichlet:{beta}"
   return Claim(
     name=f"fedproj-cifar10-dir{beta}",
@@ -353,6 +409,7 @@ def _fedproj_cifar(beta: str, seeds: dict, sd: Mapping[str, float], source: str)
         power_sd=sd,
         power_source=f"{source} (no drift-budget run existed when it was declared)",
         methods=DRIFT_METHODS,
+        v2=drift_v2,
       ),
       "smoke": Budget({**CIFAR_SMOKE, "partition": partition}, IMAGE_METHOD_KW, "wiring only"),
     },
@@ -367,9 +424,23 @@ FEDPROJ_SD_SOURCE = (
   "fedproj-cifar10-dir0.3 cpu results (3-6 seeds per method, commits up to c96894d)"
 )
 FEDPROJ_SEEDS = {"paper": 10, "cpu": 10, "drift": 10}
-FEDPROJ_DIR03 = _fedproj_cifar("0.3", FEDPROJ_SEEDS, FEDPROJ_SD, FEDPROJ_SD_SOURCE)
+# Protocol v2 at drift (docs/reproduction.md, "Protocol v2"; benchmarks/protocol_v2.py): the
+# largest paired sd of the budget's two orderings under protocol.V2_METRIC on v1's seeds 0-9.
+# Dir(0.5) needs 17 seeds for FedProj > FedDF's +1.84 at 80% power; Dir(0.3)'s sd of 4.17 would
+# need 68 for its +1.60, so it is capped at protocol.V2_MAX_SEEDS and underpowered (--power).
+FEDPROJ_DIR03 = _fedproj_cifar(
+  "0.3",
+  FEDPROJ_SEEDS,
+  FEDPROJ_SD,
+  FEDPROJ_SD_SOURCE,
+  Replication(20, 4.17, "fedproj-cifar10-dir0.3 drift v1 results, seeds 0-9 (commit a97d70a)"),
+)
 FEDPROJ_DIR05 = _fedproj_cifar(
-  "0.5", FEDPROJ_SEEDS, FEDPROJ_SD, FEDPROJ_SD_SOURCE + ", borrowed for Dir(0.5)"
+  "0.5",
+  FEDPROJ_SEEDS,
+  FEDPROJ_SD,
+  FEDPROJ_SD_SOURCE + ", borrowed for Dir(0.5)",
+  Replication(17, 2.19, "fedproj-cifar10-dir0.5 drift v1 results, seeds 0-9 (commit 57b3c62)"),
 )
 
 # --- FedGKD (paper 002: CIFAR-10, alpha = 0.1) --------------------------------------------------
@@ -426,6 +497,14 @@ FEDGKD = Claim(
       seeds=10,
       power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
       power_source=FEDPROJ_SD_SOURCE + ", borrowed (no FedGKD run exists)",
+      # Protocol v2: one metric for both of the paper's tables (Table 6's final accuracy, Table 3's
+      # best over rounds), with Table 3's smaller gaps as the effects.
+      v2=Replication(
+        7,
+        1.83,
+        "fedgkd-cifar10 cpu v1 results, seeds 0-9 (commits 942681b, 0f1cb09)",
+        effect_metric="best_test_accuracy",
+      ),
     ),
     "smoke": Budget(
       {

@@ -33,6 +33,10 @@ def resolved(claim: Claim, data_root: Path | None = None) -> dict[str, dict[str,
   }
 
 
+def _seed_span(seeds: range) -> str:
+  return f"{len(seeds)}: {seeds[0]}..{seeds[-1]}"
+
+
 def rows(claim: Claim, data_root: Path | None = None) -> list[tuple[str, dict[str, str]]]:
   """(row name, {budget: cell}) for the claim's table."""
   configs = resolved(claim, data_root)
@@ -40,6 +44,19 @@ def rows(claim: Claim, data_root: Path | None = None) -> list[tuple[str, dict[st
   out = [
     ("preset", {b: _cell(claim.preset_of(b)) for b in budgets}),
     ("seeds (pre-registered)", {b: str(claim.budgets[b].seeds) for b in budgets}),
+  ]
+  v2 = {b: claim.budgets[b].v2 for b in budgets}
+  if any(v2.values()):  # protocol v2's seeds, where a budget declares its replication
+    out.append(
+      (
+        "seeds (protocol v2)",
+        {
+          b: "—" if r is None else _seed_span(claim.v2(b).budgets[b].declared)
+          for b, r in v2.items()
+        },
+      )
+    )
+  out += [
     ("methods", {b: ", ".join(claim.at(b).methods) for b in budgets}),
   ]
   fields = sorted({k for b in budgets for c in configs[b].values() for k in c if k not in SKIP})

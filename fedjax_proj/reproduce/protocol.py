@@ -14,6 +14,13 @@ m orderings, sorted, p_(i) multiplied by (m - i + 1), made monotone and capped a
 is ``reproduced`` when its adjusted p < α and the mean difference favours the claimed winner,
 ``not reproduced`` when adjusted p < α against it, else ``inconclusive``; with fewer than n
 pre-registered seeds it is ``incomplete``. docs/reproduction.md ("Results") states the same.
+
+Protocol v2 (docs/reproduction.md, "Protocol v2") is a confirmatory replication, declared before
+any of its runs: the same budgets and orderings, scored on one metric that does not swing with the
+last evaluation (:data:`V2_METRIC`, the mean test accuracy over the last :data:`LATE_EVALS`
+evaluations), on seeds no run had used (from :data:`V2_FIRST_SEED` on), counted by this module's
+power calculation on v1's paired spread under that metric, capped at :data:`V2_MAX_SEEDS`. The
+v1 verdicts stay as they are; seeds from :data:`V2_FIRST_SEED` on never enter them.
 """
 
 from __future__ import annotations
@@ -29,6 +36,18 @@ POWER = 0.80
 MIN_SEEDS = 3
 MAX_SEEDS = 10
 INCOMPLETE = "incomplete"
+# Protocol v2. The metric: the mean of the last LATE_EVALS evaluated test accuracies (%). k = 3 was
+# chosen from the v1 curves (docs/reproduction.md, "Protocol v2"): at the drift budget the last
+# three evaluations (rounds 6, 8, 10) are those after the global model enters the forgetting regime
+# (above ~35% from round 5, benchmarks/drift_pilot.py), and over the five v1 claim x budgets it
+# lowers the largest paired sd of k = 1 (the final evaluation) by 25-83%.
+V2_METRIC = "late_test_accuracy"
+LATE_EVALS = 3
+# Seeds 0-9 (every v1 result) and 100 (the drift pilot) have been run; v2 seeds start here.
+V2_FIRST_SEED = 1000
+# A drift claim of 20 seeds is 60 runs, about 6 minutes on one H200 (docs/reproduction.md,
+# "Running claims on a GPU"): the most one device call holds beside its start-up.
+V2_MAX_SEEDS = 20
 
 
 def power(n: int, effect: float, sd: float, alpha: float) -> float:
@@ -78,12 +97,28 @@ def paper_effect(claim, better: str, worse: str, metric: str, lower_is_better: b
   return (b - a) if lower_is_better else (a - b)
 
 
+def max_seeds(budget) -> int:
+  """The seed cap of the protocol a :class:`~fedjax_proj.reproduce.claims.Budget` belongs to."""
+  return V2_MAX_SEEDS if budget.first_seed >= V2_FIRST_SEED else MAX_SEEDS
+
+
+def late_mean(curve: Sequence[dict], key: str = "test_accuracy", k: int = LATE_EVALS) -> float:
+  """:data:`V2_METRIC`: the mean of the last ``k`` evaluated ``key`` values of a result's curve,
+  in percent (the curve holds fractions). Raises ``KeyError`` when fewer than ``k`` were
+  evaluated, so a run too short for the metric is never scored on fewer points."""
+  values = [c[key] for c in curve if key in c]
+  if len(values) < k:
+    raise KeyError(f"{V2_METRIC} needs {k} evaluations of {key}; the curve has {len(values)}")
+  return 100 * sum(values[-k:]) / k
+
+
 def plan(claim, budget: str, sd: dict[str, float] | None = None) -> list[PlanRow]:
   """The power calculation of every ordering of ``claim`` at ``budget``; ``sd`` (metric -> paired
   sd) defaults to the budget's pre-registered ``power_sd``."""
   from fedjax_proj.reproduce.claims import LOWER_IS_BETTER
 
   b = claim.budgets[budget]
+  cap = max_seeds(b)
   claim = claim.at(budget)
   sd = b.power_sd if sd is None else sd
   m = len(claim.orderings)
@@ -93,29 +128,31 @@ def plan(claim, budget: str, sd: dict[str, float] | None = None) -> list[PlanRow
     effect = paper_effect(claim, o.better, o.worse, o.metric, o.metric in LOWER_IS_BETTER)
     s = (sd or {}).get(o.metric)
     usable = effect is not None and effect > 0 and s is not None
-    needed = required_seeds(effect, s, alpha) if usable else None
+    needed = required_seeds(effect, s, alpha, cap) if usable else None
     at = power(b.seeds, effect, s, alpha) if usable else None
     rows.append(PlanRow(o.better, o.worse, o.metric, effect, s, alpha, needed, at))
   return rows
 
 
-def recommended_seeds(rows: Sequence[PlanRow]) -> int:
-  """The seed count the plan asks for: the largest ``needed`` (MAX_SEEDS where one needs more
-  than MAX_SEEDS), at least MIN_SEEDS; MIN_SEEDS where no ordering has an effect and an sd."""
+def recommended_seeds(rows: Sequence[PlanRow], cap: int = MAX_SEEDS) -> int:
+  """The seed count the plan asks for: the largest ``needed`` (``cap`` where one needs more
+  than ``cap``), at least MIN_SEEDS; MIN_SEEDS where no ordering has an effect and an sd."""
   usable = [r for r in rows if r.effect is not None and r.effect > 0 and r.sd is not None]
   if not usable:
     return MIN_SEEDS
-  return max(MAX_SEEDS if r.needed is None else r.needed for r in usable)
+  return max(cap if r.needed is None else r.needed for r in usable)
 
 
 def render_plan(claim, budget: str, measured: dict[str, float] | None = None) -> str:
   """The printed power calculation (``--power``) with the declared seed count."""
   b = claim.budgets[budget]
   rows = plan(claim, budget)
+  cap = max_seeds(b)
+  first, last = b.first_seed, b.first_seed + b.seeds - 1
   lines = [
     f"Power calculation, {claim.name} budget {budget}: two-sided paired t-test at "
     f"alpha {ALPHA}/{len(rows)} (Holm's strictest step), target power {POWER:.0%}, "
-    f"{MIN_SEEDS}..{MAX_SEEDS} seeds.",
+    f"{MIN_SEEDS}..{cap} seeds.",
     f"Paired sd used (pre-registered): {b.power_sd or 'none'} from {b.power_source}.",
   ]
   if measured:
@@ -129,7 +166,7 @@ def render_plan(claim, budget: str, measured: dict[str, float] | None = None) ->
     eff = "n/a" if r.effect is None else f"{r.effect:+.2f}"
     sd = "n/a" if r.sd is None else f"{r.sd:.2f}"
     needed = (
-      f">{MAX_SEEDS} (underpowered)"
+      f">{cap} (underpowered)"
       if r.needed is None and r.power_at_declared is not None
       else ("n/a" if r.needed is None else str(r.needed))
     )
@@ -137,15 +174,15 @@ def render_plan(claim, budget: str, measured: dict[str, float] | None = None) ->
     lines.append(f"| {r.better} > {r.worse} | {r.metric} | {eff} | {sd} | {needed} | {pw} |")
   lines += [
     "",
-    f"Recommended: {recommended_seeds(rows)} seeds; declared (claims.py): {b.seeds} "
-    f"(seeds 0..{b.seeds - 1} decide the verdict; others are exploratory).",
+    f"Recommended: {recommended_seeds(rows, cap)} seeds; declared (claims.py): {b.seeds} "
+    f"(seeds {first}..{last} decide the verdict; others are exploratory).",
   ]
   return "\n".join(lines)
 
 
-def confirmatory(per_seed: dict[int, float], n: int) -> dict[int, float]:
-  """The pre-registered seeds 0..n-1 of ``per_seed``."""
-  return {s: v for s, v in per_seed.items() if s < n}
+def confirmatory(per_seed: dict[int, float], seeds: range) -> dict[int, float]:
+  """The pre-registered ``seeds`` of ``per_seed`` (v1: 0..n-1; v2: its declared range)."""
+  return {s: v for s, v in per_seed.items() if s in seeds}
 
 
 def paired_p(diffs: Sequence[float]) -> float:

@@ -59,9 +59,11 @@ def load_results(
 
 def metric_value(result: dict, metric: str) -> float:
   """A result's ``metric``; ``best_test_accuracy`` of a result that predates it is the best
-  evaluated test accuracy of its curve (%)."""
+  evaluated test accuracy of its curve (%); protocol v2's metric comes from the curve too."""
   if metric in result["metrics"]:
     return result["metrics"][metric]
+  if metric == protocol.V2_METRIC:
+    return protocol.late_mean(result["curve"])
   if metric == "best_test_accuracy":
     values = [c["test_accuracy"] for c in result["curve"] if "test_accuracy" in c]
     if values:
@@ -204,35 +206,62 @@ class Confirmatory(NamedTuple):
   declared: int
   refused: tuple[int, ...]  # seeds whose two runs recorded different code
   unknown: int  # seeds where either run is code unknown
-  mixed: int = 0  # kept pairs whose two runs computed matmuls at different precisions
+  mismatched: tuple[int, ...] = ()  # seeds whose two runs computed on different machines/arithmetic
+  seeds: range = range(0)  # the pre-registered seeds
+
+
+def computation(result: dict) -> tuple:
+  """What a result computed on beyond its config and code: the machine kind (backend and device;
+  results from before machines were recorded ran on this project's CPU machine), the precision of
+  its matrix products, and its recorded deviations of data or arithmetic. Two runs pair only when
+  it is equal: the same code computes in another reduction order on another kind of machine."""
+  m = result.get("machine") or {}
+  return (
+    m.get("backend", "cpu"),
+    m.get("device_kind", "cpu"),
+    arithmetic(result),
+    tuple(sorted(result.get("deviations", []))),
+  )
+
+
+def declared_seeds(claim: Claim, budget: str) -> range:
+  """The pre-registered seeds of ``budget`` (v1: 0..n-1; a protocol v2 view: its own range)."""
+  b = claim.budgets.get(budget)
+  return b.declared if b is not None else range(protocol.MIN_SEEDS)
 
 
 def confirmatory_rows(
   claim: Claim, found: dict, budget: str, equivalent: list[set[str]] = ()
 ) -> list[Confirmatory]:
-  """Every claimed ordering on the pre-registered seeds 0..n-1 only, pairs of differing code
-  refused, raw and Holm-adjusted p-values across the claim's orderings."""
-  declared = claim.budgets[budget].seeds if budget in claim.budgets else protocol.MIN_SEEDS
+  """Every claimed ordering on the pre-registered seeds only, pairs of differing code or
+  computation (:func:`computation`) refused, raw and Holm-adjusted p-values across the claim's
+  orderings."""
+  seeds = declared_seeds(claim, budget)
+  declared = len(seeds)
   if budget in claim.budgets:
     claim = claim.at(budget)  # the budget's orderings are its Holm family
   parts = []
   for o in claim.orderings:
-    a = protocol.confirmatory(_per_seed(found, o.better, o.metric), declared)
-    b = protocol.confirmatory(_per_seed(found, o.worse, o.metric), declared)
-    refused, unknown, mixed = [], 0, 0
+    a = protocol.confirmatory(_per_seed(found, o.better, o.metric), seeds)
+    b = protocol.confirmatory(_per_seed(found, o.worse, o.metric), seeds)
+    refused, unknown, mismatched = [], 0, []
     for seed in sorted(set(a) & set(b)):
       ra, rb = found[o.better][seed], found[o.worse][seed]
       same = same_code(ra, rb, list(equivalent))
       if same is False:
         refused.append(seed)
         continue
+      if computation(ra) != computation(rb):
+        mismatched.append(seed)
+        continue
       unknown += same is None
-      mixed += arithmetic(ra) != arithmetic(rb)
-    keep = set(a) & set(b) - set(refused)
+    keep = set(a) & set(b) - set(refused) - set(mismatched)
     diffs = stats.differences(
       {k: a[k] for k in keep}, {k: b[k] for k in keep}, o.metric in LOWER_IS_BETTER
     )
-    parts.append((o, stats.paired(diffs), protocol.paired_p(diffs), tuple(refused), unknown, mixed))
+    parts.append(
+      (o, stats.paired(diffs), protocol.paired_p(diffs), tuple(refused), unknown, mismatched)
+    )
   # An ordering without its n pre-registered pairs (incomplete, or broken by a diverged run) has
   # no test: it counts in the family with p = 1, so its partial p cannot lower the others' bar.
   adjusted = protocol.holm([p if pr.n >= declared else math.nan for _, pr, p, *_ in parts])
@@ -248,9 +277,10 @@ def confirmatory_rows(
       declared,
       refused,
       unknown,
-      mixed,
+      tuple(mismatched),
+      seeds,
     )
-    for (o, pr, p, refused, unknown, mixed), adj in zip(parts, adjusted, strict=True)
+    for (o, pr, p, refused, unknown, mismatched), adj in zip(parts, adjusted, strict=True)
   ]
 
 
@@ -318,7 +348,7 @@ def _p(x: float) -> str:
 def verdict_text(r: Confirmatory, diverged: dict | None) -> str:
   """``r``'s verdict, or "not computable" where a diverged run broke a pre-registered pair."""
   lost = {
-    m: sorted(s for s in (diverged or {}).get(m, {}) if s < r.declared) for m in (r.better, r.worse)
+    m: sorted(s for s in (diverged or {}).get(m, {}) if s in r.seeds) for m in (r.better, r.worse)
   }
   lost = {m: s for m, s in lost.items() if s}
   if lost and r.paired.n < r.declared:  # the pre-registered test cannot be computed
@@ -364,13 +394,14 @@ def verdict_table(
   claim: Claim, found: dict, budget: str, equivalent=(), diverged: dict | None = None
 ) -> list[str]:
   rows = confirmatory_rows(claim, found, budget, equivalent)
-  declared = rows[0].declared if rows else protocol.MIN_SEEDS
+  seeds = declared_seeds(claim, budget)
+  declared = len(seeds)
   lines = [
-    f"Verdicts on the pre-registered seeds 0..{declared - 1} ({declared} seeds, declared before "
-    "running by the power calculation of fedjax_proj/reproduce/protocol.py): paired per-seed "
-    "difference, > 0 favours the claimed winner; two-sided paired t-test, p Holm-adjusted across "
-    f"the claim's {len(rows)} orderings; reproduced / not reproduced at adjusted p < "
-    f"{protocol.ALPHA}; incomplete while fewer than {declared} seeds have run.",
+    f"Verdicts on the pre-registered seeds {seeds[0]}..{seeds[-1]} ({declared} seeds, declared "
+    "before running by the power calculation of fedjax_proj/reproduce/protocol.py): paired "
+    "per-seed difference, > 0 favours the claimed winner; two-sided paired t-test, p "
+    f"Holm-adjusted across the claim's {len(rows)} orderings; reproduced / not reproduced at "
+    f"adjusted p < {protocol.ALPHA}; incomplete while fewer than {declared} seeds have run.",
     "",
     "| claim | metric | seeds | mean diff | std | seeds favouring | 95% interval | p | p (Holm) "
     "| verdict |",
@@ -392,14 +423,15 @@ def verdict_table(
       "kept their code fingerprint, so whether both runs computed with the same code cannot be "
       "checked (their commits are listed below).",
     ]
-  mixed = sum(r.mixed for r in rows)
-  if mixed:
+  mismatched = [f"{r.better} > {r.worse} seeds {list(r.mismatched)}" for r in rows if r.mismatched]
+  if mismatched:
     lines += [
       "",
-      f"Mixed arithmetic: {mixed} of the pairs above pair a run whose matrix products and "
-      "convolutions were full float32 with one at an accelerator's default, reduced precision "
-      "(TF32 on recent NVIDIA GPUs); the machines are listed below. Run a claim's budget on one "
-      "kind, or pin JAX_DEFAULT_MATMUL_PRECISION=float32 on the accelerator.",
+      "Pairs refused (the two runs computed on different kinds of machine, at different matmul "
+      "precisions or with different deviations of data; the machines are listed below): "
+      + "; ".join(mismatched)
+      + ". Run all of a seed's methods on one machine kind, with "
+      "JAX_DEFAULT_MATMUL_PRECISION=float32 on an accelerator.",
     ]
   return lines + [""]
 
@@ -415,9 +447,6 @@ def machine_label(result: dict) -> str:
   return f"{m.get('device_kind')} ({m.get('backend')}, matmul precision {arithmetic(result)})"
 
 
-FULL_FLOAT32 = ("float32", "highest", "F32_F32_F32")
-
-
 def arithmetic(result: dict) -> str:
   """The precision a result's matrix products and convolutions ran at: "float32" on a CPU (XLA:CPU
   has no reduced mode) or where pinned, else the accelerator's default (TF32 on recent NVIDIA
@@ -426,7 +455,7 @@ def arithmetic(result: dict) -> str:
   if m.get("backend", "cpu") == "cpu":
     return "float32"
   precision = str(m.get("matmul_precision", "default"))
-  return "float32" if precision in FULL_FLOAT32 else precision
+  return "float32" if precision in run.FULL_FLOAT32 else precision
 
 
 def machines(results: list[dict]) -> str:
@@ -496,7 +525,7 @@ def completion_lines(
   if b is None:
     return []
   done = {m: {**found.get(m, {}), **(diverged or {}).get(m, {})} for m in claim.at(budget).methods}
-  missing = {m: [s for s in range(b.seeds) if s not in done[m]] for m in claim.at(budget).methods}
+  missing = {m: [s for s in b.declared if s not in done[m]] for m in claim.at(budget).methods}
   missing = {m: s for m, s in missing.items() if s}
   if not missing:
     return []
@@ -511,9 +540,10 @@ def completion_lines(
   }
   queue = [m for m, seeds in missing.items() for _ in seeds]
   runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
+  v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
   return [
     f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
-    f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}` runs them: "
+    f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}` runs them: "
     f"{eta(queue, recorded)}.",
     "",
   ]
@@ -572,12 +602,12 @@ def curve_table(claim: Claim, found: dict) -> list[str]:
 
 def exploratory_table(claim: Claim, found: dict, budget: str) -> list[str]:
   """Every seed run (pre-registered and extra), interval rule: never changes a verdict."""
-  declared = claim.budgets[budget].seeds if budget in claim.budgets else protocol.MIN_SEEDS
+  declared = declared_seeds(claim, budget)
   seeds = {s for rs in found.values() for s in rs}
-  if not any(s >= declared for s in seeds):
+  if seeds <= set(declared):
     return []
   lines = [
-    f"Exploratory (all seeds run, including those beyond the pre-registered {declared}; the "
+    f"Exploratory (all seeds run, including those beyond the pre-registered {len(declared)}; the "
     "95% interval rule of stats.py, no multiplicity correction; not a verdict):",
     "",
     "| claim | metric | seeds | mean diff | std | seeds favouring | 95% interval | reading |",
@@ -672,6 +702,56 @@ def diagnostics(found: dict, names=("fedproj",)) -> list[str]:
   ]
 
 
+def split_protocols(found: dict) -> tuple[dict, dict]:
+  """(v1's results, protocol v2's), each {method: {seed: result}}: v2 owns the seeds from
+  ``protocol.V2_FIRST_SEED`` on, which no v1 table or verdict reads."""
+  v1: dict[str, dict[int, dict]] = {}
+  v2: dict[str, dict[int, dict]] = {}
+  for m, rs in found.items():
+    for seed, r in rs.items():
+      (v2 if seed >= protocol.V2_FIRST_SEED else v1).setdefault(m, {})[seed] = r
+  return v1, v2
+
+
+def v2_section(claim: Claim, budget: str, found: dict, equivalent=()) -> list[str]:
+  """Protocol v2's replication of ``budget`` (its declared seeds and metric; ``found`` holds v2's
+  seeds only), or nothing where the budget declares none."""
+  b = claim.budgets.get(budget)
+  if b is None or b.v2 is None:
+    return []
+  view = claim.v2(budget)
+  seeds = view.budgets[budget].declared
+  lines = [
+    f"#### Protocol v2: confirmatory replication on seeds {seeds[0]}..{seeds[-1]}",
+    "",
+    f'Declared before any of its runs (docs/reproduction.md, "Protocol v2"): the metric '
+    f"`{protocol.V2_METRIC}` is the mean test accuracy over the last {protocol.LATE_EVALS} "
+    f"evaluations; {len(seeds)} seeds from the power calculation on v1's paired sd "
+    f"{b.v2.power_sd} ({b.v2.power_source}). Command: `python -m fedjax_proj.reproduce "
+    f"{claim.name} --budget={budget} --protocol=v2 --report`.",
+    "",
+  ]
+  if not found:
+    return lines + ["No protocol v2 results yet.", ""]
+  valid, diverged = split_diverged(found)
+  results = [r for rs in found.values() for r in rs.values()]
+  deviations = sorted({d for r in results for d in r.get("deviations", [])})
+  if deviations:
+    lines += ["Deviations: " + "; ".join(deviations) + ".", ""]
+  lines += method_table(view.at(budget), valid)
+  lines += verdict_table(view, valid, budget, equivalent, diverged)
+  lines += diverged_lines(diverged) + completion_lines(view, valid, budget, diverged)
+  lines += exploratory_table(view.at(budget), valid, budget)
+  commits = sorted({r["git_commit"][:12] for r in results})
+  codes = sorted({code_of(r) or "unknown" for r in results})
+  lines += [
+    f"Commits: {', '.join(commits)}; code fingerprints: {', '.join(codes)}; machines: "
+    f"{machines(results)}.",
+    "",
+  ]
+  return lines
+
+
 def render(
   claim: Claim,
   budget: str,
@@ -681,6 +761,8 @@ def render(
   corrupt: list | None = None,
   equivalent=(),
 ) -> str:
+  full = claim
+  found, found_v2 = split_protocols(found)
   everything = found
   found, diverged = split_diverged(found)
   b = claim.budgets.get(budget)
@@ -699,14 +781,19 @@ def render(
   if corrupt:
     lines += [f"Corrupt result files (not used; rerun them): {', '.join(corrupt)}.", ""]
   if not everything:
-    return "\n".join(lines + ["No results yet.", ""])
+    return "\n".join(
+      lines + ["No results yet.", ""] + v2_section(full, budget, found_v2, equivalent)
+    )
   results = [r for rs in everything.values() for r in rs.values()]
   commits = sorted({r["git_commit"][:12] for r in results})
   codes = sorted({code_of(r) or "unknown" for r in results})
   loads = [r["load_average"][0] for r in results]
   deviations = sorted({d for r in results for d in r.get("deviations", [])})
   if deviations:
-    lines += ["Deviations from the budget (this machine): " + "; ".join(deviations) + ".", ""]
+    lines += [
+      "Deviations from the budget (recorded in each result): " + "; ".join(deviations) + ".",
+      "",
+    ]
   lines += method_table(claim, found)
   lines += verdict_table(claim, found, budget, equivalent, diverged)
   lines += diverged_lines(diverged) + completion_lines(claim, found, budget, diverged)
@@ -720,6 +807,7 @@ def render(
     "",
   ]
   lines += [f"![{f}]({f})" for f in figures]
+  lines += ["", *v2_section(full, budget, found_v2, equivalent)]
   return "\n".join(lines) + "\n"
 
 
@@ -732,9 +820,20 @@ def write_report(claim: Claim, budget: str, directory: Path, expected: dict | No
   text = render(claim, budget, found, stale, figures, corrupt, equivalent)
   if directory.is_dir():
     (directory / "report.md").write_text(text)
-    valid, diverged = split_diverged(found)
+    v1, v2 = split_protocols(found)
+    valid, diverged = split_diverged(v1)
+    records = []
     if budget in claim.budgets and valid:
-      records = verdict_records(claim, valid, budget, equivalent, diverged)
+      records = [
+        {"protocol": "v1", **r} for r in verdict_records(claim, valid, budget, equivalent, diverged)
+      ]
+    valid, diverged = split_diverged(v2)
+    if budget in claim.budgets and claim.budgets[budget].v2 is not None and valid:
+      view = claim.v2(budget)
+      records += [
+        {"protocol": "v2", **r} for r in verdict_records(view, valid, budget, equivalent, diverged)
+      ]
+    if records:
       payload = {"claim": claim.name, "budget": budget, "verdicts": records}
       (directory / VERDICTS_FILE).write_text(json.dumps(payload, indent=1) + "\n")
   return text
@@ -757,12 +856,14 @@ def glance_table(results: Path) -> list[str]:
       path = results / name / budget / VERDICTS_FILE
       if not path.is_file():
         continue
-      for r in json.loads(path.read_text())["verdicts"]:
+      records = json.loads(path.read_text())["verdicts"]
+      for r in sorted(records, key=lambda r: r.get("protocol", "v1")):  # v1, then v2
         gap = "—" if r["paper_gap"] is None else f"{r['paper_gap']:+.2f}"
         p = "—" if r["p_holm"] is None else _p(r["p_holm"])
         rows.append(
-          f"| {name} | {budget} | {r['better']} > {r['worse']} | {r['metric']} | {gap} | "
-          f"{r['seeds']}/{r['declared']} | {_glance_mean(r)} | {p} | {r['verdict']} |"
+          f"| {name} | {budget} | {r.get('protocol', 'v1')} | {r['better']} > {r['worse']} | "
+          f"{r['metric']} | {gap} | {r['seeds']}/{r['declared']} | {_glance_mean(r)} | {p} | "
+          f"{r['verdict']} |"
         )
   if not rows:
     return []
@@ -772,11 +873,13 @@ def glance_table(results: Path) -> list[str]:
     "Every pre-registered ordering of every claim and budget with results (generated from each "
     f"report's `{VERDICTS_FILE}`): the paper's gap, the seeds run out of those declared, the mean "
     "paired difference in points (> 0 favours the claimed winner) with its 95% interval, and the "
-    "Holm-adjusted p. The sections below hold each claim's tables, curves, machines and commits.",
+    "Holm-adjusted p. v1 is the protocol every earlier verdict used; v2 its confirmatory "
+    'replication on fresh seeds and a late-training metric ("Protocol v2"). The sections below '
+    "hold each claim's tables, curves, machines and commits.",
     "",
-    "| claim | budget | ordering | metric | paper gap | seeds | mean diff [95% interval] "
-    "| p (Holm) | verdict |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| claim | budget | protocol | ordering | metric | paper gap | seeds "
+    "| mean diff [95% interval] | p (Holm) | verdict |",
+    "|---|---|---|---|---|---|---|---|---|---|",
     *rows,
     "",
   ]

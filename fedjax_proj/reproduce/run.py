@@ -169,9 +169,16 @@ def canonical(config: dict[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in c.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
 
 
-def fingerprint(config: dict[str, Any]) -> str:
-  """SHA-256 (16 hex digits) of :func:`canonical` of the resolved config."""
-  text = json.dumps(canonical(config), sort_keys=True, default=str)
+def fingerprint(config: dict[str, Any], deviations: tuple[str, ...] | list[str] = ()) -> str:
+  """SHA-256 (16 hex digits) of :func:`canonical` of the resolved config, and of the run's
+  deviations of arithmetic or data (:func:`arithmetic_deviations`, :func:`data_deviations`) when
+  it has any: a result's ``fingerprint`` says what it computed, while ``status`` and the report
+  compare the config's alone (a deviating run is the budget's run, labelled and paired only with
+  runs of the same deviations, report.py)."""
+  content: dict[str, Any] = canonical(config)
+  if deviations:
+    content = {"config": content, "deviations": sorted(deviations)}
+  text = json.dumps(content, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -279,6 +286,38 @@ def machine_info() -> dict:
     # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
     "matmul_precision": jax.config.jax_default_matmul_precision or "default",
   }
+
+
+# Precisions at which an accelerator computes float32 products in full float32 (JAX's names).
+FULL_FLOAT32 = ("float32", "highest", "F32_F32_F32")
+# Written beside data unpacked from a device pack (benchmarks/make_device_data.py): what the pack
+# holds, e.g. whether its public set is a lossy copy.
+DATA_RECORD = "DEVICE_DATA.json"
+
+
+def arithmetic_deviations(machine: dict) -> list[str]:
+  """A run's deviation of arithmetic from the budget's float32: matrix products and convolutions
+  at an accelerator's reduced default (TF32 on recent NVIDIA GPUs, bfloat16 passes on TPUs)
+  instead of full float32 (XLA:CPU has no reduced mode; JAX_DEFAULT_MATMUL_PRECISION=float32
+  pins it on an accelerator)."""
+  precision = str(machine.get("matmul_precision") or "default")
+  if machine.get("backend", "cpu") == "cpu" or precision in FULL_FLOAT32:
+    return []
+  return [
+    f"matmul precision: {precision} on {machine.get('device_kind')} (the accelerator's reduced "
+    "default, TF32 on recent NVIDIA GPUs), not float32"
+  ]
+
+
+def data_deviations(config: dict[str, Any], data_root: Path) -> list[str]:
+  """A run's deviation of data from the shared folder's: a config that reads a public set from a
+  data folder unpacked from a device pack whose public set is a lossy copy (other pixels than the
+  shared file's)."""
+  record = Path(data_root) / DATA_RECORD
+  if not config.get("public_data") or not record.is_file():
+    return []
+  about = str(json.loads(record.read_text()).get("about", ""))
+  return [f"public set: a lossy copy ({about})"] if "lossy" in about else []
 
 
 def local_backend() -> str:
@@ -673,6 +712,12 @@ def run_one(
     # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
     detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
     commit = git_commit()
+    machine = machine_info()
+    deviations = list(  # the planned ones (the runner's queue) already hold the data's
+      dict.fromkeys(
+        [*(deviations or []), *data_deviations(config, data_root), *arithmetic_deviations(machine)]
+      )
+    )
     result = {
       "claim": claim.name,
       "budget": budget,
@@ -682,13 +727,13 @@ def run_one(
       "curve": curve,
       "detail": detail,
       "wall_seconds": earlier["seconds"] + time.time() - start,  # every session of the run
-      "fingerprint": fp,
+      "fingerprint": fingerprint(config, deviations),
       "config": config,
-      "deviations": list(deviations or []),
+      "deviations": deviations,
       "git_commit": commit,
       "code": {"git_commit": commit, "fingerprint": code},
       "load_average": list(os.getloadavg()),
-      "machine": machine_info(),
+      "machine": machine,
       **({"diverged": diverged} if diverged else {}),
       **({"resumed_from_round": earlier["round"]} if earlier.get("round") else {}),
       "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -94,6 +94,44 @@ def test_power_matches_a_known_value_and_declared_seeds_follow_the_plan():
     for budget in {"paper", "cpu", "drift"} & set(claim.budgets):
       rows = protocol.plan(claim, budget)
       assert claim.budgets[budget].seeds == protocol.recommended_seeds(rows), (claim.name, budget)
+      b = claim.budgets[budget]
+      if b.v2 is not None:  # protocol v2's count follows its own plan, under its own cap
+        view = claim.v2(budget)
+        rows = protocol.plan(view, budget)
+        assert b.v2.seeds == protocol.recommended_seeds(rows, protocol.V2_MAX_SEEDS), claim.name
+        assert view.budgets[budget].declared == range(
+          protocol.V2_FIRST_SEED, protocol.V2_FIRST_SEED + b.v2.seeds
+        )
+
+
+def test_v2_view_scores_each_v1_ordering_once_on_seeds_no_v1_verdict_uses():
+  view = claims.FEDGKD.v2("cpu")
+  # FedGKD's four v1 orderings (two metrics) are two pairs on the one v2 metric.
+  assert [(o.better, o.worse, o.metric) for o in view.orderings] == [
+    ("fedgkd", "fedavg", protocol.V2_METRIC),
+    ("fedgkd_vote", "fedavg", protocol.V2_METRIC),
+  ]
+  # The effects are Table 3's (best over rounds), not Table 6's 24-point final-round gaps.
+  assert protocol.paper_effect(view, "fedgkd", "fedavg", protocol.V2_METRIC, False) == (
+    pytest.approx(72.27 - 69.22)
+  )
+  assert {r.alpha for r in protocol.plan(view, "cpu")} == {protocol.ALPHA / 2}
+  for claim in CLAIMS.values():
+    for budget, b in claim.budgets.items():
+      assert max(b.declared) < protocol.V2_FIRST_SEED, (claim.name, budget)
+      if b.v2 is None:
+        with pytest.raises(ValueError, match="declares no protocol v2"):
+          claim.v2(budget)
+
+
+def test_late_mean_is_the_mean_of_the_last_evaluations_and_refuses_short_curves():
+  curve = [{"round": 1, "train_loss": 1.0}] + [
+    {"round": r, "test_accuracy": a} for r, a in ((2, 0.1), (4, 0.3), (6, 0.2), (8, 0.4))
+  ]
+  assert protocol.late_mean(curve) == pytest.approx(100 * (0.3 + 0.2 + 0.4) / 3)
+  assert protocol.late_mean(curve, k=1) == pytest.approx(40.0)
+  with pytest.raises(KeyError, match="needs 3 evaluations"):
+    protocol.late_mean(curve[:3])
 
 
 def test_power_command_prints_the_plan(capsys, tmp_path):
@@ -150,26 +188,30 @@ def test_verdict_uses_only_preregistered_seeds_and_refuses_mixed_code():
   assert "Pairs refused (the two runs recorded different code): fedproj > feddf seeds [0]" in text
 
 
-def test_pairs_of_full_float32_and_reduced_precision_runs_are_disclosed():
+def test_pairs_of_other_machine_kinds_or_precisions_are_refused():
   pilot = claims.PILOT
   found = {
     m: {s: _result(m, s, v + s, "A") for s in range(3)}
     for m, v in (("fedproj", 90.0), ("fedavg", 60.0), ("feddf", 61.0))
   }
   gpu = {"backend": "gpu", "device_kind": "NVIDIA H200", "cores": 2, "cpu_count": 16}
-  found["fedproj"][1]["machine"] = {**gpu, "matmul_precision": "default"}  # TF32: mixed
-  found["fedproj"][2]["machine"] = {**gpu, "matmul_precision": "float32"}  # pinned: same maths
-  rows = report.confirmatory_rows(pilot, found, "cpu")
-  assert all(r.mixed == 1 and r.paired.n == 3 for r in rows)  # disclosed, not refused
+  found["fedproj"][1]["machine"] = {**gpu, "matmul_precision": "default"}  # TF32
+  found["fedproj"][2]["machine"] = {**gpu, "matmul_precision": "float32"}  # another machine kind
+  rows = {(r.better, r.worse): r for r in report.confirmatory_rows(pilot, found, "cpu")}
+  assert rows[("fedproj", "fedavg")].mismatched == (1, 2)
+  assert rows[("fedproj", "fedavg")].paired.n == 1
+  assert rows[("fedproj", "fedavg")].verdict == protocol.INCOMPLETE
   text = "\n".join(report.verdict_table(pilot, found, "cpu"))
-  assert f"Mixed arithmetic: {len(rows)} of the pairs above" in text
+  assert "Pairs refused (the two runs computed on different kinds of machine" in text
   assert report.machine_label(found["fedproj"][1]) == (
     "NVIDIA H200 (gpu, matmul precision default)"
   )
   assert report.arithmetic(found["fedproj"][2]) == report.arithmetic(found["fedavg"][0])
-  for r in found["fedproj"].values():
-    r["machine"] = {**gpu, "matmul_precision": "float32"}
-  assert "Mixed arithmetic" not in "\n".join(report.verdict_table(pilot, found, "cpu"))
+  # Every method of a seed on the same pinned GPU pairs again.
+  for m in found:
+    for r in found[m].values():
+      r["machine"] = {**gpu, "matmul_precision": "float32"}
+  assert "Pairs refused" not in "\n".join(report.verdict_table(pilot, found, "cpu"))
 
 
 def test_help_gives_the_defaults(capsys):

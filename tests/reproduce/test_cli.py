@@ -425,7 +425,7 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
   assert len(verdicts) == len(PILOT.at("cpu").orderings)
   row = next(v for v in verdicts if (v["worse"], v["metric"]) == ("fedavg", "global_accuracy"))
   assert (row["seeds"], row["declared"], row["mean"]) == (3, 3, pytest.approx(2.0))
-  assert "| fedproj-iris-pilot | cpu | fedproj > fedavg | global_accuracy | " in block
+  assert "| fedproj-iris-pilot | cpu | v1 | fedproj > fedavg | global_accuracy | " in block
   assert "| 3/3 | 2.00 [2.00, 2.00] |" in block
   assert "| 0/3 | — | — | incomplete |" in block  # no feddf results: nothing paired yet
 

@@ -1,0 +1,174 @@
+"""Protocol v2 (docs/reproduction.md, "Protocol v2"): its seeds, its metric, its report, and the
+deviations a result records and the report refuses to pair across."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedjax_proj.reproduce import __main__ as cli
+from fedjax_proj.reproduce import claims, protocol, report, run
+
+CLAIM = claims.FEDPROJ_DIR05  # its drift budget declares a v2 replication of 17 seeds
+V2_SEEDS = range(protocol.V2_FIRST_SEED, protocol.V2_FIRST_SEED + CLAIM.budgets["drift"].v2.seeds)
+
+
+def _write(directory, method, seed, accuracies, machine=None, deviations=()):
+  """A drift result whose curve evaluates ``accuracies`` (%) at rounds 2, 4, ..."""
+  directory.mkdir(parents=True, exist_ok=True)
+  curve = [{"round": 2 * i + 1, "train_loss": 1.0} for i in range(len(accuracies))]
+  curve += [{"round": 2 * i + 2, "test_accuracy": a / 100} for i, a in enumerate(accuracies)]
+  curve.sort(key=lambda c: c["round"])
+  result = {
+    "claim": CLAIM.name,
+    "budget": "drift",
+    "method": method,
+    "seed": seed,
+    "config": {"method": method, "seed": seed},
+    "metrics": {"test_accuracy": accuracies[-1]},
+    "curve": curve,
+    "wall_seconds": 1.0,
+    "fingerprint": "x",
+    "deviations": list(deviations),
+    "git_commit": "abc",
+    "code": {"git_commit": "abc", "fingerprint": "c0de"},
+    "load_average": [1.0, 1.0, 1.0],
+    **({"machine": machine} if machine else {}),
+  }
+  (directory / f"{method}-seed{seed}.json").write_text(json.dumps(result))
+
+
+def test_v2_scores_its_own_seeds_on_the_late_mean_and_leaves_v1_as_it_was(tmp_path):
+  results, tmp_path = tmp_path, tmp_path / CLAIM.name / "drift"
+  # v1 seeds 0-9: FedProj ahead on the final evaluation. v2 seeds: FedProj ahead on the mean of
+  # the last three evaluations by 2 points over FedAvg (with noise), but behind on the last one.
+  for seed in range(10):
+    _write(tmp_path, "fedavg", seed, [30, 40, 50, 50, 50 + seed % 3])
+    _write(tmp_path, "feddf", seed, [30, 40, 50, 50, 48 + seed % 2])
+    _write(tmp_path, "fedproj", seed, [30, 40, 50, 50, 55 + seed % 3])
+  for i, seed in enumerate(V2_SEEDS):
+    noise = (i % 3) * 0.2
+    _write(tmp_path, "fedavg", seed, [30, 40, 50, 50, 50])
+    _write(tmp_path, "feddf", seed, [30, 40, 50, 50, 60])
+    _write(tmp_path, "fedproj", seed, [30, 40, 54 + noise, 54, 48])
+  text = report.write_report(CLAIM, "drift", tmp_path, None)
+  v1_part, v2_part = text.split("#### Protocol v2")
+  # v1: seeds 0-9 only (v2's seeds are not its exploratory seeds), on the final evaluation.
+  assert "seeds 0..9 (10 seeds" in v1_part and "Exploratory" not in v1_part
+  assert "| fedproj > fedavg | test_accuracy | 10 | 5.00 |" in v1_part
+  # v2: the 17 declared seeds, on the mean of the last 3 evaluations: +2.06 over FedAvg although
+  # FedProj's last evaluation is 2 points below; -1.27 against FedDF, whose final 60 counts a third
+  # (on the final evaluation alone: -2 and -12).
+  assert f"seeds {V2_SEEDS[0]}..{V2_SEEDS[-1]} (17 seeds" in v2_part
+  assert "| fedproj > fedavg | late_test_accuracy | 17 | 2.06 |" in v2_part
+  assert "| fedproj > feddf | late_test_accuracy | 17 | -1.27 |" in v2_part
+  records = json.loads((tmp_path / report.VERDICTS_FILE).read_text())["verdicts"]
+  by = {(r["protocol"], r["worse"]): r for r in records}
+  assert by[("v1", "fedavg")]["metric"] == "test_accuracy" and by[("v1", "fedavg")]["seeds"] == 10
+  assert by[("v2", "fedavg")]["verdict"] == "reproduced" and by[("v2", "fedavg")]["declared"] == 17
+  assert by[("v2", "feddf")]["verdict"] == "not reproduced"
+  # The glance table shows both, v1 first.
+  glance = [line for line in report.glance_table(results) if line.startswith(f"| {CLAIM.name}")]
+  assert [line.split(" | ")[2] for line in glance] == ["v1", "v1", "v2", "v2"]
+
+
+def test_an_incomplete_v2_replication_says_what_it_lacks_with_its_command(tmp_path):
+  for seed in V2_SEEDS[:3]:
+    for method in ("fedavg", "feddf", "fedproj"):
+      _write(tmp_path, method, seed, [30, 40, 50, 50, 50])
+  text = report.write_report(CLAIM, "drift", tmp_path, None)
+  assert "No results yet." in text  # v1 has none here
+  v2_part = text.split("#### Protocol v2")[1]
+  assert "| incomplete |" in v2_part
+  assert "42 run(s) of the pre-registered seeds are missing" in v2_part
+  assert "--budget=drift --protocol=v2` runs them" in v2_part
+
+
+def test_pairs_of_different_machines_or_deviations_are_refused(tmp_path):
+  cpu = {"backend": "cpu", "device_kind": "cpu", "matmul_precision": None}
+  h200 = {"backend": "gpu", "device_kind": "NVIDIA H200", "matmul_precision": "float32"}
+  tf32 = {**h200, "matmul_precision": "default"}
+  lossy = ["public set: a lossy copy (JPEG)"]
+  for seed in range(10):
+    # Seed 0: FedProj on another machine kind; seed 1: at TF32; seed 2: on a lossy public set.
+    # Every other seed: both on this CPU (results from before machines were recorded count as it).
+    proj = {0: h200, 1: tf32}.get(seed, cpu)
+    _write(tmp_path, "fedavg", seed, [50] * 5, machine=None if seed == 9 else cpu)
+    _write(tmp_path, "feddf", seed, [49] * 5, machine=cpu)
+    _write(tmp_path, "fedproj", seed, [51 + seed % 2] * 5, proj, lossy if seed == 2 else ())
+  found, _, _ = report.load_results(tmp_path)
+  rows = {r.worse: r for r in report.confirmatory_rows(CLAIM, found, "drift")}
+  assert rows["fedavg"].mismatched == (0, 1, 2) and rows["fedavg"].paired.n == 7
+  assert rows["fedavg"].verdict == protocol.INCOMPLETE  # 7 of the 10 pre-registered pairs
+  text = "\n".join(report.verdict_table(CLAIM, found, "drift"))
+  assert "Pairs refused (the two runs computed on different kinds of machine" in text
+  assert "fedproj > fedavg seeds [0, 1, 2]" in text
+  # The same runs on one machine kind with the same deviations pair as before.
+  assert report.computation(found["fedavg"][9]) == report.computation(found["fedavg"][8])
+
+
+def test_results_record_deviations_of_arithmetic_and_data_in_their_fingerprint(tmp_path):
+  machine = {"backend": "gpu", "device_kind": "NVIDIA H200", "matmul_precision": "default"}
+  (dev,) = run.arithmetic_deviations(machine)
+  assert "matmul precision: default on NVIDIA H200" in dev and "not float32" in dev
+  for pinned in ("float32", "highest"):
+    assert run.arithmetic_deviations({**machine, "matmul_precision": pinned}) == []
+  assert run.arithmetic_deviations({"backend": "cpu", "matmul_precision": None}) == []
+  # A device pack's record: its lossy public set is a deviation of every run reading a public set.
+  config = {"public_data": "{data}/cifar100/public_20k.npz", "rounds": 2}
+  assert run.data_deviations(config, tmp_path) == []  # the shared folder: no record
+  (tmp_path / run.DATA_RECORD).write_text(json.dumps({"about": "public set as JPEG (lossy)"}))
+  assert run.data_deviations(config, tmp_path) == [
+    "public set: a lossy copy (public set as JPEG (lossy))"
+  ]
+  assert run.data_deviations({**config, "public_data": ""}, tmp_path) == []
+  (tmp_path / run.DATA_RECORD).write_text(json.dumps({"about": "as lossless WebP"}))
+  assert run.data_deviations(config, tmp_path) == []
+  # Without deviations the fingerprint is the config's (every committed result stays current).
+  assert run.fingerprint(config, []) == run.fingerprint(config)
+  assert run.fingerprint(config, [dev]) != run.fingerprint(config)
+  assert run.fingerprint(config, ["a", "b"]) == run.fingerprint(config, ["b", "a"])
+
+
+def test_the_committed_tf32_drift_results_carry_their_deviations():
+  directory = run.DEFAULT_RESULTS / CLAIM.name / "drift"
+  results = [json.loads(p.read_text()) for p in sorted(directory.glob("*-seed[0-9].json"))]
+  assert len(results) == 30
+  for r in results:
+    assert any(d.startswith("matmul precision: default") for d in r["deviations"])
+    assert any(d.startswith("public set: a lossy copy") for d in r["deviations"])
+    assert r["fingerprint"] == run.fingerprint(r["config"], r["deviations"])
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (
+      ["fedproj-cifar10-dir0.3", "--budget=cpu", "--protocol=v2"],
+      "budget cpu declares no protocol v2 replication; those that do: fedproj-cifar10-dir0.3 "
+      "--budget=drift",
+    ),
+    (["fedproj-cifar10-dir0.3", "--budget=drift", "--seeds=1000"], "are protocol v2's"),
+    (
+      ["fedproj-cifar10-dir0.3", "--budget=drift", "--protocol=v2", "--seeds=3,1000"],
+      "--protocol=v2 runs seeds from 1000 on (declared: 1000..1019)",
+    ),
+  ],
+)
+def test_protocol_flags_refuse_what_would_mix_the_protocols(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+def test_v2_power_and_queue_use_the_declared_replication(tmp_path, capsys):
+  base = ["fedgkd-cifar10", "--budget=cpu", "--protocol=v2", f"--results={tmp_path}"]
+  assert cli.main([*base, "--power"]) == 0
+  out = capsys.readouterr().out
+  assert "late_test_accuracy" in out and "seeds 1000..1006 decide the verdict" in out
+  assert cli.main([*base, "--no_run", "--methods=fedavg"]) == 0
+  out = capsys.readouterr().out
+  assert "missing fedgkd-cifar10 cpu fedavg seed 1006" in out
+  assert "seed 1007" not in out and "seed 6\n" not in out
