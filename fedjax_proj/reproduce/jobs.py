@@ -69,6 +69,7 @@ def worker_argv(
     claim_name,
     f"--budget={budget}",
     f"--seeds={','.join(map(str, args.seed_list))}",
+    f"--protocol={args.protocol}",
     f"--methods={','.join(args.method_list)}",
     f"--results={results}",
     f"--data={root}",

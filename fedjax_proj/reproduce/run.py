@@ -340,6 +340,13 @@ def code_fingerprint(repo_root: Path = REPO_ROOT) -> str:
 
 
 def git_commit(repo_root: Path = REPO_ROOT) -> str:
+  """HEAD of the checkout (``-dirty`` with tracked changes), or ``$FEDJAX_PROJ_GIT_COMMIT`` where
+  set: a copy of the tree whose git history is not its own (an accelerator's copy of the working
+  tree) names the commit it was copied at (docs/reproduction.md, "Running claims on a GPU"); the
+  code fingerprint beside it is computed from the files either way."""
+  named = os.environ.get("FEDJAX_PROJ_GIT_COMMIT", "").strip()
+  if named:
+    return named
   try:
     out = subprocess.run(
       ["git", "-C", str(repo_root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fedjax_proj.reproduce import __main__ as cli
-from fedjax_proj.reproduce import claims, protocol, report, run
+from fedjax_proj.reproduce import claims, jobs, protocol, report, run
 
 CLAIM = claims.FEDPROJ_DIR05  # its drift budget declares a v2 replication of 17 seeds
 V2_SEEDS = range(protocol.V2_FIRST_SEED, protocol.V2_FIRST_SEED + CLAIM.budgets["drift"].v2.seeds)
@@ -172,3 +172,20 @@ def test_v2_power_and_queue_use_the_declared_replication(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "missing fedgkd-cifar10 cpu fedavg seed 1006" in out
   assert "seed 1007" not in out and "seed 6\n" not in out
+
+
+def test_jobs_workers_run_the_parents_protocol(tmp_path, monkeypatch):
+  # Each --jobs worker re-parses its command: without --protocol=v2 it would refuse v2's seeds.
+  monkeypatch.setattr(jobs, "check_jobs", lambda n: None)  # whatever cores this machine has
+  argv = ["fedgkd-cifar10", "--budget=cpu", "--protocol=v2", "--jobs=2", f"--results={tmp_path}"]
+  parent = cli.parse_args(argv)
+  worker = jobs.worker_argv(parent, "fedgkd-cifar10", "cpu", tmp_path, tmp_path, "a")
+  again = cli.parse_args(worker[3:])
+  assert again.protocol == "v2" and again.seed_list == list(range(1000, 1007))
+
+
+def test_a_named_commit_stands_for_a_copied_checkout(monkeypatch):
+  monkeypatch.setenv("FEDJAX_PROJ_GIT_COMMIT", "abc123")
+  assert run.git_commit() == "abc123"
+  monkeypatch.delenv("FEDJAX_PROJ_GIT_COMMIT")
+  assert run.git_commit() != "abc123"
