@@ -814,7 +814,7 @@ def render(
 def write_report(claim: Claim, budget: str, directory: Path, expected: dict | None) -> str:
   """Writes ``report.md`` and the figures in ``directory``; returns the markdown."""
   found, stale, corrupt = load_results(directory, expected)
-  plotted = split_diverged(found)[0]
+  plotted = split_diverged(split_protocols(found)[0])[0]  # the figures are v1's
   figures = plot_curves(claim, plotted, directory) if directory.is_dir() else []
   equivalent = _load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
   text = render(claim, budget, found, stale, figures, corrupt, equivalent)
