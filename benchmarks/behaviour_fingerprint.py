@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -198,7 +199,7 @@ def edge_cases() -> tuple[dict, dict[str, np.ndarray]]:
 
   ``moon`` and ``fedrcl``: the method's contrastive loss and its gradient with respect to the
   features of a batch whose row 1 is all zero. Post-ReLU features of one example can all be zero;
-  the norms must then give that row a zero gradient, not 0/0 = NaN (``losses.l2_norm``,
+  the norms must then give that row a finite gradient, not 0/0 = NaN (``losses.l2_norm``,
   docs/methods.md, FedRCL). ``padding_ce`` and ``padding_ntd``: the masked cross-entropy and
   FedNTD's not-true distillation of a batch that is all padding (the engine pads a client's
   batches to the round's longest, docs/design.md), whose loss and gradient must be zero.
@@ -259,6 +260,7 @@ def record(out: Path, names: list[str]) -> int:
   cpu = min(os.sched_getaffinity(0))
   print(f"runs pinned to CPU {cpu}", flush=True)
   failed = 0
+  start, started = time.perf_counter(), _children_cpu()
   for name in names:
     if name in PROBES:
       script = str(Path(__file__).resolve())
@@ -270,7 +272,7 @@ def record(out: Path, names: list[str]) -> int:
       cmd.append(f"--output_dir={out / name}")
       if OVERWRITE[script]:
         cmd.append(OVERWRITE[script])
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu()
 
     def run(cmd):
       pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
@@ -281,11 +283,21 @@ def record(out: Path, names: list[str]) -> int:
       _crash_after(out / name, RESUMED[name][1])
       proc = run([*cmd[:-1], "--resume"])  # the same flags, --overwrite replaced
     status = "ok" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
-    print(f"{name:<22} {time.perf_counter() - t0:6.1f} s  {status}", flush=True)
+    wall, cpu_s = time.perf_counter() - t0, _children_cpu() - c0
+    print(f"{name:<22} {wall:6.1f} s  {cpu_s:6.1f} s CPU  {status}", flush=True)
     if proc.returncode:
       failed += 1
       print(proc.stdout[-2000:] + proc.stderr[-3000:], file=sys.stderr)
+  wall, cpu_s = time.perf_counter() - start, _children_cpu() - started
+  print(f"{len(names)} entries: {wall:.0f} s wall, {cpu_s:.0f} s CPU", flush=True)
   return failed
+
+
+def _children_cpu() -> float:
+  """CPU seconds (user + system) of this process's finished children: a run's cost on its one
+  core, which its wall time overstates when other processes share that core."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 # How a run was managed, not what it computed: a resumed run says where it resumed.
