@@ -284,7 +284,7 @@ def test_drift_budget_tests_only_its_methods_with_their_own_holm_family(capsys, 
   assert [(r.better, r.worse) for r in rows] == [("fedproj", "fedavg"), ("fedproj", "feddf")]
 
 
-def test_code_equivalence_groups_merge_transitively():
+def _code_equivalence():
   import importlib.util
 
   spec = importlib.util.spec_from_file_location(
@@ -292,17 +292,62 @@ def test_code_equivalence_groups_merge_transitively():
   )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  groups = [{"fingerprints": ["a", "b"], "evidence": [1]}, {"fingerprints": ["x"], "evidence": [2]}]
-  out = module.merge_group(groups, {"b", "c"}, 3)
-  assert out == [
-    {"fingerprints": ["x"], "evidence": [2]},
-    {"fingerprints": ["a", "b", "c"], "evidence": [1, 3]},
+  return module
+
+
+def _ran(code):
+  return {"code": {"fingerprint": code}}
+
+
+def test_code_equivalence_pairs_only_what_was_compared_directly():
+  ce = _code_equivalence()
+  data = ce.record_check({}, ("b", "a"), {"n": 1}, True)
+  data = ce.record_check(data, ("b", "c"), {"n": 2}, True)
+  assert [p["fingerprints"] for p in data["pairs"]] == [["a", "b"], ["b", "c"]]
+  pairs = report.equivalent_pairs(data)
+  assert report.same_code(_ran("a"), _ran("b"), pairs)
+  assert report.same_code(_ran("c"), _ran("b"), pairs)
+  # a = b and b = c: no chain, a and c were never compared.
+  assert report.same_code(_ran("a"), _ran("c"), pairs) is False
+  data = ce.record_check(data, ("a", "c"), {"n": 3}, True)
+  assert report.same_code(_ran("a"), _ran("c"), report.equivalent_pairs(data))
+
+
+def test_a_difference_refutes_a_pair_for_good():
+  ce = _code_equivalence()
+  data = ce.record_check({}, ("a", "b"), {"runs": "narrow"}, True)
+  data = ce.record_check(data, ("b", "a"), {"runs": "edge_cases"}, False)
+  assert data["pairs"] == []
+  assert data["refuted"] == [
+    {
+      "fingerprints": ["a", "b"],
+      "evidence": [{"runs": "edge_cases"}],
+      "matched": [{"runs": "narrow"}],
+    }
   ]
-  # The report pairs results whose fingerprints share a group.
-  found = {"fingerprint": "a"}
-  assert report.same_code(
-    {"code": found}, {"code": {"fingerprint": "c"}}, [set(out[1]["fingerprints"])]
-  )
-  assert not report.same_code(
-    {"code": found}, {"code": {"fingerprint": "x"}}, [set(out[1]["fingerprints"])]
-  )
+  # A later match (say on fewer runs) is kept as evidence but does not undo the difference.
+  data = ce.record_check(data, ("a", "b"), {"runs": "narrow again"}, True)
+  assert not report.same_code(_ran("a"), _ran("b"), report.equivalent_pairs(data))
+  with pytest.raises(ValueError, match="two different"):
+    ce.record_check(data, ("a", "a"), {}, True)
+
+
+def test_transitive_groups_are_refused_and_convert_to_their_direct_pairs():
+  ce = _code_equivalence()
+  chain = {"fingerprints": ["a", "b", "c"], "evidence": []}
+  chain["evidence"] = [{"code_fingerprints": ["a", "b"]}, {"code_fingerprints": ["c", "b"]}]
+  with pytest.raises(ValueError, match="--convert"):
+    report.equivalent_pairs({"groups": [chain]})
+  pairs = report.equivalent_pairs(ce.pairs_from_groups({"groups": [chain]}))
+  assert pairs == [{"a", "b"}, {"b", "c"}]
+
+
+def test_the_committed_equivalences_are_direct_pairs_backed_by_their_evidence():
+  import json
+
+  data = json.loads((run.DEFAULT_RESULTS / report.EQUIVALENCE_FILE).read_text())
+  assert "groups" not in data
+  for entry in data["pairs"] + data["refuted"]:
+    assert len(set(entry["fingerprints"])) == 2
+    for evidence in entry["evidence"] + entry.get("matched", []):
+      assert sorted(evidence["code_fingerprints"]) == sorted(entry["fingerprints"]), entry
