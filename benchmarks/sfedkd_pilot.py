@@ -162,7 +162,6 @@ def run(args: argparse.Namespace, method: str, data) -> dict:
   variables = model.init(jax.random.key(args.seed), normalize(jnp.asarray(x[:2])))
   opt = make_optimizer("sgd", args.lr, 0.0, args.weight_decay)
   txn = normalize(jnp.asarray(tx))
-  tyj = jnp.asarray(ty, jnp.int32)
   b = args.batch_size
 
   def loss_fn(params, bx, by, w):
