@@ -562,6 +562,24 @@ SEQ_CPU = dict(
   public_data="",
 )
 SFEDKD_METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
+
+
+def _seq_smoke(base: Mapping[str, Any]) -> Budget:
+  """The sequential claims' wiring check: ``base`` on 10 clients, 5 per round, for 2 rounds."""
+  return Budget(
+    {
+      **base,
+      "num_clients": 10,
+      "clients_per_round": 5,
+      "rounds": 2,
+      "train_subset": 2000,
+      "test_subset": 500,
+    },
+    {**SEQ_METHOD_KW, "sfedkd": {"method_kwargs": dict(num_teachers=2, temperature=4.0)}},
+    "wiring only",
+  )
+
+
 SEQ_SD = {"test_accuracy": 2.34}
 SEQ_SD_SOURCE = "sfedkd-cifar10-exdir cpu results (3 seeds per method, commits up to c96894d)"
 SFEDKD = Claim(
@@ -596,18 +614,7 @@ SFEDKD = Claim(
       power_sd=SEQ_SD,
       power_source=SEQ_SD_SOURCE,
     ),
-    "smoke": Budget(
-      {
-        **SEQ_CPU,
-        "num_clients": 10,
-        "clients_per_round": 5,
-        "rounds": 2,
-        "train_subset": 2000,
-        "test_subset": 500,
-      },
-      {**SEQ_METHOD_KW, "sfedkd": {"method_kwargs": dict(num_teachers=2, temperature=4.0)}},
-      "wiring only",
-    ),
+    "smoke": _seq_smoke(SEQ_CPU),
   },
   entry_kwargs={"dataset": "cifar10"},
   # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
@@ -624,25 +631,15 @@ FMNIST_TABLE1 = {"fedavg": 76.00, "fedseq": 81.81, "cwc": 81.85, "sfedkd": 83.66
 # the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the offline stand-in) and
 # this shape is the candidate its pre-stated rule picked. The rest is the paper's client recipe:
 # 10 clients per round, 2 classes each, SGD 0.01, weight decay 1e-4, batch 64, 5 teachers.
-SEQ_MNIST = dict(
-  dataset="mnist",
-  data_dir="{data}/mnist",
-  model="lenet5",
-  num_clients=20,
-  clients_per_round=10,
-  rounds=20,
-  local_epochs=1,
-  batch_size=64,
-  partition="exdir:2:0.5",
-  optimizer="sgd",
-  lr=0.01,
-  momentum=0.0,
-  weight_decay=1e-4,
-  train_subset=10000,
-  test_subset=0,
-  eval_every=2,
-  public_data="",
-)
+SEQ_MNIST = {
+  **SEQ_CPU,
+  "dataset": "mnist",
+  "data_dir": "{data}/mnist",
+  "model": "lenet5",
+  "local_epochs": 1,
+  "train_subset": 10000,
+  "test_subset": 0,
+}
 SFEDKD_FMNIST = Claim(
   name="sfedkd-fmnist-exdir",
   reference="004 Table 1, Fashion-MNIST ExDir(2, 0.5) (budget mnist: MNIST, its offline analogue)",
@@ -674,19 +671,7 @@ SFEDKD_FMNIST = Claim(
       power_sd=SEQ_SD,
       power_source=SEQ_SD_SOURCE + ", borrowed (the pilot ran one seed, no paired sd)",
     ),
-    "smoke": Budget(
-      {
-        **SEQ_MNIST,
-        "num_clients": 10,
-        "clients_per_round": 5,
-        "rounds": 2,
-        "train_subset": 2000,
-        "test_subset": 500,
-        "eval_every": 1,
-      },
-      {**SEQ_METHOD_KW, "sfedkd": {"method_kwargs": dict(num_teachers=2, temperature=4.0)}},
-      "wiring only",
-    ),
+    "smoke": _seq_smoke(SEQ_MNIST),
   },
   entry_kwargs={"dataset": "fashion_mnist"},
   readings=(("fedseq", "fedavg"), ("cwc", "fedavg")),
