@@ -127,6 +127,26 @@ def chain_summary(acc: np.ndarray, points_per_round: int, late_rounds: int) -> d
   }
 
 
+def table(results: list[dict]) -> list[str]:
+  """The markdown table of pilot results (one row per run and method), as docs/reproduction.md
+  shows it."""
+  lines = [
+    "| partition | local epochs x rounds | method | FM, whole chain | FM, late rounds | swing "
+    "| largest swing | cosine | late acc. | final acc. | wall |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in results:
+    a = r["args"]
+    for m, res in r["methods"].items():
+      s = res["summary"]
+      lines.append(
+        f"| {a['partition']} | {a['local_epochs']} x {a['rounds']} | {m} | {s['fm_chain']:.1f} | "
+        f"{s['fm_late_round']:.1f} | {s['swing']:.1f} | {s['max_swing']:.1f} | {s['cosine']:.3f} | "
+        f"{s['late_acc']:.1f} | {s['final_acc']:.1f} | {res['wall_s']:.0f} s |"
+      )
+  return lines
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--methods", default="fedavg,fedseq")
@@ -143,6 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--test_subset", type=int, default=5000)
   p.add_argument("--seed", type=int, default=200)
   p.add_argument("--out", default="", help="result JSON (default: results/sfedkd_pilot-<tag>.json)")
+  p.add_argument(
+    "--table", action="store_true", help="print the table of every saved pilot result and exit"
+  )
   args = p.parse_args(argv)
   for name in ("num_clients", "clients_per_round", "local_epochs", "rounds", "late_rounds"):
     if getattr(args, name) < 1:
@@ -233,6 +256,10 @@ def run(args: argparse.Namespace, method: str, data) -> dict:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  if args.table:
+    saved = sorted(RESULTS.glob("sfedkd_pilot-*.json"))
+    print("\n".join(table([json.loads(f.read_text()) for f in saved])))
+    return {}
   shared = find_shared_data()
   if shared is None:
     raise SystemExit("sfedkd_pilot needs the real MNIST in ../shared/data (see its README).")
@@ -263,19 +290,8 @@ def main(argv=None) -> dict:
   out = Path(args.out) if args.out else RESULTS / f"sfedkd_pilot-{tag}.json"
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=1))
-  print(f"\n{args.partition}, {tag}; per-class sampling sd <= {sampling_sd:.1f} points")
-  print(
-    "| method | FM chain | FM late rounds | swing | max swing | cosine | late acc. | final acc. "
-    "| wall |"
-  )
-  print("|---|---|---|---|---|---|---|---|---|")
-  for m, res in result["methods"].items():
-    s = res["summary"]
-    print(
-      f"| {m} | {s['fm_chain']:.1f} | {s['fm_late_round']:.1f} | {s['swing']:.1f} | "
-      f"{s['max_swing']:.1f} | {s['cosine']:.3f} | {s['late_acc']:.1f} | {s['final_acc']:.1f} | "
-      f"{res['wall_s']:.0f} s |"
-    )
+  print(f"per-class sampling sd <= {sampling_sd:.1f} points")
+  print("\n".join(table([result])))
   print(f"wrote {out}")
   return result
 
