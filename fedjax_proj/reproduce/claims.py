@@ -628,9 +628,13 @@ FMNIST_TABLE1 = {"fedavg": 76.00, "fedseq": 81.81, "cwc": 81.85, "sfedkd": 83.66
 # The mnist budget (docs/reproduction.md, "SFedKD budget on MNIST"): the CIFAR-10 cpu budget ends
 # at 23-25% for every method, where the forgetting SFedKD counters (004 Sect. 1, Figure 1) is not in
 # play. benchmarks/sfedkd_pilot.py (FedAvg and FedSeq, seed 200) measured FedSeq's forgetting along
-# the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the offline stand-in) and
-# this shape is the candidate its pre-stated rule picked. The rest is the paper's client recipe:
-# 10 clients per round, 2 classes each, SGD 0.01, weight decay 1e-4, batch 64, 5 teachers.
+# the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the offline stand-in).
+# At this shape, late in training, each client moves the per-class test accuracies by 10.2 points
+# on average and the within-round Forgetting Measure is 10.2, against 1.5 and 1.8 for an i.i.d.
+# chain, with FedSeq at 87% and FedAvg at 56%: the cheapest candidate that met the rule committed
+# before the pilot ran (5 local epochs x 10 rounds, with 3x the forgetting, also met it at 2.5x
+# the local steps). The rest is the CIFAR-10 cpu budget's chain and the paper's client recipe: 10
+# clients per round, 2 classes each, SGD 0.01, weight decay 1e-4, batch 64, 5 teachers.
 SEQ_MNIST = {
   **SEQ_CPU,
   "dataset": "mnist",
