@@ -582,23 +582,37 @@ def _seq_smoke(base: Mapping[str, Any]) -> Budget:
 
 SEQ_SD = {"test_accuracy": 2.34}
 SEQ_SD_SOURCE = "sfedkd-cifar10-exdir cpu results (3 seeds per method, commits up to c96894d)"
-SFEDKD = Claim(
-  name="sfedkd-cifar10-exdir",
-  reference="004 Table 1, CIFAR-10 ExDir(2, 0.5)",
-  preset="paper",
-  entry="experiments/sequential.py",
-  kind="image",
-  methods=SFEDKD_METHODS,
-  headline="sfedkd",
-  metrics=("test_accuracy",),
-  paper={
-    "fedavg": {"test_accuracy": 32.48},
-    "fedseq": {"test_accuracy": 54.66},
-    "cwc": {"test_accuracy": 55.16},
-    "sfedkd": {"test_accuracy": 61.56},
-  },
-  orderings=_beats("sfedkd", ("fedavg", "fedseq", "cwc")),
-  budgets={
+
+
+def _sfedkd(
+  name: str, reference: str, paper: Mapping[str, float], dataset: str, budgets: Mapping
+) -> Claim:
+  """An SFedKD claim on one column of 004 Table 1: its four methods' test accuracies (``paper``),
+  SFedKD above each of the others, ``experiments/sequential.py --dataset=<dataset>``."""
+  return Claim(
+    name=name,
+    reference=reference,
+    preset="paper",
+    entry="experiments/sequential.py",
+    kind="image",
+    methods=SFEDKD_METHODS,
+    headline="sfedkd",
+    metrics=("test_accuracy",),
+    paper={m: {"test_accuracy": v} for m, v in paper.items()},
+    orderings=_beats("sfedkd", ("fedavg", "fedseq", "cwc")),
+    budgets=budgets,
+    entry_kwargs={"dataset": dataset},
+    # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
+    readings=(("fedseq", "fedavg"), ("cwc", "fedavg")),
+  )
+
+
+SFEDKD = _sfedkd(
+  "sfedkd-cifar10-exdir",
+  "004 Table 1, CIFAR-10 ExDir(2, 0.5)",
+  {"fedavg": 32.48, "fedseq": 54.66, "cwc": 55.16, "sfedkd": 61.56},
+  "cifar10",
+  {
     "paper": Budget(
       {"data_dir": "{data}/cifar10"},
       seeds=5,
@@ -616,9 +630,6 @@ SFEDKD = Claim(
     ),
     "smoke": _seq_smoke(SEQ_CPU),
   },
-  entry_kwargs={"dataset": "cifar10"},
-  # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
-  readings=(("fedseq", "fedavg"), ("cwc", "fedavg")),
 )
 
 # --- SFedKD on Fashion-MNIST (paper 004, Table 1: ExDir(2, 0.5)) and its MNIST analogue -------
@@ -644,18 +655,12 @@ SEQ_MNIST = {
   "train_subset": 10000,
   "test_subset": 0,
 }
-SFEDKD_FMNIST = Claim(
-  name="sfedkd-fmnist-exdir",
-  reference="004 Table 1, Fashion-MNIST ExDir(2, 0.5) (budget mnist: MNIST, its offline analogue)",
-  preset="paper",
-  entry="experiments/sequential.py",
-  kind="image",
-  methods=SFEDKD_METHODS,
-  headline="sfedkd",
-  metrics=("test_accuracy",),
-  paper={m: {"test_accuracy": v} for m, v in FMNIST_TABLE1.items()},
-  orderings=_beats("sfedkd", ("fedavg", "fedseq", "cwc")),
-  budgets={
+SFEDKD_FMNIST = _sfedkd(
+  "sfedkd-fmnist-exdir",
+  "004 Table 1, Fashion-MNIST ExDir(2, 0.5) (budget mnist: MNIST, its offline analogue)",
+  FMNIST_TABLE1,
+  "fashion_mnist",
+  {
     # The paper preset for Fashion-MNIST: LeNet-5, 100 clients, 10 per round, 1000 rounds of 5
     # local epochs; the data is not offline (TFDS cannot download here): put train.npz and
     # test.npz under <data>/fashion_mnist.
@@ -677,8 +682,6 @@ SFEDKD_FMNIST = Claim(
     ),
     "smoke": _seq_smoke(SEQ_MNIST),
   },
-  entry_kwargs={"dataset": "fashion_mnist"},
-  readings=(("fedseq", "fedavg"), ("cwc", "fedavg")),
 )
 
 # --- FOT on permuted MNIST (paper 003, Table 1) -----------------------------------------------
