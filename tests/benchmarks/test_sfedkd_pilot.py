@@ -57,3 +57,17 @@ def test_chain_summary_excludes_the_untrained_model_and_reads_the_late_rounds():
   assert s["final_acc"] == pytest.approx(CHAIN[0].mean()) and s["late_rounds"] == 1
   with pytest.raises(ValueError, match="rounds x 3"):
     sfedkd_pilot.chain_summary(acc[:-1], points_per_round=3, late_rounds=1)
+
+
+def test_table_has_a_row_per_run_and_method():
+  acc = np.vstack([[100.0, 0.0, 0.0], CHAIN, CHAIN[::-1]])
+  summary = sfedkd_pilot.chain_summary(acc, points_per_round=3, late_rounds=1)
+  run = {"summary": summary, "wall_s": 12.0}
+  result = {
+    "args": {"partition": "exdir:2:0.5", "local_epochs": 1, "rounds": 2},
+    "methods": {"fedavg": run, "fedseq": run},
+  }
+  lines = sfedkd_pilot.table([result, result])
+  assert len(lines) == 2 + 4
+  assert lines[2].startswith("| exdir:2:0.5 | 1 x 2 | fedavg | ")
+  assert f"| {summary['swing']:.1f} |" in lines[3] and lines[3].endswith("| 12 s |")
