@@ -1,4 +1,4 @@
-"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|paper``: run a claim, report.
+"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|mnist|paper``: run, report.
 
     python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --power    # seed count
     python -m fedjax_proj.reproduce fedgkd-cifar10 --budget=paper --dry_run        # the configs
@@ -53,7 +53,8 @@ def parse_args(argv) -> argparse.Namespace:
     default="cpu",
     choices=claims_lib.BUDGETS,
     help="paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
-    "forgetting mechanism in play on a CPU, where a claim has it), smoke (wiring) (default: cpu)",
+    "forgetting mechanism in play on a CPU, where a claim has it), mnist (SFedKD's on MNIST, the "
+    "offline analogue of Fashion-MNIST), smoke (wiring) (default: cpu)",
   )
   p.add_argument(
     "--seeds",

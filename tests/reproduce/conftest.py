@@ -17,10 +17,16 @@ def _images(n, shape, classes, seed):
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-  """A data folder laid out as ``../shared/data``: CIFAR-10 and MNIST of run.TINY_TRAIN training
-  and 100 test images (random pixels, balanced labels) and a 128-image CIFAR-100 public file."""
+  """A data folder laid out as ``../shared/data``: CIFAR-10, MNIST and Fashion-MNIST of
+  run.TINY_TRAIN training and 100 test images (random pixels, balanced labels) and a 128-image
+  CIFAR-100 public file."""
   root = tmp_path_factory.mktemp("data")
-  for name, shape, classes in (("cifar10", (32, 32, 3), 10), ("mnist", (28, 28, 1), 10)):
+  grayscale = (28, 28, 1)
+  for name, shape, classes in (
+    ("cifar10", (32, 32, 3), 10),
+    ("mnist", grayscale, 10),
+    ("fashion_mnist", grayscale, 10),
+  ):
     (root / name).mkdir()
     np.savez(root / name / "train.npz", **_images(run.TINY_TRAIN, shape, classes, 0))
     np.savez(root / name / "test.npz", **_images(100, shape, classes, 1))

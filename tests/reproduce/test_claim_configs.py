@@ -91,7 +91,7 @@ def test_power_matches_a_known_value_and_declared_seeds_follow_the_plan():
   assert protocol.required_seeds(1.0, 1.0, 0.05) == 10
   assert protocol.power(3, 50.0, 0.1, 0.005) == 1.0  # scipy's tail failure handled
   for claim in CLAIMS.values():
-    for budget in {"paper", "cpu", "drift"} & set(claim.budgets):
+    for budget in set(claim.budgets) - {"smoke"}:  # every budget a verdict is declared for
       rows = protocol.plan(claim, budget)
       assert claim.budgets[budget].seeds == protocol.recommended_seeds(rows), (claim.name, budget)
       b = claim.budgets[budget]
@@ -282,6 +282,35 @@ def test_drift_budget_tests_only_its_methods_with_their_own_holm_family(capsys, 
       r["metrics"] = {"test_accuracy": r["metrics"]["global_accuracy"]}
   rows = report.confirmatory_rows(claims.FEDPROJ_DIR03, found, "drift")
   assert [(r.better, r.worse) for r in rows] == [("fedproj", "fedavg"), ("fedproj", "feddf")]
+
+
+def test_sfedkd_fashion_mnist_claim_has_the_paper_budget_and_its_mnist_analogue(capsys, tmp_path):
+  claim = CLAIMS["sfedkd-fmnist-exdir"]
+  assert set(claim.paper) == set(claim.methods) == {"fedavg", "fedseq", "cwc", "sfedkd"}
+  paper = run.resolve_config(claim, "paper", "sfedkd", 0)
+  mnist = run.resolve_config(claim, "mnist", "sfedkd", 0)
+  # 004 Sect. 4.1: LeNet-5 on Fashion-MNIST under ExDir(2, 0.5); the mnist budget keeps network,
+  # partition and client recipe and swaps in MNIST, its offline analogue.
+  assert (paper["dataset"], paper["model"], paper["partition"]) == (
+    "fashion_mnist",
+    "lenet5",
+    "exdir:2:0.5",
+  )
+  assert (mnist["dataset"], mnist["model"], mnist["partition"]) == (
+    "mnist",
+    "lenet5",
+    "exdir:2:0.5",
+  )
+  for key in ("clients_per_round", "batch_size", "optimizer", "lr", "momentum", "weight_decay"):
+    assert mnist[key] == paper[key], key
+  assert mnist["method_kwargs"]["num_teachers"] == 5
+  # A v2-style late metric needs at least 3 evaluations; the mnist budget has 10.
+  assert mnist["rounds"] // mnist["eval_every"] >= protocol.LATE_EVALS
+  # The CIFAR-10 claim's paper budget is unchanged by it.
+  assert run.resolve_config(claims.SFEDKD, "paper", "sfedkd", 0)["model"] == "alexnet8"
+  argv = ["sfedkd-fmnist-exdir", "--budget=mnist", "--no_run", f"--results={tmp_path}"]
+  assert cli.main(argv) == 0
+  assert "mnist sfedkd seed 9" in capsys.readouterr().out
 
 
 def _code_equivalence():

@@ -23,6 +23,7 @@ METHODS = {
   "fedproj-cifar10-dir0.5": ("fedproj",),
   "fedgkd-cifar10": ("fedgkd_vote",),
   "sfedkd-cifar10-exdir": ("sfedkd",),
+  "sfedkd-fmnist-exdir": ("sfedkd",),  # LeNet-5 on grayscale Fashion-MNIST
   "fot-pmnist-noniid": ("ewc",),
   "fot-pmnist-iid": ("fot",),
   "fedproj-iris-pilot": ("fedproj",),
