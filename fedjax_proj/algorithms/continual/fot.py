@@ -226,6 +226,8 @@ def fot(
         )
         metrics[f"rho/{s.key}"] = rho
         metrics[f"residual_energy/{s.key}"] = q
+        # The share of the residual sketch's energy the rule asked for, under either rule: the
+        # authors' ε', or (ε − (1 − q))/q for the energy rule.
         metrics[f"eps_prime/{s.key}"] = target
         metrics[f"solver/{s.key}"] = solver
       jax.block_until_ready((bases, ranks))
