@@ -9,7 +9,8 @@ here into train/test per class with the seed, 80/20: ~160 training images per cl
 Presets: ``paper`` (FOT paper F.3/F.4: 50 clients, 25 per round, batch 16, SGD 0.01, 1,000 rounds
 per task, AlexNet-like 64/128/256 convs + 2048 FC without BatchNorm, ε = 0.87 + 0.001/task
 (Table 9), sketch width 5d for every layer (``--method_kwargs=conv_sketch_multiplier=1`` is the
-authors' code), EWC λ = 20; docs/reproduction.md lists every field); ``cpu``; ``smoke``.
+authors' code), EWC λ = 20; docs/reproduction.md lists every field); ``paper_code`` (the same with
+the authors' code's FOT: its threshold rule and s = d for convolutions); ``cpu``; ``smoke``.
 Checkpoints, ``--resume``, ``--overwrite`` and Ctrl-C as ``experiments/pmnist.py`` (docs/fot.md,
 "Interrupting and resuming").
 """
@@ -40,7 +41,15 @@ def get_config(preset: str = "paper"):
   c.fc_features = 2048
   c.test_fraction = 0.2
   c.eval_batch_size = 500
+  # s / d for the convolutions (F.4: "5d for ... CIFAR100"; the authors' code: 1).
+  c.fot_conv_sketch_multiplier = 5.0
   if preset == "paper":
+    return c
+  if preset == "paper_code":
+    # The authors' code: its threshold rule (docs/fot.md) and s = d for the convolutions
+    # (cifar_trainer.py).
+    c.fot_threshold_rule = "authors"
+    c.fot_conv_sketch_multiplier = 1.0
     return c
   if preset == "cpu":
     c.num_clients = 10
@@ -64,7 +73,13 @@ def method_defaults(c) -> dict:
   if c.method == "fot":
     # F.4: s = 5d "for 5-Datasets, CIFAR100 and Mini-Imagenet"; the authors' AlexNet code
     # sketches convolutions with s = d (conv_sketch_multiplier=1 reproduces it).
-    return {"eps": 0.87, "eps_inc": 0.001, "sketch_multiplier": 5.0, "conv_sketch_multiplier": 5.0}
+    return {
+      "eps": 0.87,
+      "eps_inc": 0.001,
+      "sketch_multiplier": 5.0,
+      "conv_sketch_multiplier": c.fot_conv_sketch_multiplier,
+      "threshold_rule": c.fot_threshold_rule,
+    }
   if c.method == "gpm":
     # F.4 gives no GPM threshold; GPM's own Split-CIFAR100 values (Saha et al., 2021).
     return {"threshold": 0.97, "threshold_inc": 0.003}

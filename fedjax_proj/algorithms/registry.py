@@ -101,6 +101,8 @@ class MethodSpec:
       leaves them undeclared: any are passed through unchecked (e.g. a quick user method).
     ranges: ranges of this method's numeric hyperparameters where they differ from
       :data:`HPARAM_RANGES` (e.g. FOT's ``eps`` is a fraction, SFedKD's a small constant).
+    choices: the accepted values of this method's text hyperparameters (e.g. FOT's
+      ``threshold_rule``), checked with the ranges before any data is loaded.
   """
 
   name: str
@@ -116,6 +118,7 @@ class MethodSpec:
   validation_fix: str = "pass --train_subset below the training set's size"
   hparams: Mapping[str, Any] | None = None
   ranges: Mapping[str, ranges.Interval] = dataclasses.field(default_factory=dict)
+  choices: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -375,7 +378,8 @@ def check_hparams(
 ) -> None:
   """Raises a ValueError, listing what ``name`` accepts, for an unknown hyperparameter, a value
   whose type does not match its default's (an int for a float is fine), a number that is not
-  finite or outside its range (:func:`hparam_range`), or a missing required one.
+  finite or outside its range (:func:`hparam_range`), a text value outside its spec's
+  ``choices``, or a missing required one.
   ``flag`` names where the values came from in the message (e.g. ``--method_kwargs``)."""
   declared = declared_hparams(name)
   if declared is None:
@@ -400,6 +404,13 @@ def check_hparams(
         value,
         hparam_range(name, key),
         f"{name}'s default is {declared[key]!r}.",
+      )
+  allowed = spec(name).choices if _available(name) else {}
+  for key, value in given.items():
+    if key in allowed and value not in allowed[key]:
+      raise ValueError(
+        f"{flag}: {key}={value!r} is not one of {name}'s {key} values "
+        f"({', '.join(map(repr, allowed[key]))}); default {declared[key]!r}."
       )
   missing = sorted(k for k, v in declared.items() if v is REQUIRED and k not in given)
   if missing:

@@ -152,7 +152,14 @@ ADDED_FIELDS = {
 # Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
 # (or ``method_defaults``) already hold, or only choose what a run writes (TensorBoard event
 # files): they compute nothing themselves.
-DEFAULT_ONLY_FIELDS = ("fedproj_alpha_by_beta", "ewc_normalize", "fot_eps", "tensorboard")
+DEFAULT_ONLY_FIELDS = (
+  "fedproj_alpha_by_beta",
+  "ewc_normalize",
+  "fot_eps",
+  "fot_threshold_rule",
+  "fot_conv_sketch_multiplier",
+  "tensorboard",
+)
 
 
 def canonical(config: dict[str, Any]) -> dict[str, Any]:

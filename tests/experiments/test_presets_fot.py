@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -206,3 +207,45 @@ def test_continual_run_directory_is_never_overwritten_silently(tiny_data, tmp_pa
   assert (out / "summary.json").read_bytes() == before
   assert pmnist.main([*argv[:1], "--method=fot", *argv[2:], "--overwrite"]) == 0
   assert json.loads((out / "summary.json").read_text())["method"] == "fot"
+
+
+def test_threshold_rule_follows_the_text_and_paper_code_follows_the_authors(capsys):
+  """003 Sec. 4.1.2's energy rule by default; ``paper_code`` is the authors' ε' (docs/fot.md)."""
+
+  def fot_kwargs(module, preset, *flags):
+    argv = [f"--preset={preset}", "--method=fot", "--output_dir=unused", *flags]
+    return dict(pmnist.parse(argv, "test", module.get_config, module.method_defaults).method_kwargs)
+
+  for name, code_only in (("pmnist", {}), ("split_cifar100", {"conv_sketch_multiplier": 1.0})):
+    kwargs = functools.partial(fot_kwargs, ENTRY[name])
+    paper, code = kwargs("paper"), kwargs("paper_code")
+    assert paper["threshold_rule"] == "energy" and code["threshold_rule"] == "authors"
+    # Nothing else of FOT changes, besides what the code does differently.
+    assert {k: v for k, v in code.items() if paper[k] != v} == {
+      "threshold_rule": "authors",
+      **code_only,
+    }
+    assert kwargs("paper", "--fot_threshold_rule=authors")["threshold_rule"] == "authors"
+    assert (
+      kwargs("paper_code", "--method_kwargs=threshold_rule=energy")["threshold_rule"] == "energy"
+    )
+  for flags, message in (
+    (["--fot_threshold_rule=gpm"], "invalid choice: 'gpm'"),
+    (["--method_kwargs=threshold_rule=squared"], "threshold_rule='squared' is not one of fot's"),
+  ):
+    with pytest.raises(SystemExit):
+      pmnist.parse(["--method=fot", "--output_dir=unused", *flags], "test", pmnist.get_config)
+    assert message in capsys.readouterr().err
+
+
+def test_fot_claim_budgets_take_the_energy_rule_by_default():
+  # claims.py pins ε, its increment and the sketch width but not the rule: the budgets resolve it
+  # from the entry point's paper preset, and their fingerprint changes with it (earlier results,
+  # made with the authors' rule, turn stale instead of pairing with new ones).
+  from fedjax_proj.reproduce import claims
+  from fedjax_proj.reproduce.run import resolve_config
+
+  for claim in (claims.FOT_NONIID, claims.FOT_IID):
+    for budget in ("cpu", "smoke", "paper"):
+      config = resolve_config(claim, budget, "fot", 0, data_root=REPO)
+      assert config["method_kwargs"]["threshold_rule"] == "energy", (claim.name, budget)

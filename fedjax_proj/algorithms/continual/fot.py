@@ -10,9 +10,12 @@ tasks, stored zero-padded as [d, d] so the round compiles once:
   are not projected; non-parameter collections take the plain average.
 * GPSE (after each task, one extra round over ALL clients; :mod:`.gpse`):
   clients sketch their residual layer inputs (vmap over clients, scan over batches, inside one
-  jit), the server sums the sketches, picks the rank with the ε' rule and extends U. The
-  threshold is ε_t = ε_0 + t·ε_inc (PMNIST 0.94–0.96 with increment 0, Split-CIFAR100 0.87 +
-  0.001/task: Table 9 of paper 003, docs/reproduction.md; the Appendix text says 0.93).
+  jit), the server sums the sketches, picks the rank with the threshold rule and extends U, on the
+  device (:func:`gpse.extend_step`). The threshold is ε_t = ε_0 + t·ε_inc (PMNIST 0.94–0.96 with
+  increment 0, Split-CIFAR100 0.87 + 0.001/task: Table 9 of paper 003, docs/reproduction.md; the
+  Appendix text says 0.93). ``threshold_rule`` says what ε is a threshold on (docs/fot.md, "The
+  threshold rule"): the share of the input energy covered (the paper's text, the default) or the
+  authors' code's ε'.
 
 Sketch width s = ``sketch_multiplier`` x d (docs/methods.md "FOT": 5 for CIFAR, 1 for the MNIST
 MLP; the authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
@@ -68,6 +71,7 @@ def fot(
   max_exact_svd: int = 2_000_000,
   sketch_dist: str = "gaussian",
   server_blas_threads: int = 1,
+  threshold_rule: str = "energy",
 ) -> ContinualMethod:
   """Builds FOT.
 
@@ -89,14 +93,23 @@ def fot(
     dp_noise: std of the Gaussian noise added to each clipped client sketch (0 = off).
     max_exact_svd: matrices with more entries use the randomized range finder.
     sketch_dist: "gaussian" (the paper's G ~ N(0, 1)) or "rademacher" (±1 entries; cheaper).
-    server_blas_threads: BLAS threads for the server's SVD/QR (0 = leave the BLAS default; see
-      :func:`gpse.blas_threads` for why one is the default).
+    server_blas_threads: BLAS threads for the server's SVD/QR on CPU (0 = leave the BLAS
+      default; see :func:`gpse.blas_threads` for why one is the default).
+    threshold_rule: how ε picks the rank (:data:`gpse.THRESHOLD_RULES`; docs/fot.md, "The
+      threshold rule"): "energy", the paper's text (003 Sec. 4.1.2: the threshold is the portion
+      of the input covered in total), measured as GPM's squared-energy criterion; or "authors",
+      the authors' code's ε' = (ρ − (1 − ε))/ρ on the unsquared ratios.
 
   Returns:
     The :class:`ContinualMethod` (round algorithm + GPSE end-of-task hook).
   """
   if not 0.0 < eps <= 1.0:
     raise ValueError(f"FOT threshold eps must be in (0, 1], got {eps}")
+  if threshold_rule not in gpse.THRESHOLD_RULES:
+    raise ValueError(
+      f"unknown threshold_rule {threshold_rule!r}; choose one of {gpse.THRESHOLD_RULES} ('energy': "
+      "the paper's text, GPM's criterion; 'authors': the authors' code)"
+    )
   if sketch_dist not in gpse.SKETCH_DISTS:
     raise ValueError(f"unknown sketch_dist {sketch_dist!r}; choose one of {gpse.SKETCH_DISTS}")
   if (dp_noise > 0) != (dp_clip > 0):
@@ -161,7 +174,7 @@ def fot(
 
   def sum_sketches(out):
     # Server-side sum (the secure-aggregation sum), inside the chunk's program when it is one.
-    return tree_lib.sum_clients(out["a"]), out["ratio"], out["n"]
+    return tree_lib.sum_clients(out["a"]), (out["ratio"], out["r_sq"], out["x_sq"]), out["n"]
 
   # The GPSE client pass: only one chunk's [d, s] sketches are alive besides the running sum.
   sketch_pass = executor.client_chunks(
@@ -169,7 +182,8 @@ def fot(
   )
 
   def client_sketches(state: FOTState, rd: RoundData, key, task: int):
-    """Σ_k A_k per layer, the clients' ratios [C] and example counts [C]."""
+    """Σ_k A_k per layer (on the device) and the clients' scalars [C] on the host: ratios,
+    ‖R_k‖², ‖X_k‖² per layer, and example counts."""
     shared = {
       "variables": state.variables,
       "bases": state.bases,
@@ -177,42 +191,49 @@ def fot(
       "task": jnp.int32(task),
     }
     keys = jax.random.split(key, rd.idx.shape[0])
-    a_sum, ratios, ns = None, [], []
-    for a, r, n in sketch_pass(shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys):
+    a_sum, stats, ns = None, [], []
+    for a, s, n in sketch_pass(shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys):
       a_sum = a if a_sum is None else jax.tree.map(jnp.add, a_sum, a)
-      ratios.append(r)
+      stats.append(s)
       ns.append(n)
-    ratio = {k: np.concatenate([np.asarray(r[k]) for r in ratios]) for k in ratios[0]}
-    return a_sum, ratio, np.concatenate([np.asarray(n) for n in ns])
-
-  def _server_update(a_sum, ratio, weights, eps_t, state, bases, ranks, metrics):
-    """The server's rank rule and basis extension for every layer (fills the dicts in place)."""
-    for s in specs:
-      rho = float(np.sum(weights * ratio[s.key]))
-      ep = gpse.eps_prime(rho, eps_t)
-      old_basis, old_rank = np.asarray(state.bases[s.key]), int(state.ranks[s.key])
-      # Σ_k R_kᵀ G_k = (I − U Uᵀ) Σ_k X_kᵀ G_k: the residual projection, applied once.
-      a = gpse.project_sketch(np.asarray(a_sum[s.key]), old_basis, old_rank)
-      new, k, solver = gpse.top_subspace(a, ep, max_exact=max_exact_svd)
-      basis, rank = gpse.expand_basis(old_basis, old_rank, new)
-      bases[s.key], ranks[s.key] = jnp.asarray(basis), jnp.int32(rank)
-      metrics[f"rho/{s.key}"] = rho
-      metrics[f"eps_prime/{s.key}"] = ep
-      metrics[f"rank/{s.key}"] = rank
-      metrics[f"added/{s.key}"] = k
-      metrics[f"solver/{s.key}"] = solver
+    ratio, r_sq, x_sq = (
+      {k: np.concatenate([np.asarray(s[i][k]) for s in stats]) for k in stats[0][i]}
+      for i in range(3)
+    )
+    return a_sum, ratio, r_sq, x_sq, np.concatenate([np.asarray(n) for n in ns])
 
   def end_task(state: FOTState, rd: RoundData, key, task: int):
     """GPSE: extends every layer's basis with the new task's principal input subspace."""
     t0 = time.perf_counter()
-    a_sum, ratio, n = client_sketches(state, rd, key, task)
+    a_sum, ratio, r_sq, x_sq, n = client_sketches(state, rd, key, task)
     jax.block_until_ready(a_sum)
     t1 = time.perf_counter()
     eps_t = min(eps + eps_inc * task, 1.0)
-    weights = n / max(n.sum(), 1.0)
     bases, ranks, metrics = dict(state.bases), dict(state.ranks), {"eps": eps_t}
+    added = {}
     with gpse.blas_threads(server_blas_threads):
-      _server_update(a_sum, ratio, weights, eps_t, state, bases, ranks, metrics)
+      for s in specs:
+        target, rho, q = gpse.rule_target(
+          threshold_rule, eps_t, ratio[s.key], n, r_sq[s.key], x_sq[s.key]
+        )
+        bases[s.key], ranks[s.key], added[s.key], solver = gpse.extend_layer(
+          a_sum[s.key],
+          state.bases[s.key],
+          state.ranks[s.key],
+          target,
+          rule=threshold_rule,
+          max_exact=max_exact_svd,
+        )
+        metrics[f"rho/{s.key}"] = rho
+        metrics[f"residual_energy/{s.key}"] = q
+        # The share of the residual sketch's energy the rule asked for, under either rule: the
+        # authors' ε', or (ε − (1 − q))/q for the energy rule.
+        metrics[f"eps_prime/{s.key}"] = target
+        metrics[f"solver/{s.key}"] = solver
+      jax.block_until_ready((bases, ranks))
+    for s in specs:
+      metrics[f"rank/{s.key}"] = int(ranks[s.key])
+      metrics[f"added/{s.key}"] = int(added[s.key])
     metrics["client_seconds"] = t1 - t0
     metrics["server_seconds"] = time.perf_counter() - t1
     return state._replace(bases=bases, ranks=ranks), metrics
@@ -228,5 +249,6 @@ SPEC = factory_spec(
   ctx_args=("model", "client_optimizer", "executor"),
   ctx_kwargs=("variables", "sample_x"),
   ranges={"eps": ranges.FRACTION},
+  choices={"threshold_rule": gpse.THRESHOLD_RULES, "sketch_dist": gpse.SKETCH_DISTS},
   requires=("executor", "variables", "sample_x"),
 )

@@ -22,13 +22,15 @@ GPSE, per layer, with the stored orthonormal basis U [d, d] (columns beyond the 
   linear, so this equals Σ_k R_kᵀ G_k exactly and saves every client 2·M·d² flops per layer; the
   DP clip then bounds the raw sketch).
 * server: A = Σ_k A_k (= [R_1; …; R_C]ᵀ [G_1; …; G_C], the sketch of the concatenated data, which is
-  why it is secure-aggregation compatible), ρ = Σ_k (n_k/n) r_k, ε' = (ρ − (1 − ε))/ρ; k = the
-  smallest rank with Σ_{j≤k} σ_j² / ‖A‖_F² > ε' (docs/methods.md "FOT" and the authors' code; the
-  paper's eq. 12 writes an unsquared variant); U ← orthonormal [U, U_A[:, :k]].
+  why it is secure-aggregation compatible); k = the smallest rank that meets the threshold rule
+  (:data:`THRESHOLD_RULES`: by default GPM's energy criterion, which the paper's text describes;
+  the authors' ε' rule as an option; docs/fot.md, "The threshold rule"); U ← orthonormal
+  [U, U_A[:, :k]].
 
-The SVD of A is exact for small matrices and a randomized range finder (Halko, Martinsson and
-Tropp, 2011, Alg. 4.4 with power iterations) for large ones, growing the target rank until the
-ε' rule is met inside it (‖A‖_F² is exact, so the rule is decided exactly).
+The server step runs on the device, jitted (:func:`extend_step`): the decomposition of A is exact
+(eigh of A Aᵀ) for small sketches and a randomized range finder (Halko, Martinsson and Tropp, 2011,
+Alg. 4.4 with power iterations) for large ones, growing the target rank until the rule is met
+inside it (‖A‖_F² is exact, so the rule is decided exactly).
 
 FedProject: Δ ← Δ − U Uᵀ Δ for every projected kernel (rows in input space); biases, norms and heads
 are untouched.
@@ -37,6 +39,7 @@ are untouched.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -293,7 +296,7 @@ def sketch_step(
   """Adds one batch of a client's data to its RAW sketches Xᵀ G (G drawn fresh for these rows).
 
   The projection onto the complement of U is linear, so it commutes with the clients' sum: the
-  server applies it once, (I − U Uᵀ) Σ_k X_kᵀ G_k = Σ_k R_kᵀ G_k (see :func:`project_sketch`),
+  server applies it once, (I − U Uᵀ) Σ_k X_kᵀ G_k = Σ_k R_kᵀ G_k (see :func:`extend_step`),
   instead of every client projecting every input row (which costs 2·M·d² per layer). The ratio
   still needs ‖R_k‖² = ‖X_k‖² − ‖X_k U‖², computed over the basis' filled columns only
   (:func:`covered_energy`).
@@ -327,13 +330,6 @@ def sketch_step(
   return SketchState(a, x_sq, r_sq, state.n + jnp.sum(mask))
 
 
-def project_sketch(a: np.ndarray, basis: np.ndarray, rank: int) -> np.ndarray:
-  """(I − U Uᵀ) A: the server-side residual projection of the summed raw sketch."""
-  u = np.asarray(basis[:, :rank], np.float64)
-  a = np.asarray(a, np.float64)
-  return a - u @ (u.T @ a) if rank else a
-
-
 def finish_sketch(
   state: SketchState, key: Array, dp_clip: float = 0.0, dp_noise: float = 0.0
 ) -> dict:
@@ -346,7 +342,15 @@ def finish_sketch(
       a = a + dp_noise * jax.random.normal(jax.random.fold_in(key, i), a.shape)
     out_a[k] = a
   ratio = {k: jnp.sqrt(state.r_sq[k] / jnp.maximum(state.x_sq[k], 1e-30)) for k in state.a}
-  return {"a": out_a, "ratio": ratio, "n": state.n}
+  # ‖R_k‖² and ‖X_k‖² go out too: the energy rule pools them (:func:`residual_share`). Like the
+  # sketches they are sums over the client's rows, so secure aggregation can add them up.
+  return {
+    "a": out_a,
+    "ratio": ratio,
+    "r_sq": dict(state.r_sq),
+    "x_sq": dict(state.x_sq),
+    "n": state.n,
+  }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,9 +360,11 @@ def finish_sketch(
 def blas_threads(n: int):
   """A context limiting the BLAS thread pools to ``n`` threads (no-op for ``n <= 0``).
 
-  The host-side SVDs/QRs here are at most a few thousand wide; on a loaded machine a
-  multi-threaded OpenBLAS degrades badly (threads spin-wait for descheduled peers: the 784 x 784
-  PMNIST layer's server step took 3-19 s instead of 0.25 s on two cores shared with another job).
+  The SVDs/QRs here are at most a few thousand wide; on a loaded machine a multi-threaded
+  OpenBLAS degrades badly (threads spin-wait for descheduled peers: the 784 x 784 PMNIST layer's
+  server step took 3-19 s instead of 0.25 s on two cores shared with another job). This covers
+  GPM's host-side SVDs and, on CPU, FOT's device step too: XLA:CPU runs eigh and QR through
+  SciPy's LAPACK, on the same BLAS.
   """
   if n <= 0:
     return contextlib.nullcontext()
@@ -367,71 +373,232 @@ def blas_threads(n: int):
   return threadpool_limits(n, user_api="blas")
 
 
-def randomized_svd(
-  a: np.ndarray, rank: int, *, oversample: int = 10, power_iters: int = 2, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-  """Top-``rank`` left singular vectors and values of ``a`` by a randomized range finder.
+# The rank rule. Paper 003 eq. 12 picks the smallest rank r whose directions, together with the
+# stored basis, cover a threshold share of the task's layer inputs; the text (Sec. 4.1.2, after
+# eq. 12) says the threshold "determines how much portion of the input in total for each layer is
+# covered by the subspace". Two readings (docs/fot.md, "The threshold rule"):
+#
+# * "energy" (the default, the text): GPM's criterion (Saha et al., ICLR 2021, eq. 9; its
+#   ``update_GPM``) on the pooled inputs X = [X_1; ...; X_C]: with q = ‖R‖_F² / ‖X‖_F² the share of
+#   the squared input energy outside the stored basis, the smallest r with
+#   (1 − q) + q · Σ_{j≤r} σ_j² / ‖A‖_F² ≥ ε, σ_j the singular values of the residual's sketch A.
+#   ‖R‖_F² = Σ_k ‖R_k‖_F² and ‖X‖_F² = Σ_k ‖X_k‖_F² are exact sums of the clients' messages.
+# * "authors" (the authors' ``expand_orth_set``): ρ = Σ_k (n_k/n) ‖R_k‖_F/‖X_k‖_F (unsquared),
+#   ε' = (ρ − (1 − ε))/ρ, the smallest r with Σ_{j≤r} σ_j² / ‖A‖_F² > ε'. Mixing an unsquared ρ
+#   with squared σ makes this GPM's rule at the effective threshold 1 − (1 − ε)·q/ρ (≈ 1 − (1 − ε)ρ
+#   for equal clients, as q ≈ ρ²), which climbs towards 1 as the basis fills.
+THRESHOLD_RULES = ("energy", "authors")
 
-  Halko, Martinsson and Tropp (SIAM Review 2011), Algorithm 4.4 (subspace iteration).
+
+def check_rule(rule: str) -> None:
+  """Raises a ValueError naming the rules for an unknown ``rule``."""
+  if rule not in THRESHOLD_RULES:
+    raise ValueError(f"unknown threshold rule {rule!r}; choose one of {THRESHOLD_RULES}")
+
+
+def eps_prime(rho: float, eps: float) -> float:
+  """The authors' ε' = (ρ − (1 − ε)) / ρ: the share of the new residual that must be captured."""
+  return (rho - (1.0 - eps)) / max(rho, 1e-12)
+
+
+def energy_target(residual_share: float, eps: float) -> float:
+  """The energy rule's share of the residual's energy to capture: (ε − (1 − q)) / q.
+
+  Args:
+    residual_share: q = ‖R‖_F² / ‖X‖_F², the squared input energy outside the stored basis.
+    eps: the threshold ε on the share of the whole input energy covered.
+
+  Returns:
+    The target on Σ_{j≤r} σ_j² / ‖A‖_F²; at most 0 when the stored basis already covers ε of the
+    energy (GPM then adds nothing: its loop stops before the first direction).
   """
-  m, n = a.shape
-  q = min(rank + oversample, m, n)
-  rng = np.random.default_rng(seed)
-  y = a @ rng.standard_normal((n, q)).astype(a.dtype)
-  basis, _ = np.linalg.qr(y)
-  for _ in range(power_iters):
-    z, _ = np.linalg.qr(a.T @ basis)
-    basis, _ = np.linalg.qr(a @ z)
-  u_b, s, _ = np.linalg.svd(basis.T @ a, full_matrices=False)
-  return (basis @ u_b)[:, :rank], s[:rank]
+  return (eps - (1.0 - residual_share)) / max(residual_share, 1e-30)
 
 
-def threshold_rank(sq_singular: np.ndarray, total_sq: float, eps_prime: float) -> int | None:
-  """Smallest k with Σ_{j≤k} σ_j² / total > ε' (0 if ε' < 0); None if the σ given fall short."""
-  if eps_prime < 0 or total_sq <= 0:
-    return 0
-  frac = np.cumsum(sq_singular) / total_sq
-  hit = np.flatnonzero(frac > eps_prime)
-  return int(hit[0]) + 1 if hit.size else None
+def rule_target(
+  rule: str, eps: float, ratio: np.ndarray, n: np.ndarray, r_sq: np.ndarray, x_sq: np.ndarray
+) -> tuple[float, float, float]:
+  """(target share of the sketch's energy, ρ, q) of one layer from the clients' messages.
+
+  ``ratio`` [C] are the clients' ‖R_k‖_F/‖X_k‖_F, ``n`` [C] their example counts and ``r_sq`` /
+  ``x_sq`` [C] their ‖R_k‖_F² / ‖X_k‖_F². Both statistics are returned for the metrics whatever
+  the rule; float64 on the host (C scalars).
+  """
+  check_rule(rule)
+  n = np.asarray(n, np.float64)
+  rho = float(np.sum(n / max(n.sum(), 1.0) * np.asarray(ratio, np.float64)))
+  x_total = float(np.sum(np.asarray(x_sq, np.float64)))
+  q = float(np.sum(np.asarray(r_sq, np.float64))) / x_total if x_total > 0 else 0.0
+  target = energy_target(q, eps) if rule == "energy" else eps_prime(rho, eps)
+  return target, rho, q
 
 
-def _exact_subspace(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """All left singular vectors and squared singular values of ``a``, descending."""
-  m, n = a.shape
-  if m <= n:
-    # From the eigendecomposition of the small Gram matrix A Aᵀ [d, d]: σ_j² are its
-    # eigenvalues; several times cheaper than an SVD of the wide A.
-    w, v = np.linalg.eigh(a @ a.T)
-    order = np.argsort(w)[::-1]
-    return v[:, order], np.maximum(w[order], 0.0)
-  u, sv, _ = np.linalg.svd(a, full_matrices=False)
+def select_rank(sq_singular: Array, total: Array, target: Array, inclusive: bool):
+  """(k, found): the smallest k with Σ_{j≤k} σ_j² / total reaching ``target``, as device scalars.
+
+  ``inclusive`` compares with ≥ (the energy rule, as GPM's loop stops once the covered share is
+  no longer below the threshold), otherwise with > (the authors' ``hand / total > new_eps``).
+  k = 0 when nothing is to be added: ``target`` ≤ 0 (energy; the authors' rule: < 0, where their
+  code keeps one direction all the same) or a zero sketch. ``found`` is False when the σ given
+  fall short of the target (a randomized spectrum that is too narrow). The cumulative shares are
+  nondecreasing, so k is one more than the count of shares below the target: a reduction over a
+  fixed-length vector, whatever k is.
+  """
+  sq = jnp.maximum(jnp.asarray(sq_singular), 0.0)
+  frac = jnp.cumsum(sq) / jnp.maximum(total, 1e-30)
+  below = jnp.sum(frac < target if inclusive else frac <= target)
+  nothing = (target <= 0 if inclusive else target < 0) | (total <= 0)
+  k = jnp.where(nothing, 0, below + 1).astype(jnp.int32)
+  return k, nothing | (below < sq.shape[0])
+
+
+def _mm(a: Array, b: Array) -> Array:
+  # Full float32 products: on GPUs the default precision may round the inputs to TF32 (10-bit
+  # mantissa), which would leave ~1e-3 of the stored directions' energy in the projected sketch.
+  return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+
+
+def _exact_spectrum(a: Array) -> tuple[Array, Array]:
+  """All left singular vectors [d, min(d, s)] and squared singular values of ``a``, descending."""
+  d, s = a.shape
+  if d <= s:
+    # From the eigendecomposition of the small Gram matrix A Aᵀ [d, d] (σ_j² are its eigenvalues):
+    # several times cheaper than an SVD of the wide A.
+    w, v = jnp.linalg.eigh(_mm(a, a.T))
+    return v[:, ::-1], jnp.maximum(w[::-1], 0.0)
+  u, sv, _ = jnp.linalg.svd(a, full_matrices=False)
   return u, sv**2
 
 
-def top_subspace(
-  a: np.ndarray, eps_prime: float, *, max_exact: int = 2_000_000, seed: int = 0
-) -> tuple[np.ndarray, int, str]:
-  """Left singular vectors of ``a`` up to the ε' rank: (U_A[:, :k], k, solver used).
-
-  Matrices with at most ``max_exact`` entries are decomposed exactly. Larger ones use the
-  randomized range finder with a target rank that doubles until the ε' rule is met inside it;
-  once the target would exceed a quarter of min(m, n) the exact path is cheaper and is used.
-  """
-  a = np.asarray(a, np.float64)
-  total = float(np.sum(a * a))
+def _randomized_spectrum(
+  a: Array, width: int, key: Array, oversample: int, power_iters: int
+) -> tuple[Array, Array]:
+  """The top-``width`` left singular vectors and squared values of ``a`` (a randomized range
+  finder: Halko, Martinsson and Tropp, SIAM Review 2011, Alg. 4.4, with power iterations)."""
   m, n = a.shape
-  if a.size > max_exact:
-    target = max(8, min(m, n) // 16)
-    while target <= min(m, n) // 4:
-      u, s = randomized_svd(a, target, seed=seed)
-      k = threshold_rank(s**2, total, eps_prime)
-      if k is not None and k < target:
-        return u[:, :k], k, "randomized"
-      target *= 2
-  u, s2 = _exact_subspace(a)
-  k = threshold_rank(s2, total, eps_prime)
-  k = len(s2) if k is None else k
-  return u[:, :k], k, "exact"
+  q = min(width + oversample, m, n)
+  basis, _ = jnp.linalg.qr(_mm(a, jax.random.normal(key, (n, q), a.dtype)))
+  for _ in range(power_iters):
+    z, _ = jnp.linalg.qr(_mm(a.T, basis))
+    basis, _ = jnp.linalg.qr(_mm(a, z))
+  b = _mm(basis.T, a)  # [q, n]: the SVD of this small matrix from its Gram matrix, as above
+  w, v = jnp.linalg.eigh(_mm(b, b.T))
+  return _mm(basis, v[:, ::-1])[:, :width], jnp.maximum(w[::-1], 0.0)[:width]
+
+
+# A new direction whose component outside the stored basis is shorter than this (after two
+# Gram-Schmidt passes on unit vectors) is taken to lie in its span. In float32 such a component is
+# rounding noise of order 1e-6; a direction the rule selects from a nonzero singular value is
+# orthogonal to the basis by construction (the sketch was projected), so its component is ~1.
+IN_SPAN_TOL = 1e-3
+
+
+def _append(basis: Array, rank: Array, new: Array, k: Array) -> tuple[Array, Array]:
+  """The zero-padded basis [d, d] with the first ``k`` columns of ``new`` [d, w] orthonormalised
+  against it and written to columns ``rank``, ``rank + 1``, ...; and the new rank."""
+  d, w = new.shape
+  cols = jnp.arange(w)
+  v = new * (cols < k)
+  for _ in range(2):  # columns beyond the rank are zero, so the whole padded basis can be used
+    v = v - _mm(basis, _mm(basis.T, v))
+  keep = (cols < k) & (jnp.linalg.norm(v, axis=0) > IN_SPAN_TOL)
+  # Kept columns first (stable), so the QR's first columns span exactly them.
+  order = jnp.argsort(~keep, stable=True)
+  q, _ = jnp.linalg.qr(v[:, order] * keep[order])
+  count = jnp.minimum(jnp.sum(keep), d - rank).astype(jnp.int32)
+  q = jnp.pad(q * (cols < count), ((0, 0), (0, d - w)))
+  # count <= d - rank: rolling by the rank moves the new columns to [rank, rank + count) and
+  # wraps only zero columns.
+  return basis + jnp.roll(q, rank, axis=1), rank + count
+
+
+@functools.partial(jax.jit, static_argnames=("width", "inclusive", "oversample", "power_iters"))
+def extend_step(
+  a: Array,
+  basis: Array,
+  rank: Array,
+  target: Array,
+  key: Array,
+  *,
+  width: int | None,
+  inclusive: bool,
+  oversample: int = 10,
+  power_iters: int = 2,
+) -> tuple[Array, Array, Array, Array]:
+  """One layer's GPSE server step on the device: (new basis, new rank, k, found).
+
+  ``a`` [d, s] is the clients' summed RAW sketch Σ_k X_kᵀ G_k; the residual projection
+  (I − U Uᵀ) is applied here once (it is linear, so this is Σ_k R_kᵀ G_k; :func:`sketch_step`).
+  ``width`` None decomposes it exactly (always ``found``: if rounding leaves the target unmet,
+  every direction is taken, as before); an int runs the randomized range finder for that many
+  directions and is ``found`` only if the rule stops strictly inside them.
+
+  Static shapes: the basis stays the zero-padded [d, d] array with a traced rank that FedProject
+  already uses, and the rule's k is a device scalar masking a fixed-width set of directions
+  (:func:`_append`). So one compile serves every task of a layer shape, and nothing of size d
+  goes to the host: the host reads only ``found`` (one bool per randomized attempt). Returning
+  the selected vectors to the host instead would need k there first (a sync), give each task a
+  different shape, and send the basis back to the device for FedProject.
+  """
+  a = a.astype(jnp.float32)
+  a = a - _mm(basis, _mm(basis.T, a))
+  total = jnp.sum(a * a)
+  if width is None:
+    u, s2 = _exact_spectrum(a)
+  else:
+    u, s2 = _randomized_spectrum(a, width, key, oversample, power_iters)
+  k, found = select_rank(s2, total, target, inclusive)
+  if width is None:
+    k, found = jnp.where(found, k, s2.shape[0]).astype(jnp.int32), jnp.bool_(True)
+  else:
+    found = found & (k < width)
+  new_basis, new_rank = _append(basis, rank, u, k)
+  return new_basis, new_rank, k, found
+
+
+def solver_widths(d: int, s: int, max_exact: int) -> list[int | None]:
+  """The attempts :func:`extend_layer` makes for a [d, s] sketch: randomized widths, then exact.
+
+  Sketches with at most ``max_exact`` entries are decomposed exactly. Larger ones start with the
+  randomized range finder at max(8, min(d, s) / 16) directions and double it while it stays within
+  a quarter of min(d, s); beyond that the exact path is cheaper.
+  """
+  widths: list[int | None] = []
+  if d * s > max_exact:
+    w = max(8, min(d, s) // 16)
+    while w <= min(d, s) // 4:
+      widths.append(w)
+      w *= 2
+  return [*widths, None]
+
+
+def extend_layer(
+  a: Array,
+  basis: Array,
+  rank: Array,
+  target: float,
+  *,
+  rule: str,
+  max_exact: int = 2_000_000,
+  seed: int = 0,
+) -> tuple[Array, Array, Array, str]:
+  """GPSE's server step for one layer: (new basis, new rank, k added by the rule, solver).
+
+  Runs :func:`extend_step` over :func:`solver_widths` until an attempt meets the rule (the
+  target is decided against the exact ‖A‖_F², so the randomized spectrum only has to contain it).
+  """
+  check_rule(rule)
+  d, s = a.shape
+  key = jax.random.key(seed)
+  target = jnp.float32(target)
+  rank = jnp.asarray(rank, jnp.int32)
+  for width in solver_widths(d, s, max_exact):
+    out = extend_step(a, basis, rank, target, key, width=width, inclusive=rule == "energy")
+    if width is None:
+      return (*out[:3], "exact")
+    if bool(out[3]):
+      return (*out[:3], "randomized")
+  raise AssertionError("unreachable: the exact attempt always returns")
 
 
 def expand_basis(basis: np.ndarray, rank: int, new: np.ndarray) -> tuple[np.ndarray, int]:
@@ -453,11 +620,6 @@ def expand_basis(basis: np.ndarray, rank: int, new: np.ndarray) -> tuple[np.ndar
   out = np.array(basis, np.float32)
   out[:, rank : rank + q.shape[1]] = q
   return out, rank + q.shape[1]
-
-
-def eps_prime(rho: float, eps: float) -> float:
-  """ε' = (ρ − (1 − ε)) / ρ: the share of the NEW residual that must be captured."""
-  return (rho - (1.0 - eps)) / max(rho, 1e-12)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GPSE and FedProject: sketch additivity, planted subspace, orthogonality, im2col order."""
+"""GPSE and FedProject: sketch additivity, planted subspace, orthogonality, im2col order, the
+threshold rules, and the device server step against a float64 NumPy reference."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.linalg
 from jax import lax
 
 from fedjax_proj.algorithms.base import make_round
@@ -49,9 +51,11 @@ def test_sketch_sum_over_clients_equals_sketch_of_concatenation():
   per_client = sum(gpse.sketch(gpse.residual(x, basis), g) for x, g in zip(xs, gs))
   whole = gpse.sketch(gpse.residual(np.concatenate(xs), basis), np.concatenate(gs))
   np.testing.assert_allclose(per_client, whole, rtol=1e-4, atol=1e-4)
-  # What FOT actually ships: raw client sketches, projected once by the server after the sum.
+  # What FOT actually ships: raw client sketches, projected once by the server after the sum
+  # ((I − U Uᵀ) A, written with the rows-in-input-space residual on Aᵀ).
   raw_sum = sum(gpse.sketch(x, g) for x, g in zip(xs, gs))
-  np.testing.assert_allclose(gpse.project_sketch(raw_sum, basis, 3), whole, rtol=1e-4, atol=1e-4)
+  projected = gpse.residual(raw_sum.T, basis).T
+  np.testing.assert_allclose(projected, whole, rtol=1e-4, atol=1e-4)
   # The residual is orthogonal to the stored basis, so the sketch is too.
   np.testing.assert_allclose(basis.T @ whole, 0.0, atol=1e-3)
 
@@ -183,34 +187,187 @@ def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
   np.testing.assert_array_equal(new["heads"]["kernel"][0], old["heads"]["kernel"][0])
 
 
-def test_randomized_range_finder_matches_exact_svd():
+def _reference(a, basis, rank, target, inclusive):
+  """Float64 NumPy: (I − U Uᵀ) A, its full SVD, the rule's k and the top-k left vectors."""
+  u_old = np.asarray(basis, np.float64)[:, :rank]
+  a = np.asarray(a, np.float64)
+  a = a - u_old @ (u_old.T @ a)
+  u, sv, _ = np.linalg.svd(a, full_matrices=False)
+  frac = np.cumsum(sv**2) / np.sum(a * a)
+  hit = frac >= target if inclusive else frac > target
+  k = 0 if target <= 0 else int(np.argmax(hit)) + 1
+  return u[:, :k], k, frac
+
+
+def _spectrum_sketch(d, s, rank, sv, seed):
+  """A raw sketch [d, s] whose residual outside a stored basis of ``rank`` columns has singular
+  values ``sv`` (plus energy inside the basis, which the server must project out)."""
+  rng = np.random.default_rng(seed)
+  q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+  v, _ = np.linalg.qr(rng.normal(size=(s, len(sv))))
+  a = (q[:, rank : rank + len(sv)] * sv) @ v.T + q[:, :rank] @ rng.normal(size=(rank, s))
+  basis = np.zeros((d, d), np.float32)
+  basis[:, :rank] = q[:, :rank]
+  return a.astype(np.float32), basis
+
+
+def _mid_gap_target(frac, k):
+  """A target halfway between the cumulative shares of k − 1 and k directions."""
+  below = frac[k - 2] if k >= 2 else 0.0
+  return 0.5 * (below + frac[k - 1])
+
+
+@pytest.mark.parametrize("rule", gpse.THRESHOLD_RULES)
+@pytest.mark.parametrize(
+  "d,s,rank,want,max_exact,solver",
+  [
+    (48, 96, 0, 7, 2_000_000, "exact"),  # first task, d <= s: eigh of the Gram matrix
+    (48, 96, 12, 9, 2_000_000, "exact"),  # populated basis
+    (40, 24, 5, 6, 2_000_000, "exact"),  # s < d: SVD of A itself
+    (160, 320, 20, 6, 0, "randomized"),  # found at the first width (10)
+    (160, 320, 20, 15, 0, "randomized"),  # needs the width doubled (10, then 20)
+  ],
+)
+def test_device_step_matches_float64_reference(rule, d, s, rank, want, max_exact, solver):
+  sv = 0.75 ** np.arange(min(d - rank, s, 40))
+  a, basis = _spectrum_sketch(d, s, rank, sv, seed=d + rank + want)
+  _, _, frac = _reference(a, basis, rank, 1.0, True)
+  target = _mid_gap_target(frac, want)  # well inside a gap of the spectrum
+  ref, k_ref, _ = _reference(a, basis, rank, target, rule == "energy")
+  assert k_ref == want
+  new, new_rank, k, got_solver = gpse.extend_layer(
+    jnp.asarray(a), jnp.asarray(basis), rank, target, rule=rule, max_exact=max_exact
+  )
+  new = np.asarray(new)
+  assert (got_solver, int(k), int(new_rank)) == (solver, want, rank + want)
+  angles = scipy.linalg.subspace_angles(new[:, rank : rank + want].astype(np.float64), ref)
+  assert angles.max() < 1e-3, angles
+  np.testing.assert_array_equal(new[:, :rank], basis[:, :rank])  # old columns untouched
+  np.testing.assert_array_equal(new[:, rank + want :], 0.0)  # padding stays zero
+  u = new[:, : rank + want]
+  np.testing.assert_allclose(u.T @ u, np.eye(rank + want), atol=1e-5)
+
+
+def test_device_step_compiles_once_per_layer_shape():
+  a, basis = _spectrum_sketch(24, 30, 4, 0.7 ** np.arange(12), seed=0)
+  before = gpse.extend_step._cache_size()
+  out = gpse.extend_layer(jnp.asarray(a), jnp.asarray(basis), 4, 0.9, rule="energy")
+  # A later task: another rank, another target, the same compiled program.
+  gpse.extend_layer(jnp.asarray(a), out[0], out[1], 0.5, rule="energy")
+  assert gpse.extend_step._cache_size() - before == 1
+
+
+def test_device_step_stops_at_full_rank():
+  # ε = 1 asks for every direction; only d − rank are left, and no column may wrap around.
+  d, rank = 16, 13
+  a, basis = _spectrum_sketch(d, 40, rank, np.ones(3), seed=1)
+  a = a + np.random.default_rng(2).normal(size=a.shape).astype(np.float32)  # noise everywhere
+  target = gpse.energy_target(0.5, 1.0)
+  new, new_rank, _, _ = gpse.extend_layer(
+    jnp.asarray(a), jnp.asarray(basis), rank, target, rule="energy"
+  )
+  new = np.asarray(new)
+  assert int(new_rank) == d
+  np.testing.assert_array_equal(new[:, :rank], basis[:, :rank])
+  np.testing.assert_allclose(new.T @ new, np.eye(d), atol=1e-5)
+
+
+def _gpm_loop_rank(shares, residual_share, eps):
+  """GPM's update_GPM loop (Saha et al., 2021) on normalised σ² of the residual: start from the
+  covered share 1 − q, add q·share_j while the total is below ε; the count added."""
+  covered, r = 1.0 - residual_share, 0
+  for share in shares:
+    if covered >= eps:
+      break
+    covered += residual_share * share
+    r += 1
+  return r
+
+
+def test_energy_rule_picks_the_smallest_rank_reaching_eps():
+  # Dyadic shares, so the tie at 0.75 is exact: with q = 1/2 and ε = 7/8 the covered share is
+  # 1/2 + 1/2 · (1/2, 3/4, 7/8, 1) = 0.75, 0.875, ...: two directions reach ε exactly.
+  sq = np.array([4.0, 2.0, 1.0, 1.0])
+  target = gpse.energy_target(0.5, 0.875)
+  assert target == 0.75
+  assert int(gpse.select_rank(sq, 8.0, target, inclusive=True)[0]) == 2
+  assert int(gpse.select_rank(sq, 8.0, target, inclusive=False)[0]) == 3  # > needs one more
+  assert _gpm_loop_rank(sq / 8.0, 0.5, 0.875) == 2
+  # Already covered (1 − q >= ε): nothing is added, as GPM's loop adds nothing.
+  assert gpse.energy_target(0.1, 0.9) == 0.0
+  assert int(gpse.select_rank(sq, 8.0, gpse.energy_target(0.1, 0.9), True)[0]) == 0
+  assert int(gpse.select_rank(sq, 8.0, gpse.energy_target(0.05, 0.9), True)[0]) == 0
+  assert int(gpse.select_rank(sq, 8.0, gpse.energy_target(0.0, 0.9), True)[0]) == 0
+  # Random spectra and basis shares, away from ties: the same count as GPM's loop.
   rng = np.random.default_rng(0)
-  m, n = 120, 240
-  u = _orthonormal(m, m, 1)
-  v = _orthonormal(n, m, 2)
-  s = 0.8 ** np.arange(m)
-  a = (u * s) @ v.T
-  u_r, s_r = gpse.randomized_svd(a, 15, seed=3)
-  np.testing.assert_allclose(s_r, s[:15], rtol=1e-5)
-  cos = np.linalg.svd(u[:, :15].T @ u_r, compute_uv=False)
-  assert cos.min() > 1 - 1e-6
-  # Rank selection and subspace agree between the exact and randomized paths.
-  new_e, k_e, solver_e = gpse.top_subspace(a, 0.99)
-  new_r, k_r, solver_r = gpse.top_subspace(a, 0.99, max_exact=0)
-  assert (solver_e, solver_r) == ("exact", "randomized")
-  assert k_e == k_r and k_e > 0
-  np.testing.assert_allclose(np.abs(new_e.T @ new_r), np.eye(k_e), atol=1e-5)
-  del rng
+  checked = 0
+  for _ in range(200):
+    sq = np.sort(rng.exponential(size=12) ** 3)[::-1]
+    shares = sq / sq.sum()
+    q, eps = rng.uniform(0.05, 1.0), rng.uniform(0.5, 0.99)
+    covered = 1.0 - q + q * np.cumsum(shares)
+    if np.min(np.abs(np.r_[1.0 - q, covered] - eps)) < 1e-4:
+      continue
+    k, found = gpse.select_rank(sq, sq.sum(), gpse.energy_target(q, eps), True)
+    assert bool(found) and int(k) == _gpm_loop_rank(shares, q, eps)
+    checked += 1
+  assert checked > 150
 
 
-def test_threshold_rank_and_eps_prime():
+def test_authors_rule_and_where_the_rules_differ():
   sq = np.array([6.0, 3.0, 1.0])
-  assert gpse.threshold_rank(sq, 10.0, 0.5) == 1
-  assert gpse.threshold_rank(sq, 10.0, 0.6) == 2  # 0.6 is not > 0.6
-  assert gpse.threshold_rank(sq, 10.0, -0.1) == 0
-  assert gpse.threshold_rank(sq, 20.0, 0.9) is None
+  rank = lambda t, total=10.0: gpse.select_rank(sq, total, t, inclusive=False)  # noqa: E731
+  assert int(rank(0.5)[0]) == 1
+  assert int(rank(0.6)[0]) == 2  # 0.6 is not > 0.6
+  assert int(rank(-0.1)[0]) == 0
+  assert int(rank(0.0)[0]) == 1  # ε' = 0 still takes one direction, as the authors' code
+  assert not bool(rank(0.9, 20.0)[1])  # the σ given cover half of the total: not found
+  assert int(gpse.select_rank(sq, 0.0, 0.5, inclusive=False)[0]) == 0  # a zero sketch
   assert gpse.eps_prime(1.0, 0.95) == pytest.approx(0.95)
   assert gpse.eps_prime(0.5, 0.9) == pytest.approx(0.8)
+  # First task (nothing stored, every ratio 1): both rules ask for the same share of A's energy.
+  one = np.ones(3)
+  energy = gpse.rule_target("energy", 0.95, one, one, one, one)
+  authors = gpse.rule_target("authors", 0.95, one, one, one, one)
+  assert energy[0] == pytest.approx(0.95) and authors[0] == pytest.approx(0.95)
+  # A populated basis: one client with 1/4 of its squared energy outside it (ratio 1/2). The text
+  # needs 0.9 − 0.75 = 0.15 more, 0.6 of the residual; the authors' ε' = (0.5 − 0.1)/0.5 = 0.8.
+  e_t, rho, q = gpse.rule_target("energy", 0.9, [0.5], [10], [1.0], [4.0])
+  a_t, _, _ = gpse.rule_target("authors", 0.9, [0.5], [10], [1.0], [4.0])
+  assert (rho, q) == (0.5, 0.25)
+  assert e_t == pytest.approx(0.6) and a_t == pytest.approx(0.8)
+  shares = np.array([8.0, 4.0, 2.0, 1.0, 1.0])  # cumulative 0.5, 0.75, 0.875, ...
+  assert int(gpse.select_rank(shares, 16.0, e_t, True)[0]) == 2
+  assert int(gpse.select_rank(shares, 16.0, a_t, False)[0]) == 3
+  # The energy rule pools squared norms: a client with more energy counts for more, whatever n.
+  pooled = gpse.rule_target("energy", 0.9, [1.0, 0.0], [1, 1], [3.0, 0.0], [3.0, 1.0])
+  assert pooled[2] == pytest.approx(0.75) and pooled[1] == pytest.approx(0.5)
+
+
+def test_bad_threshold_rule_errors_clearly():
+  import optax
+
+  from fedjax_proj.algorithms import registry
+
+  with pytest.raises(ValueError, match="unknown threshold rule 'gpm'.*energy.*authors"):
+    gpse.rule_target("gpm", 0.9, [1.0], [1], [1.0], [1.0])
+  with pytest.raises(ValueError, match="unknown threshold rule"):
+    gpse.extend_layer(jnp.zeros((4, 4)), jnp.zeros((4, 4)), 0, 0.5, rule="Energy")
+  with pytest.raises(ValueError, match="threshold_rule='squared' is not one of fot's"):
+    registry.check_hparams("fot", {"threshold_rule": "squared"})
+  with pytest.raises(ValueError, match="takes a str"):
+    registry.check_hparams("fot", {"threshold_rule": 1.0})
+  registry.check_hparams("fot", {"threshold_rule": "authors"})
+  model, v, batch_fn, rd, _ = _planted_setup()
+  with pytest.raises(ValueError, match="unknown threshold_rule 'paper'"):
+    fot(
+      model,
+      optax.sgd(0.1),
+      Executor("vmap_scan", batch_fn),
+      variables=v,
+      sample_x=rd.images[:2],
+      threshold_rule="paper",
+    )
 
 
 @pytest.mark.parametrize("rank", [0, 1, 5, 8, 9, 13, 20])
