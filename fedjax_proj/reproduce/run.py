@@ -149,6 +149,12 @@ ADDED_FIELDS = {
   # "dataset" is the normaliser every run used before --normalization=code existed.
   "normalization": "dataset",
 }
+# Method hyperparameters added after results were first recorded, with the value every earlier run
+# of that method computed with: left out of the fingerprint at that value, as ADDED_FIELDS.
+ADDED_HPARAMS = {
+  # FOT's threshold rule (docs/fot.md): every FOT run before the setting used the authors' rule.
+  ("fot", "threshold_rule"): "authors",
+}
 # Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
 # (or ``method_defaults``) already hold, or only choose what a run writes (TensorBoard event
 # files): they compute nothing themselves.
@@ -165,13 +171,19 @@ DEFAULT_ONLY_FIELDS = (
 def canonical(config: dict[str, Any]) -> dict[str, Any]:
   """What a config computes: the preset's ``method_defaults`` for the run's method folded into
   ``method_kwargs`` (the other methods' defaults dropped), :data:`DEFAULT_ONLY_FIELDS` dropped,
-  and :data:`ADDED_FIELDS` at their default left out."""
+  and :data:`ADDED_FIELDS` and :data:`ADDED_HPARAMS` at their earlier value left out."""
   c = {k: v for k, v in config.items() if k not in DEFAULT_ONLY_FIELDS}
   defaults = c.pop("method_defaults", None)
   if defaults is not None:
     c["method_kwargs"] = {
       **dict(defaults.get(c.get("method"), {})),
       **dict(c.get("method_kwargs", {})),
+    }
+  if "method_kwargs" in c:
+    c["method_kwargs"] = {
+      k: v
+      for k, v in dict(c["method_kwargs"]).items()
+      if ADDED_HPARAMS.get((c.get("method"), k), object()) != v
     }
   return {k: v for k, v in c.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
 

@@ -380,3 +380,21 @@ def test_the_committed_equivalences_are_direct_pairs_backed_by_their_evidence():
     assert len(set(entry["fingerprints"])) == 2
     for evidence in entry["evidence"] + entry.get("matched", []):
       assert sorted(evidence["code_fingerprints"]) == sorted(entry["fingerprints"]), entry
+
+
+def test_fot_claims_run_the_papers_rule_and_keep_the_authors_rule_runs_as_an_ablation():
+  for claim in (claims.FOT_IID, claims.FOT_NONIID):
+    fot = run.resolve_config(claim, "cpu", "fot", 0)
+    authors = run.resolve_config(claim, "cpu", "fot-authors-rule", 0)
+    assert fot["method_kwargs"]["threshold_rule"] == "energy"
+    assert authors["method_kwargs"]["threshold_rule"] == "authors"
+    assert run.resolve_config(claim, "cpu", "fot-eps0.90", 0)["method_kwargs"][
+      "threshold_rule"
+    ] == ("authors")
+    # The runs recorded before the rule existed (no threshold_rule in their config) are the
+    # authors' rule's: the same fingerprint as the ablation, another than the claim's FOT.
+    before = {
+      **authors,
+      "method_kwargs": {k: v for k, v in authors["method_kwargs"].items() if k != "threshold_rule"},
+    }
+    assert run.fingerprint(before) == run.fingerprint(authors) != run.fingerprint(fot)
