@@ -19,6 +19,10 @@ Client step on a private batch (x, y), for ONE client (the engine vmaps it):
    Ablations: projection probability p per step; optional clamp of the coefficient's magnitude.
 Round 0 has no ensemble: projection is skipped (default) or, when the public labels share the
 private label space, g_mem is the CE gradient on labelled public data (001, Alg. 1, line 16).
+Steps 2-3 run only in rounds where the projection can act (an ensemble exists, or round 0 with
+``round0="ce"``, and inside ``proj_rounds``); in the others the step is FedAvg's, as in the
+authors' code, and the client diagnostics (``mean_cos``, ``lmem_before``, ``lmem_after``) are NaN,
+logged as null.
 
 Settings of the authors' code (``--preset=paper_code``; docs/fedproj.md, "Parity with the authors'
 code"): ``proj_rounds=(start, stop)`` projects only in rounds start <= t < stop (the code: 10 and
@@ -159,11 +163,25 @@ def projection_client(
       ce = losses.cross_entropy(out.logits, sh["memory_labels"][rows])
       return jnp.where(sh["use_memory"], kl, ce)
 
-    lmem, g_mem = jax.value_and_grad(mem_loss)(params)
-    active = sh["use_memory"] | sh["round0_ce"]
+    def with_memory(g_new):
+      lmem, g_mem = jax.value_and_grad(mem_loss)(params)
+      g, fired, cos = project_gradient(g_new, g_mem, tau, max_coef)
+      return g, fired, cos, lmem
+
+    def without_memory(g_new):
+      # Outside the window the memory gradient would only be discarded (the authors' code runs
+      # its plain FedAvg client there); its diagnostics are NaN, logged as null.
+      nan = jnp.full((), jnp.nan, jnp.float32)
+      return g_new, jnp.zeros((), bool), nan, nan
+
+    # The window is a round-level value of the broadcast, which the engine never batches over
+    # clients, so under vmap this stays a conditional (only one branch runs) rather than a select
+    # that computes both (tests/algorithms/distillation/test_fedproj.py checks the jaxpr).
+    window = sh["use_memory"] | sh["round0_ce"]
+    g, fired, cos, lmem = jax.lax.cond(window, with_memory, without_memory, g_new)
+    active = window
     if projection_prob < 1.0:
       active &= jax.random.bernoulli(jax.random.fold_in(ctx.key, 7), projection_prob)
-    g, fired, cos = project_gradient(g_new, g_mem, tau, max_coef)
     g = tree_lib.tree_where(active, g, g_new)
     extra = ProjExtra(
       ex.cursor + 1,

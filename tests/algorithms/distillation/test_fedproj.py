@@ -498,3 +498,85 @@ def test_feddf_distils_on_the_public_normaliser_as_fedproj_does(fp_setup):
   )
   np.testing.assert_array_equal(T.tree_ravel(built.variables), T.tree_ravel(ref.variables))
   assert not np.allclose(T.tree_ravel(built.variables), T.tree_ravel(plain.variables), atol=1e-6)
+
+
+def _select_cond(pred, true_fn, false_fn, *operands):
+  """``lax.cond`` as the client computed it before the window skipped the memory gradient: both
+  branches run and a select keeps one (what vmap turns a cond with a batched predicate into)."""
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), true_fn(*operands), false_fn(*operands))
+
+
+def _one_local_update(alg, fd, x, y, public, state, r):
+  """Every client of round ``r``'s local update from ``state`` (no server step)."""
+  from fedjax_proj.core.engine import run_vmap_scan
+
+  rd = _rd(fd, x, y, public, r)
+  shared, _ = alg.broadcast(state, rd, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
+  batch_fn = helpers.float_batch_fn()
+  run = jax.jit(
+    lambda sh: run_vmap_scan(
+      alg.client, batch_fn, sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+    )
+  )
+  return run(shared)
+
+
+@pytest.mark.parametrize("window", ["on", "off"])
+def test_local_update_equals_computing_the_memory_gradient_every_step(
+  fp_setup, window, monkeypatch
+):
+  """Skipping the memory gradient outside the projection window changes no parameter: the local
+  update equals the one that computes it on every step and discards it (float32 round-off: the
+  two are different programs). Round 1 has an ensemble; ``proj_rounds=(5, None)`` puts it
+  outside the window."""
+  x, y, public, model, fd, _, variables = fp_setup
+  alg = fedproj.fedproj(
+    model,
+    optax.sgd(0.1),
+    lambda z: z,
+    public_size=48,
+    memory_size=32,
+    memory_batch_size=8,
+    distill_epochs=0,
+    proj_rounds=(0, None) if window == "on" else (5, None),
+  )
+  state, _ = make_round(alg, "vmap_scan", helpers.float_batch_fn())(
+    alg.init(variables, jax.random.key(0)), _rd(fd, x, y, public, 0), jax.random.key(10)
+  )
+  skipping = _one_local_update(alg, fd, x, y, public, state, 1)
+  monkeypatch.setattr(jax.lax, "cond", _select_cond)
+  computing = _one_local_update(alg, fd, x, y, public, state, 1)
+  np.testing.assert_allclose(
+    T.tree_ravel(skipping["variables"]), T.tree_ravel(computing["variables"]), atol=1e-6
+  )
+  got, ref = skipping["proj_metrics"], computing["proj_metrics"]
+  if window == "on":
+    assert float(jnp.mean(got["projected_fraction"])) > 0.0
+    for k in got:
+      np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6)
+  else:  # nothing projected, and the diagnostics of a gradient never computed are NaN (null)
+    np.testing.assert_array_equal(got["projected_fraction"], 0.0)
+    for k in ("mean_cos", "lmem_before", "lmem_after"):
+      assert np.all(np.isnan(got[k])), k
+
+
+def test_window_stays_a_conditional_under_vmap(fp_setup):
+  """The engine vmaps the client step over clients with the broadcast unbatched, so the window
+  predicate stays unbatched and the memory branch runs only when the window is on (a batched
+  predicate would make vmap compute both branches and select)."""
+  from fedjax_proj.core.engine import run_vmap_scan
+
+  x, y, public, model, fd, alg, variables = fp_setup
+  rd = _rd(fd, x, y, public, 1)
+  state = alg.init(variables, jax.random.key(0))
+  shared, _ = alg.broadcast(state, rd, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
+  batch_fn = helpers.float_batch_fn()
+  jaxpr = jax.make_jaxpr(
+    lambda sh: run_vmap_scan(
+      alg.client, batch_fn, sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+    )
+  )(shared)
+  assert " cond[" in str(jaxpr)
+
