@@ -136,6 +136,7 @@ HELP = {
   "public_split": "split of a TFDS public set: train, or train+test (CIFAR-100's 60k, 001 6.1)",
   "public_size": "use only this many public examples (0: all)",
   "memory_size": "FedProj's memory of public examples (at most --public_size)",
+  "lmem_global": "log FedProj's lmem_global drift metric (one more forward pass per round)",
   "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
   "overwrite": "let a new run replace the run --output_dir holds (otherwise refused)",
   "checkpoint_every": "save a checkpoint every k rounds and after the last (0: only on a signal)",

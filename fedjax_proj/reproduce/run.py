@@ -119,6 +119,9 @@ def resolve_config(
     raise ValueError(
       f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims.py."
     ) from e
+  if "lmem_global" not in fields and "lmem_global" in config:
+    # The reports plot it (report.py, lmem_vs_accuracy.png and the diagnostics table).
+    config.lmem_global = True
   out = config.to_dict()
   for field in RUN_FIELDS:  # set by the runner; not part of what a run computes
     out.pop(field, None)
@@ -148,6 +151,8 @@ ADDED_FIELDS = {
   "public_split": "train",
   # "dataset" is the normaliser every run used before --normalization=code existed.
   "normalization": "dataset",
+  # FedProj's lmem_global metric, logged every round before it became a switch; claims keep it.
+  "lmem_global": True,
 }
 # Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
 # (or ``method_defaults``) already hold, or only choose what a run writes (TensorBoard event

@@ -238,6 +238,7 @@ def fedproj(
   proj_rounds: tuple[int, int | None] = (0, None),
   memory_order: str = "cycle",
   int_cast_memory: bool = False,
+  lmem_global: bool = False,
 ) -> FederatedAlgorithm:
   """Builds FedProj. ``distill_epochs=0`` turns server distillation off.
 
@@ -248,7 +249,9 @@ def fedproj(
   ``round0="ce"`` needs ``RoundData.extra["public_labels"]`` in the private label space.
   ``proj_rounds=(start, stop)`` projects only in rounds ``start <= t < stop`` (0-based; stop
   None = to the end), ``memory_order`` is ``"cycle"`` or ``"shuffle"`` and ``int_cast_memory``
-  the code's integer cast (module docstring).
+  the code's integer cast (module docstring). ``lmem_global=True`` logs the server's L_mem drift
+  metric (001, C.4), one extra forward pass of the new global model on the memory per round; the
+  claim runner turns it on for its reports (docs/fedproj.md, "What runs where").
   """
   if divergence_anchor not in distill.ANCHORS:
     raise ValueError(
@@ -274,7 +277,12 @@ def fedproj(
     anchor=divergence_anchor,
   )
   init, aggregate = distillation_server(
-    model, normalize, cfg, public_size=public_size, memory_size=memory_size
+    model,
+    normalize,
+    cfg,
+    public_size=public_size,
+    memory_size=memory_size,
+    lmem_metric=lmem_global,
   )
   program = projection_client(
     model,
@@ -362,6 +370,6 @@ SPEC = MethodSpec(
   "fl",
   build,
   needs_public=True,
-  config_kwargs=("memory_size",),
+  config_kwargs=("memory_size", "lmem_global"),
   hparams=factory_hparams(fedproj),
 )

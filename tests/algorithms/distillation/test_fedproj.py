@@ -124,6 +124,7 @@ def fp_setup():
     distill_epochs=1,
     distill_batch_size=16,
     distill_lr=1e-2,
+    lmem_global=True,
   )
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   return x, y, public, model, fd, alg, variables
@@ -580,3 +581,25 @@ def test_window_stays_a_conditional_under_vmap(fp_setup):
   )(shared)
   assert " cond[" in str(jaxpr)
 
+
+def test_lmem_global_is_logged_only_when_asked_and_changes_nothing_else(fp_setup):
+  """The drift metric is the server's one forward pass that trains nothing: off by default, and
+  turning it on adds the metric without touching the model or the memory."""
+  x, y, public, model, fd, alg, variables = fp_setup
+  off = fedproj.fedproj(
+    model,
+    optax.sgd(0.1),
+    lambda z: z,
+    public_size=48,
+    memory_size=32,
+    memory_batch_size=8,
+    distill_epochs=1,
+    distill_batch_size=16,
+    distill_lr=1e-2,
+  )
+  ref, ref_m = _two_rounds(alg, "sequential", fd, x, y, public, variables)
+  got, got_m = _two_rounds(off, "sequential", fd, x, y, public, variables)
+  assert "lmem_global" in ref_m[1] and np.isfinite(float(ref_m[1]["lmem_global"]))
+  assert all("lmem_global" not in m for m in got_m)
+  np.testing.assert_allclose(T.tree_ravel(got.variables), T.tree_ravel(ref.variables), atol=1e-7)
+  np.testing.assert_allclose(got.memory_logits, ref.memory_logits, atol=1e-7)
