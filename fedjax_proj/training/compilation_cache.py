@@ -1,10 +1,10 @@
 """JAX's persistent compilation cache, switched on by the entry points (docs/performance.md,
 "Compilation cache").
 
-Without it every process compiles its programs again: at the FedProj parity budget a seed spent
-58 s compiling FedProj's programs and 23 s FedAvg's before training. With it, a second process
-that builds the same programs (the next seed, a resumed run, the claim runner's next job) loads
-the executables from disk. JAX keys every entry by the program, the compile options, the backend
+Without it every process compiles its programs again, tens of seconds per seed on a CPU for
+FedProj (docs/performance.md has the measurements). With it, a second process that builds the
+same programs (the next seed, a resumed run, the claim runner's next job) loads the executables
+from disk. JAX keys every entry by the program, the compile options, the backend
 and the JAX/XLA versions, so an entry is only reused for the identical program: results do not
 change.
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedjax_proj.training import compilation_cache
+from tests.core.multiprocess import cpu_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +71,7 @@ def test_entry_point_refuses_a_bad_cache_folder_before_any_compute(tmp_path):
     ],
     capture_output=True,
     text=True,
-    env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+    env=cpu_env(),
   )
   assert proc.returncode == 2
   assert f"the compilation cache {a_file} is a file" in proc.stderr
@@ -100,7 +101,7 @@ _PROGRAM = textwrap.dedent(
 
 def test_a_second_process_loads_the_program_the_first_compiled(tmp_path):
   folder = tmp_path / "cache" / "jax"
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  env = cpu_env()
   run = lambda: subprocess.run(  # noqa: E731
     [sys.executable, "-c", _PROGRAM, str(folder)],
     capture_output=True,

@@ -108,24 +108,24 @@ def test_memory_kl_matches_numpy():
   )
 
 
+# The FedProj of fp_setup (its lmem_global aside).
+_SETUP_HPARAMS = dict(
+  public_size=48,
+  memory_size=32,
+  memory_batch_size=8,
+  distill_epochs=1,
+  distill_batch_size=16,
+  distill_lr=1e-2,
+)
+
+
 @pytest.fixture(scope="module")
 def fp_setup():
   x, y = helpers.synthetic_data(n=160)
   public = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[0])
   model = helpers.tiny_model()
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=6, local_epochs=2)
-  alg = fedproj.fedproj(
-    model,
-    optax.sgd(0.1),
-    lambda z: z,
-    public_size=48,
-    memory_size=32,
-    memory_batch_size=8,
-    distill_epochs=1,
-    distill_batch_size=16,
-    distill_lr=1e-2,
-    lmem_global=True,
-  )
+  alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **_SETUP_HPARAMS, lmem_global=True)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   return x, y, public, model, fd, alg, variables
 
@@ -507,20 +507,24 @@ def _select_cond(pred, true_fn, false_fn, *operands):
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), true_fn(*operands), false_fn(*operands))
 
 
-def _one_local_update(alg, fd, x, y, public, state, r):
-  """Every client of round ``r``'s local update from ``state`` (no server step)."""
+def _client_phase(alg, fd, x, y, public, state, r):
+  """(round ``r``'s local updates of every client as a function of the broadcast, the broadcast
+  from ``state``): the clients' part of the round, no server step."""
   from fedjax_proj.core.engine import run_vmap_scan
 
   rd = _rd(fd, x, y, public, r)
   shared, _ = alg.broadcast(state, rd, jax.random.key(0))
   keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
   batch_fn = helpers.float_batch_fn()
-  run = jax.jit(
-    lambda sh: run_vmap_scan(
-      alg.client, batch_fn, sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
-    )
+  run = lambda sh: run_vmap_scan(  # noqa: E731
+    alg.client, batch_fn, sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
   )
-  return run(shared)
+  return run, shared
+
+
+def _one_local_update(alg, fd, x, y, public, state, r):
+  run, shared = _client_phase(alg, fd, x, y, public, state, r)
+  return jax.jit(run)(shared)
 
 
 @pytest.mark.parametrize("window", ["on", "off"])
@@ -532,16 +536,9 @@ def test_local_update_equals_computing_the_memory_gradient_every_step(
   two are different programs). Round 1 has an ensemble; ``proj_rounds=(5, None)`` puts it
   outside the window."""
   x, y, public, model, fd, _, variables = fp_setup
-  alg = fedproj.fedproj(
-    model,
-    optax.sgd(0.1),
-    lambda z: z,
-    public_size=48,
-    memory_size=32,
-    memory_batch_size=8,
-    distill_epochs=0,
-    proj_rounds=(0, None) if window == "on" else (5, None),
-  )
+  hparams = {**_SETUP_HPARAMS, "distill_epochs": 0}
+  window = (0, None) if window == "on" else (5, None)
+  alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **hparams, proj_rounds=window)
   state, _ = make_round(alg, "vmap_scan", helpers.float_batch_fn())(
     alg.init(variables, jax.random.key(0)), _rd(fd, x, y, public, 0), jax.random.key(10)
   )
@@ -552,7 +549,7 @@ def test_local_update_equals_computing_the_memory_gradient_every_step(
     T.tree_ravel(skipping["variables"]), T.tree_ravel(computing["variables"]), atol=1e-6
   )
   got, ref = skipping["proj_metrics"], computing["proj_metrics"]
-  if window == "on":
+  if window == (0, None):
     assert float(jnp.mean(got["projected_fraction"])) > 0.0
     for k in got:
       np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6)
@@ -566,19 +563,9 @@ def test_window_stays_a_conditional_under_vmap(fp_setup):
   """The engine vmaps the client step over clients with the broadcast unbatched, so the window
   predicate stays unbatched and the memory branch runs only when the window is on (a batched
   predicate would make vmap compute both branches and select)."""
-  from fedjax_proj.core.engine import run_vmap_scan
-
   x, y, public, model, fd, alg, variables = fp_setup
-  rd = _rd(fd, x, y, public, 1)
-  state = alg.init(variables, jax.random.key(0))
-  shared, _ = alg.broadcast(state, rd, jax.random.key(0))
-  keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
-  batch_fn = helpers.float_batch_fn()
-  jaxpr = jax.make_jaxpr(
-    lambda sh: run_vmap_scan(
-      alg.client, batch_fn, sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
-    )
-  )(shared)
+  run, shared = _client_phase(alg, fd, x, y, public, alg.init(variables, jax.random.key(0)), 1)
+  jaxpr = jax.make_jaxpr(run)(shared)
   assert " cond[" in str(jaxpr)
 
 
@@ -586,17 +573,7 @@ def test_lmem_global_is_logged_only_when_asked_and_changes_nothing_else(fp_setup
   """The drift metric is the server's one forward pass that trains nothing: off by default, and
   turning it on adds the metric without touching the model or the memory."""
   x, y, public, model, fd, alg, variables = fp_setup
-  off = fedproj.fedproj(
-    model,
-    optax.sgd(0.1),
-    lambda z: z,
-    public_size=48,
-    memory_size=32,
-    memory_batch_size=8,
-    distill_epochs=1,
-    distill_batch_size=16,
-    distill_lr=1e-2,
-  )
+  off = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **_SETUP_HPARAMS)
   ref, ref_m = _two_rounds(alg, "sequential", fd, x, y, public, variables)
   got, got_m = _two_rounds(off, "sequential", fd, x, y, public, variables)
   assert "lmem_global" in ref_m[1] and np.isfinite(float(ref_m[1]["lmem_global"]))
