@@ -501,12 +501,6 @@ def test_feddf_distils_on_the_public_normaliser_as_fedproj_does(fp_setup):
   assert not np.allclose(T.tree_ravel(built.variables), T.tree_ravel(plain.variables), atol=1e-6)
 
 
-def _select_cond(pred, true_fn, false_fn, *operands):
-  """``lax.cond`` as the client computed it before the window skipped the memory gradient: both
-  branches run and a select keeps one (what vmap turns a cond with a batched predicate into)."""
-  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), true_fn(*operands), false_fn(*operands))
-
-
 def _client_phase(alg, fd, x, y, public, state, r):
   """(round ``r``'s local updates of every client as a function of the broadcast, the broadcast
   from ``state``): the clients' part of the round, no server step."""
@@ -528,23 +522,24 @@ def _one_local_update(alg, fd, x, y, public, state, r):
 
 
 @pytest.mark.parametrize("window", ["on", "off"])
-def test_local_update_equals_computing_the_memory_gradient_every_step(
-  fp_setup, window, monkeypatch
-):
-  """Skipping the memory gradient outside the projection window changes no parameter: the local
-  update equals the one that computes it on every step and discards it (float32 round-off: the
-  two are different programs). Round 1 has an ensemble; ``proj_rounds=(5, None)`` puts it
-  outside the window."""
+def test_local_update_is_the_same_whether_the_memory_pass_is_skipped_or_selected(fp_setup, window):
+  """``memory_cond=True`` skips the memory gradient where the projection cannot act;
+  ``memory_cond=False`` (XLA:CPU's default) computes it on every step and selects. The local
+  updates are equal to float32 round-off (two different programs). Round 1 has an ensemble;
+  ``proj_rounds=(5, None)`` puts it outside the window."""
   x, y, public, model, fd, _, variables = fp_setup
   hparams = {**_SETUP_HPARAMS, "distill_epochs": 0}
   window = (0, None) if window == "on" else (5, None)
-  alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **hparams, proj_rounds=window)
-  state, _ = make_round(alg, "vmap_scan", helpers.float_batch_fn())(
-    alg.init(variables, jax.random.key(0)), _rd(fd, x, y, public, 0), jax.random.key(10)
-  )
-  skipping = _one_local_update(alg, fd, x, y, public, state, 1)
-  monkeypatch.setattr(jax.lax, "cond", _select_cond)
-  computing = _one_local_update(alg, fd, x, y, public, state, 1)
+  out = {}
+  for cond in (True, False):
+    alg = fedproj.fedproj(
+      model, optax.sgd(0.1), lambda z: z, **hparams, proj_rounds=window, memory_cond=cond
+    )
+    state, _ = make_round(alg, "vmap_scan", helpers.float_batch_fn())(
+      alg.init(variables, jax.random.key(0)), _rd(fd, x, y, public, 0), jax.random.key(10)
+    )
+    out[cond] = _one_local_update(alg, fd, x, y, public, state, 1)
+  skipping, computing = out[True], out[False]
   np.testing.assert_allclose(
     T.tree_ravel(skipping["variables"]), T.tree_ravel(computing["variables"]), atol=1e-6
   )
@@ -553,20 +548,27 @@ def test_local_update_equals_computing_the_memory_gradient_every_step(
     assert float(jnp.mean(got["projected_fraction"])) > 0.0
     for k in got:
       np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6)
-  else:  # nothing projected, and the diagnostics of a gradient never computed are NaN (null)
-    np.testing.assert_array_equal(got["projected_fraction"], 0.0)
-    for k in ("mean_cos", "lmem_before", "lmem_after"):
-      assert np.all(np.isnan(got[k])), k
+  else:  # nothing projected, and no diagnostics of a gradient that is not used (NaN: null)
+    for m in (got, ref):
+      np.testing.assert_array_equal(m["projected_fraction"], 0.0)
+      for k in ("mean_cos", "lmem_before", "lmem_after"):
+        assert np.all(np.isnan(m[k])), k
 
 
-def test_window_stays_a_conditional_under_vmap(fp_setup):
+def test_memory_cond_stays_a_conditional_under_vmap_and_is_off_on_cpu(fp_setup):
   """The engine vmaps the client step over clients with the broadcast unbatched, so the window
-  predicate stays unbatched and the memory branch runs only when the window is on (a batched
-  predicate would make vmap compute both branches and select)."""
-  x, y, public, model, fd, alg, variables = fp_setup
-  run, shared = _client_phase(alg, fd, x, y, public, alg.init(variables, jax.random.key(0)), 1)
-  jaxpr = jax.make_jaxpr(run)(shared)
-  assert " cond[" in str(jaxpr)
+  predicate stays unbatched and, with ``memory_cond``, the memory branch runs only when the
+  window is on (a batched predicate would make vmap compute both branches and select). On
+  XLA:CPU the default is the select: a conditional's convolutions run there ~12x slower."""
+  x, y, public, model, fd, _, variables = fp_setup
+  traced = {}
+  for cond in (True, None):
+    alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **_SETUP_HPARAMS, memory_cond=cond)
+    state = alg.init(variables, jax.random.key(0))
+    run, shared = _client_phase(alg, fd, x, y, public, state, 1)
+    traced[cond] = str(jax.make_jaxpr(run)(shared))
+  assert " cond[" in traced[True]
+  assert (" cond[" in traced[None]) == (jax.default_backend() != "cpu")
 
 
 def test_lmem_global_is_logged_only_when_asked_and_changes_nothing_else(fp_setup):
