@@ -174,8 +174,8 @@ def projection_client(
       return g, fired, cos, lmem
 
     def without_memory(g_new):
-      # Outside the window the memory gradient would only be discarded (the authors' code runs
-      # its plain FedAvg client there); its diagnostics are NaN, logged as null.
+      # Outside the window the step is FedAvg's (the authors' code runs its plain client there);
+      # the diagnostics of a memory gradient that is not used are NaN, logged as null.
       nan = jnp.full((), jnp.nan, jnp.float32)
       return g_new, jnp.zeros((), bool), nan, nan
 
