@@ -225,6 +225,7 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
       memory_batch_size=cfg.batch,
       distill_batch_size=cfg.batch * 2,
       distill_lr=1e-6,
+      lmem_global=True,  # compared across strategies below
     )
     flats, mets = {}, {}
     for s in STRATEGIES:

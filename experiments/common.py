@@ -16,6 +16,11 @@ second one aborts and says what is on disk. A non-finite loss or parameters exit
 last good checkpoint. Flag errors exit 2 and runtime refusals exit 1, each naming the fix; flags
 must be spelled out in full (no prefix matching).
 
+``--compilation_cache=DIR|off``: JAX's persistent compilation cache, so a second run of the same
+programs (the next seed, a resumed run) loads them instead of compiling (default:
+``$FEDJAX_PROJ_COMPILATION_CACHE``, else ``$XDG_CACHE_HOME/fedjax_proj/jax``, else
+``~/.cache/fedjax_proj/jax``; fedjax_proj/training/compilation_cache.py).
+
 Several processes / hosts: run the same command on every process with ``--num_processes=N
 --process_id=<rank> --coordinator_address=<process 0's host:port> --output_dir=<shared dir>``
 (``--cpu_collectives=gloo`` for CPU-only jobs; ``--num_processes=0`` auto-detects Cloud TPU, Slurm
@@ -136,6 +141,7 @@ HELP = {
   "public_split": "split of a TFDS public set: train, or train+test (CIFAR-100's 60k, 001 6.1)",
   "public_size": "use only this many public examples (0: all)",
   "memory_size": "FedProj's memory of public examples (at most --public_size)",
+  "lmem_global": "log FedProj's lmem_global drift metric (one more forward pass per round)",
   "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
   "overwrite": "let a new run replace the run --output_dir holds (otherwise refused)",
   "checkpoint_every": "save a checkpoint every k rounds and after the last (0: only on a signal)",
@@ -229,7 +235,32 @@ def build_parser(
     )
   methods = choices.get("method") or ()
   parser.add_argument("--method_kwargs", default="", help=method_kwargs_help(methods))
+  add_compilation_cache_flag(parser)
   return parser
+
+
+def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
+  """``--compilation_cache=DIR|off``, read by :func:`use_compilation_cache`."""
+  from fedjax_proj.training import compilation_cache
+
+  parser.add_argument(
+    "--compilation_cache",
+    default=None,
+    help="folder of JAX's persistent compilation cache, or off (default: "
+    f"${compilation_cache.ENV}, else $XDG_CACHE_HOME/fedjax_proj/jax, else "
+    "~/.cache/fedjax_proj/jax); a run of programs compiled before loads them instead",
+  )
+
+
+def use_compilation_cache(parser: argparse.ArgumentParser, setting: str | None) -> None:
+  """Turns the compilation cache on at ``setting`` (None: the default) or off, before anything
+  compiles; a folder that cannot be used is a flag error naming it and the fix."""
+  from fedjax_proj.training import compilation_cache
+
+  try:
+    compilation_cache.enable(setting)
+  except ValueError as e:
+    parser.error(str(e))
 
 
 def set_fields(config: ml_collections.ConfigDict, fields=None) -> ml_collections.ConfigDict:
@@ -298,7 +329,7 @@ def flag_values(parser: argparse.ArgumentParser, args) -> tuple[dict, dict]:
   ``--method_kwargs`` pairs, parsed (a malformed pair is a parser error)."""
   from fedjax_proj.training.config import parse_method_kwargs
 
-  skip = ("preset", "method_kwargs")
+  skip = ("preset", "method_kwargs", "compilation_cache")
   fields = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
   try:
     return fields, parse_method_kwargs(args.method_kwargs)
@@ -315,11 +346,16 @@ def parse_config(
 ) -> ml_collections.ConfigDict:
   """The flags' config: :func:`resolve` without ``prepare`` (:func:`main` applies it, so its
   refusals exit 2 with a one-line error rather than a usage message)."""
+  return _parse(argv, description, get_config, choices, presets)[2]
+
+
+def _parse(argv, description, get_config, choices, presets):
+  """(parser, parsed flags, config) of :func:`parse_config`."""
   parser = build_parser(description, get_config, choices, presets)
   args = parser.parse_args(argv)
   fields, kwargs = flag_values(parser, args)
   try:
-    return resolve(get_config, args.preset, fields, kwargs)
+    return parser, args, resolve(get_config, args.preset, fields, kwargs)
   except ValueError as e:
     parser.error(str(e))
 
@@ -382,7 +418,8 @@ def main(
   """
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
 
-  config = parse_config(argv, description, get_config, choices, presets)
+  parser, args, config = _parse(argv, description, get_config, choices, presets)
+  use_compilation_cache(parser, args.compilation_cache)
   if prepare is not None:  # the last step of resolve(), kept here for its exit code
     try:
       config = prepare(config)

@@ -111,6 +111,7 @@ def build(method: str, model, public_size: int, args, labelled: bool = False):
     memory_batch_size=args.memory_batch,
     temperature=1.0,  # plain KL (001 Eq. 3)
     round0="ce" if labelled else "skip",
+    lmem_global=True,  # the pilot's history and its claim report show the drift metric
     **distill_kw,
   )
   return labelled_memory(alg) if labelled else alg

@@ -240,6 +240,7 @@ def parse(
   """``--preset`` picks the starting config; every scalar field is a ``--flag``.
 
   ``method_defaults_fn(config) -> dict`` gives the method's hyperparameters (default: PMNIST's).
+  Also turns on the compilation cache ``--compilation_cache`` names (experiments/common.py).
   """
   from common import parse_bool  # noqa: PLC0415  (experiments/ is on the path of every entry point)
 
@@ -264,6 +265,7 @@ def parse(
     "paper's). Keys per method (with the registry's defaults): "
     + "; ".join(f"{m}: {describe_hparams(m)}" for m in METHODS),
   )
+  common.add_compilation_cache_flag(parser)
   defaults = get_config_fn("paper")
   for key, value in defaults.items():
     if key in ("iid", "method_kwargs", "overwrite"):
@@ -306,6 +308,7 @@ def parse(
     c.output_dir = str(
       Path("runs") / f"{Path(sys.argv[0]).stem}-{c.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+  common.use_compilation_cache(parser, args.compilation_cache)
   return c
 
 

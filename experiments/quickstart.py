@@ -56,6 +56,7 @@ def get_config(preset: str = "demo") -> ml_collections.ConfigDict:
   c.checkpoint_every = 0  # a minute-long run: checkpoints only on Ctrl-C
   c.public_size = 0
   c.memory_size = 437 - 37  # |M|: most of the 437 public images
+  c.lmem_global = True  # the demo plots FedProj's drift metric beside its accuracy
   c.method_defaults = ml_collections.ConfigDict(
     {"fedproj": {"memory_batch_size": 64, "distill_batch_size": 64, "distill_lr": 1e-4}}
   )

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
-from fedjax_proj.training import signals
+from fedjax_proj.training import compilation_cache, signals
 from fedjax_proj.training.signals import TrainingInterrupted
 
 
@@ -93,10 +93,24 @@ def parse_args(argv) -> argparse.Namespace:
     default=1,
     help="run the queue in N processes, each pinned to its share of the cores (default: 1)",
   )
+  p.add_argument(
+    "--compilation_cache",
+    default=None,
+    help="folder of JAX's persistent compilation cache shared by the runs, or off (default: "
+    "$FEDJAX_PROJ_COMPILATION_CACHE, else $XDG_CACHE_HOME/fedjax_proj/jax, else "
+    "~/.cache/fedjax_proj/jax): every seed after the first loads its programs instead of "
+    "compiling them",
+  )
   p.add_argument("--job_worker", action="store_true", help=argparse.SUPPRESS)
   # The parent's name for this command, shared by its workers (run.run_one's ``attempt``).
   p.add_argument("--job_attempt", default="", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
+  try:
+    # Before anything compiles; the workers of --jobs get the folder resolved here.
+    cache = compilation_cache.enable(args.compilation_cache)
+  except ValueError as e:
+    p.error(str(e))
+  args.compilation_cache = str(cache) if cache is not None else compilation_cache.OFF
   if args.jobs != 1:
     try:
       jobs.check_jobs(args.jobs)

@@ -75,6 +75,7 @@ def worker_argv(
     f"--data={root}",
     "--job_worker",
     f"--job_attempt={attempt}",
+    f"--compilation_cache={args.compilation_cache}",
   ]
   return argv + (["--rerun_stale"] if args.rerun_stale else [])
 

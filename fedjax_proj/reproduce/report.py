@@ -680,7 +680,9 @@ def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
   if lkey is not None and key == "test_accuracy":
     fig, ax = plt.subplots(figsize=(7, 4.5))
     r0 = proj[0]["curve"]
-    ax.plot([c["round"] for c in r0], [c[lkey] for c in r0], "C0", label=lkey)
+    # null where not computed (lmem_before outside the projection window): a gap in the line.
+    values = [np.nan if c.get(lkey) is None else c[lkey] for c in r0]
+    ax.plot([c["round"] for c in r0], values, "C0", label=lkey)
     ax.set_xlabel("round")
     ax.set_ylabel(f"{lkey} (memory KL)", color="C0")
     ax2 = ax.twinx()
@@ -706,9 +708,14 @@ def diagnostics(found: dict, names=("fedproj",)) -> list[str]:
     for k in keys:
       if not runs or not any(k in c for c in runs[0]["curve"]):
         continue
-      v = [c[k] for r in runs for c in r["curve"] if k in c]
-      first = [r["curve"][0][k] for r in runs if k in r["curve"][0]]
-      last = [r["curve"][-1][k] for r in runs if k in r["curve"][-1]]
+      # The client's diagnostics are null in rounds without a memory gradient (round 0 without an
+      # ensemble, rounds outside proj_rounds): first and last are a run's first and last values.
+      per_run = [[c[k] for c in r["curve"] if c.get(k) is not None] for r in runs]
+      per_run = [v for v in per_run if v]
+      if not per_run:
+        continue
+      v = [x for values in per_run for x in values]
+      first, last = [values[0] for values in per_run], [values[-1] for values in per_run]
       cells.append(
         f"| {name} | {k} | {np.mean(first):.4f} | {np.mean(v):.4f} | {np.mean(last):.4f} |"
       )

@@ -119,6 +119,9 @@ def resolve_config(
     raise ValueError(
       f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims.py."
     ) from e
+  if "lmem_global" not in fields and "lmem_global" in config:
+    # The reports plot it (report.py, lmem_vs_accuracy.png and the diagnostics table).
+    config.lmem_global = True
   out = config.to_dict()
   for field in RUN_FIELDS:  # set by the runner; not part of what a run computes
     out.pop(field, None)
@@ -148,6 +151,8 @@ ADDED_FIELDS = {
   "public_split": "train",
   # "dataset" is the normaliser every run used before --normalization=code existed.
   "normalization": "dataset",
+  # FedProj's lmem_global metric, logged every round before it became a switch; claims keep it.
+  "lmem_global": True,
 }
 # Method hyperparameters added after results were first recorded, with the value every earlier run
 # of that method computed with: left out of the fingerprint at that value, as ADDED_FIELDS.

@@ -59,6 +59,8 @@ NON_SEMANTIC_FIELDS = (
   "checkpoint_every",
   "keep_checkpoints",
   "tensorboard",
+  # A logged diagnostic only (FedProj's lmem_global): the state does not depend on it.
+  "lmem_global",
   "coordinator_address",
   "num_processes",
   "process_id",

@@ -84,6 +84,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.public_split = "train"
   c.public_size = 0  # use only this many public examples (0 = all)
   c.memory_size = 10000
+  # FedProj's lmem_global drift metric (001, C.4): a forward pass of the new global model on the
+  # memory every round that trains nothing, so off unless asked; the claim runner turns it on for
+  # the reports that plot it (fedjax_proj/reproduce/run.py).
+  c.lmem_global = False
   c.method_kwargs = ml_collections.ConfigDict()
   # Run management: not part of the config fingerprint a resumed run must match.
   c.resume = False  # continue from output_dir's newest valid checkpoint

@@ -636,3 +636,13 @@ def test_a_result_with_an_empty_curve_is_not_done(tmp_path):
   path.write_text(json.dumps(result))
   assert run.status(path, run.fingerprint({})) == "corrupt"
   assert run.read_result(path) == (None, "empty curve")
+
+
+def test_diagnostics_leave_out_rounds_without_a_memory_gradient():
+  """FedProj's client diagnostics are null in rounds without a memory gradient (round 0 without
+  an ensemble, rounds outside proj_rounds): first and last are each run's first and last values."""
+  curve = lambda *values: [{"round": r + 1, "mean_cos": v} for r, v in enumerate(values)]  # noqa: E731
+  found = {"fedproj": {0: {"curve": curve(None, 0.2, 0.4)}, 1: {"curve": curve(None, 0.4, None)}}}
+  rows = [line for line in report.diagnostics(found) if "mean_cos" in line]
+  assert rows == ["| fedproj | mean_cos | 0.3000 | 0.3333 | 0.4000 |"]
+  assert report.diagnostics({"fedproj": {0: {"curve": curve(None, None)}}}) == []

@@ -8,8 +8,10 @@ Each round (paper 001, Algorithm 1, lines 4-6 and 31-42):
 3. FedProj's memory for the NEXT round: M public indices sampled without replacement and
    Z_ens = the plain mean of this round's client logits on them — the same logits the teacher
    used, so the memory costs no extra forward pass when distillation is on;
-4. the L_mem drift metric (paper 001, C.4): the plain KL(σ(Z_ens) ‖ σ(f(·; θ_new))), batchmean, of
-   the new global model on the new memory buffer.
+4. when asked (``lmem_metric``), the L_mem drift metric (paper 001, C.4): the plain
+   KL(σ(Z_ens) ‖ σ(f(·; θ_new))), batchmean, of the new global model on the new memory buffer. It
+   is the round's only forward pass that trains nothing, so it is off unless a report reads it
+   (docs/fedproj.md, "What runs where").
 
 The weight-divergence term of step 2 pulls towards ``cfg.anchor`` (:data:`distill.ANCHORS`): the
 previous global model (Algorithm 1, the default), this round's FedAvg result, or the participating
@@ -65,6 +67,7 @@ def distillation_server(
   public_size: int,
   teacher: str = "mean",
   memory_size: int = 0,
+  lmem_metric: bool = False,
 ):
   """Builds ``(init, aggregate)`` for the distillation family.
 
@@ -78,6 +81,8 @@ def distillation_server(
     public_size: number of public examples P in ``RoundData.extra["public_images"]``.
     teacher: ``"mean"`` (FedDF, FedProj) or ``"uncertainty"`` (FedET).
     memory_size: FedProj's M (0 = no memory buffer, FedDF/FedET); clipped to P.
+    lmem_metric: log ``lmem_global``, the L_mem drift metric (module docstring, step 4), which
+      costs a forward pass of the new global model on the M memory examples per round.
   """
   if teacher not in distill.TEACHER_COMBINERS:
     raise ValueError(
@@ -144,10 +149,10 @@ def distillation_server(
       memory_logits = (
         distill.mean_teacher(logits_fn(stacked, public[next_idx])) if memory_size else None
       )
-    if memory_size:
+    if memory_size and lmem_metric:
       global_logits = logits_fn(tree_lib.broadcast_clients(new_vars, 1), public[next_idx])[0]
       metrics["lmem_global"] = losses.kl_from_logits(memory_logits, global_logits, 1.0)
-    else:
+    if not memory_size:
       memory_logits = state.memory_logits
     new_state = DistillServerState(
       state.round + 1, new_vars, next_idx, memory_logits, jnp.ones((), bool)

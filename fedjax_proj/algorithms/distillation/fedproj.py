@@ -19,6 +19,12 @@ Client step on a private batch (x, y), for ONE client (the engine vmaps it):
    Ablations: projection probability p per step; optional clamp of the coefficient's magnitude.
 Round 0 has no ensemble: projection is skipped (default) or, when the public labels share the
 private label space, g_mem is the CE gradient on labelled public data (001, Alg. 1, line 16).
+Steps 2-3 act only in rounds where the projection can act (an ensemble exists, or round 0 with
+``round0="ce"``, and inside ``proj_rounds``); in the others the step is FedAvg's, as in the
+authors' code, and the client diagnostics (``mean_cos``, ``lmem_before``, ``lmem_after``) are NaN,
+logged as null. ``memory_cond=True`` also skips their work there (a ``lax.cond``); on XLA:CPU a
+conditional's convolutions run about 12x slower, so there the step computes them and selects
+(docs/fedproj.md, "What runs where").
 
 Settings of the authors' code (``--preset=paper_code``; docs/fedproj.md, "Parity with the authors'
 code"): ``proj_rounds=(start, stop)`` projects only in rounds start <= t < stop (the code: 10 and
@@ -131,11 +137,14 @@ def projection_client(
   max_coef: float | None = None,
   memory_order: str = "cycle",
   int_cast_memory: bool = False,
+  memory_cond: bool = False,
 ):
   """The FedProj client (see module docstring) as a :class:`ClientProgram`.
 
   ``shared`` carries ``memory_images`` [M, ...] (raw), ``memory_logits`` [M, K],
   ``memory_labels`` [M], ``use_memory`` (bool: an ensemble exists) and ``round0_ce`` (bool).
+  ``memory_cond``: compute the memory gradient under ``lax.cond`` (only in rounds where the
+  projection can act) rather than on every step with a select.
   """
 
   def init_extra(shared, client_input, key):
@@ -159,11 +168,26 @@ def projection_client(
       ce = losses.cross_entropy(out.logits, sh["memory_labels"][rows])
       return jnp.where(sh["use_memory"], kl, ce)
 
-    lmem, g_mem = jax.value_and_grad(mem_loss)(params)
-    active = sh["use_memory"] | sh["round0_ce"]
+    def with_memory(g_new):
+      lmem, g_mem = jax.value_and_grad(mem_loss)(params)
+      g, fired, cos = project_gradient(g_new, g_mem, tau, max_coef)
+      return g, fired, cos, lmem
+
+    def without_memory(g_new):
+      # Outside the window the step is FedAvg's (the authors' code runs its plain client there);
+      # the diagnostics of a memory gradient that is not used are NaN, logged as null.
+      nan = jnp.full((), jnp.nan, jnp.float32)
+      return g_new, jnp.zeros((), bool), nan, nan
+
+    # The window is a round-level value of the broadcast, which the engine never batches over
+    # clients, so under vmap a cond stays a conditional (only one branch runs) rather than a
+    # select that computes both (tests/algorithms/distillation/test_fedproj.py checks the jaxpr).
+    window = sh["use_memory"] | sh["round0_ce"]
+    branch = jax.lax.cond if memory_cond else _select
+    g, fired, cos, lmem = branch(window, with_memory, without_memory, g_new)
+    active = window
     if projection_prob < 1.0:
       active &= jax.random.bernoulli(jax.random.fold_in(ctx.key, 7), projection_prob)
-    g, fired, cos = project_gradient(g_new, g_mem, tau, max_coef)
     g = tree_lib.tree_where(active, g, g_new)
     extra = ProjExtra(
       ex.cursor + 1,
@@ -197,6 +221,12 @@ def projection_client(
   )
 
 
+def _select(pred: Array, true_fn, false_fn, operand):
+  """``lax.cond``'s result computed as both branches and a select: what a conditional costs
+  where its branches would run slower than inline code (convolutions on XLA:CPU)."""
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), true_fn(operand), false_fn(operand))
+
+
 def fedproj(
   model: Model,
   client_optimizer: optax.GradientTransformation,
@@ -220,6 +250,8 @@ def fedproj(
   proj_rounds: tuple[int, int | None] = (0, None),
   memory_order: str = "cycle",
   int_cast_memory: bool = False,
+  lmem_global: bool = False,
+  memory_cond: bool | None = None,
 ) -> FederatedAlgorithm:
   """Builds FedProj. ``distill_epochs=0`` turns server distillation off.
 
@@ -230,7 +262,13 @@ def fedproj(
   ``round0="ce"`` needs ``RoundData.extra["public_labels"]`` in the private label space.
   ``proj_rounds=(start, stop)`` projects only in rounds ``start <= t < stop`` (0-based; stop
   None = to the end), ``memory_order`` is ``"cycle"`` or ``"shuffle"`` and ``int_cast_memory``
-  the code's integer cast (module docstring).
+  the code's integer cast (module docstring). ``lmem_global=True`` logs the server's L_mem drift
+  metric (001, C.4), one extra forward pass of the new global model on the memory per round; the
+  claim runner turns it on for its reports (docs/fedproj.md, "What runs where").
+  ``memory_cond`` skips the memory gradient's work in rounds where the projection cannot act
+  (None: on unless the backend is XLA:CPU, whose conditionals run convolutions about 12x slower
+  than inline code; module docstring). Either way the parameters are the same up to float
+  round-off.
   """
   if divergence_anchor not in distill.ANCHORS:
     raise ValueError(
@@ -256,7 +294,12 @@ def fedproj(
     anchor=divergence_anchor,
   )
   init, aggregate = distillation_server(
-    model, normalize, cfg, public_size=public_size, memory_size=memory_size
+    model,
+    normalize,
+    cfg,
+    public_size=public_size,
+    memory_size=memory_size,
+    lmem_metric=lmem_global,
   )
   program = projection_client(
     model,
@@ -270,6 +313,7 @@ def fedproj(
     max_coef=max_coef,
     memory_order=memory_order,
     int_cast_memory=int_cast_memory,
+    memory_cond=jax.default_backend() != "cpu" if memory_cond is None else memory_cond,
   )
 
   def broadcast(state, rd, key):
@@ -344,6 +388,6 @@ SPEC = MethodSpec(
   "fl",
   build,
   needs_public=True,
-  config_kwargs=("memory_size",),
+  config_kwargs=("memory_size", "lmem_global"),
   hparams=factory_hparams(fedproj),
 )

@@ -26,7 +26,7 @@ def test_memory_logits_equal_the_clients_mean_on_the_memory_rows(path, memory_si
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   cfg = distill.DistillConfig(epochs=1, batch_size=16, lr=1e-2, teacher_batch_size=7)
   init, aggregate = distillation_server(
-    model, lambda z: z, cfg, public_size=48, memory_size=memory_size
+    model, lambda z: z, cfg, public_size=48, memory_size=memory_size, lmem_metric=True
   )
   clients = 3
   # Distinct client models: the global one plus client-specific noise.

@@ -108,23 +108,24 @@ def test_memory_kl_matches_numpy():
   )
 
 
+# The FedProj of fp_setup (its lmem_global aside).
+_SETUP_HPARAMS = dict(
+  public_size=48,
+  memory_size=32,
+  memory_batch_size=8,
+  distill_epochs=1,
+  distill_batch_size=16,
+  distill_lr=1e-2,
+)
+
+
 @pytest.fixture(scope="module")
 def fp_setup():
   x, y = helpers.synthetic_data(n=160)
   public = jnp.asarray(helpers.synthetic_data(n=48, seed=5)[0])
   model = helpers.tiny_model()
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=6, local_epochs=2)
-  alg = fedproj.fedproj(
-    model,
-    optax.sgd(0.1),
-    lambda z: z,
-    public_size=48,
-    memory_size=32,
-    memory_batch_size=8,
-    distill_epochs=1,
-    distill_batch_size=16,
-    distill_lr=1e-2,
-  )
+  alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **_SETUP_HPARAMS, lmem_global=True)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   return x, y, public, model, fd, alg, variables
 
@@ -498,3 +499,86 @@ def test_feddf_distils_on_the_public_normaliser_as_fedproj_does(fp_setup):
   )
   np.testing.assert_array_equal(T.tree_ravel(built.variables), T.tree_ravel(ref.variables))
   assert not np.allclose(T.tree_ravel(built.variables), T.tree_ravel(plain.variables), atol=1e-6)
+
+
+def _client_phase(alg, fd, x, y, public, state, r):
+  """(round ``r``'s local updates of every client as a function of the broadcast, the broadcast
+  from ``state``): the clients' part of the round, no server step."""
+  from fedjax_proj.core.engine import run_vmap_scan
+
+  rd = _rd(fd, x, y, public, r)
+  shared, _ = alg.broadcast(state, rd, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(3), rd.idx.shape[0])
+  batch_fn = helpers.float_batch_fn()
+  run = lambda sh: run_vmap_scan(  # noqa: E731
+    alg.client, batch_fn, sh, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+  )
+  return run, shared
+
+
+def _one_local_update(alg, fd, x, y, public, state, r):
+  run, shared = _client_phase(alg, fd, x, y, public, state, r)
+  return jax.jit(run)(shared)
+
+
+@pytest.mark.parametrize("window", ["on", "off"])
+def test_local_update_is_the_same_whether_the_memory_pass_is_skipped_or_selected(fp_setup, window):
+  """``memory_cond=True`` skips the memory gradient where the projection cannot act;
+  ``memory_cond=False`` (XLA:CPU's default) computes it on every step and selects. The local
+  updates are equal to float32 round-off (two different programs). Round 1 has an ensemble;
+  ``proj_rounds=(5, None)`` puts it outside the window."""
+  x, y, public, model, fd, _, variables = fp_setup
+  hparams = {**_SETUP_HPARAMS, "distill_epochs": 0}
+  window = (0, None) if window == "on" else (5, None)
+  out = {}
+  for cond in (True, False):
+    alg = fedproj.fedproj(
+      model, optax.sgd(0.1), lambda z: z, **hparams, proj_rounds=window, memory_cond=cond
+    )
+    state, _ = make_round(alg, "vmap_scan", helpers.float_batch_fn())(
+      alg.init(variables, jax.random.key(0)), _rd(fd, x, y, public, 0), jax.random.key(10)
+    )
+    out[cond] = _one_local_update(alg, fd, x, y, public, state, 1)
+  skipping, computing = out[True], out[False]
+  np.testing.assert_allclose(
+    T.tree_ravel(skipping["variables"]), T.tree_ravel(computing["variables"]), atol=1e-6
+  )
+  got, ref = skipping["proj_metrics"], computing["proj_metrics"]
+  if window == (0, None):
+    assert float(jnp.mean(got["projected_fraction"])) > 0.0
+    for k in got:
+      np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6)
+  else:  # nothing projected, and no diagnostics of a gradient that is not used (NaN: null)
+    for m in (got, ref):
+      np.testing.assert_array_equal(m["projected_fraction"], 0.0)
+      for k in ("mean_cos", "lmem_before", "lmem_after"):
+        assert np.all(np.isnan(m[k])), k
+
+
+def test_memory_cond_stays_a_conditional_under_vmap_and_is_off_on_cpu(fp_setup):
+  """The engine vmaps the client step over clients with the broadcast unbatched, so the window
+  predicate stays unbatched and, with ``memory_cond``, the memory branch runs only when the
+  window is on (a batched predicate would make vmap compute both branches and select). On
+  XLA:CPU the default is the select: a conditional's convolutions run there ~12x slower."""
+  x, y, public, model, fd, _, variables = fp_setup
+  traced = {}
+  for cond in (True, None):
+    alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **_SETUP_HPARAMS, memory_cond=cond)
+    state = alg.init(variables, jax.random.key(0))
+    run, shared = _client_phase(alg, fd, x, y, public, state, 1)
+    traced[cond] = str(jax.make_jaxpr(run)(shared))
+  assert " cond[" in traced[True]
+  assert (" cond[" in traced[None]) == (jax.default_backend() != "cpu")
+
+
+def test_lmem_global_is_logged_only_when_asked_and_changes_nothing_else(fp_setup):
+  """The drift metric is the server's one forward pass that trains nothing: off by default, and
+  turning it on adds the metric without touching the model or the memory."""
+  x, y, public, model, fd, alg, variables = fp_setup
+  off = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **_SETUP_HPARAMS)
+  ref, ref_m = _two_rounds(alg, "sequential", fd, x, y, public, variables)
+  got, got_m = _two_rounds(off, "sequential", fd, x, y, public, variables)
+  assert "lmem_global" in ref_m[1] and np.isfinite(float(ref_m[1]["lmem_global"]))
+  assert all("lmem_global" not in m for m in got_m)
+  np.testing.assert_allclose(T.tree_ravel(got.variables), T.tree_ravel(ref.variables), atol=1e-7)
+  np.testing.assert_allclose(got.memory_logits, ref.memory_logits, atol=1e-7)

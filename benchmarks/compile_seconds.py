@@ -1,0 +1,75 @@
+"""Runs an entry point in this process and prints what compiling cost it, at exit.
+
+    python benchmarks/compile_seconds.py experiments/cifar10.py --method=fedproj --preset=smoke ...
+
+The line ``PROBE ...`` on stderr gives the CPU and wall seconds spent in JAX's compile-or-load
+step (``jax._src.compiler.compile_or_get_cached``, wrapped here: it compiles a program or loads it
+from the persistent compilation cache), the number of programs it handled, how many came from the
+cache, and the process's CPU and wall seconds with the load average. CPU seconds are the number
+to compare on a shared machine, where the load inflates wall time (docs/performance.md,
+"Compilation cache").
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import resource
+import runpy
+import sys
+import time
+
+import jax.monitoring
+from jax._src import compiler  # the function the compile path calls through this module
+
+_START = time.perf_counter()
+_TOTAL = {"cpu": 0.0, "wall": 0.0, "programs": 0, "hits": 0}
+
+
+def _cpu() -> float:
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def _timed(fn):
+  def wrapper(*args, **kwargs):
+    cpu, wall = _cpu(), time.perf_counter()
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      _TOTAL["cpu"] += _cpu() - cpu
+      _TOTAL["wall"] += time.perf_counter() - wall
+      _TOTAL["programs"] += 1
+
+  return wrapper
+
+
+def _on_event(event: str, **kwargs) -> None:
+  if event == "/jax/compilation_cache/cache_hits":
+    _TOTAL["hits"] += 1
+
+
+def _report() -> None:
+  print(
+    f"PROBE compile_or_load_cpu_s={_TOTAL['cpu']:.1f} "
+    f"compile_or_load_wall_s={_TOTAL['wall']:.1f} programs={_TOTAL['programs']} "
+    f"cache_hits={_TOTAL['hits']} process_cpu_s={_cpu():.1f} "
+    f"process_wall_s={time.perf_counter() - _START:.1f} load={os.getloadavg()[0]:.1f}",
+    file=sys.stderr,
+  )
+
+
+def main() -> None:
+  if len(sys.argv) < 2:
+    sys.exit(__doc__.splitlines()[2].strip())
+  compiler.compile_or_get_cached = _timed(compiler.compile_or_get_cached)
+  jax.monitoring.register_event_listener(_on_event)
+  atexit.register(_report)
+  script = sys.argv[1]
+  sys.argv = sys.argv[1:]
+  sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+  runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+  main()
