@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     for budget, b in claim.budgets.items():
       if b.v2 is not None:
         print()
-        print(protocol.render_plan(claim.v2(budget), budget))
+        print(protocol.render_plan(protocol.v2_view(claim, budget), budget))
   return 0
 
 

@@ -146,7 +146,9 @@ def parse_args(argv) -> argparse.Namespace:
         f"that do: {', '.join(with_v2)}"
       )
     declared = (
-      claim.v2(args.budget).budgets[args.budget].declared if args.protocol == "v2" else b.declared
+      protocol.v2_view(claim, args.budget).budgets[args.budget].declared
+      if args.protocol == "v2"
+      else b.declared
     )
     try:
       args.seed_list = [int(s) for s in _csv(args.seeds)] if args.seeds else list(declared)
@@ -437,7 +439,7 @@ def main(argv=None) -> int:
         directory = results / claim.name / args.budget
         found = report.load_results(directory)[0] if directory.is_dir() else {}
         if args.protocol == "v2":
-          view = claim.v2(args.budget)
+          view = protocol.v2_view(claim, args.budget)
           v2 = report.split_protocols(found)[1]
           print(protocol.render_plan(view, args.budget, report.measured_sd(view, v2)))
         else:

@@ -80,7 +80,7 @@ class Replication(NamedTuple):
   "Protocol v2"), declared before any of its runs.
 
   Attributes:
-    seeds: the seed count from the power calculation (``protocol.plan`` of :meth:`Claim.v2`);
+    seeds: the seed count from the power calculation (``protocol.plan`` of ``protocol.v2_view``);
       the seeds are ``protocol.V2_FIRST_SEED`` on.
     power_sd: the largest paired sd (points) of v1's results at this budget under
       ``protocol.V2_METRIC``.
@@ -170,31 +170,6 @@ class Claim(NamedTuple):
       methods=tuple(m for m in self.methods if m in keep),
       orderings=tuple(o for o in self.orderings if o.better in keep and o.worse in keep),
       paper={m: v for m, v in self.paper.items() if m in keep},
-    )
-
-  def v2(self, budget: str) -> Claim:
-    """The claim as protocol v2 tests ``budget``: its methods and config, every ordering of
-    :meth:`at` once, on ``protocol.V2_METRIC``, with the replication's seeds, sd and cap; the
-    paper's gaps come from the replication's ``effect_metric``."""
-    from fedjax_proj.reproduce import protocol
-
-    b = self.budgets[budget]
-    if b.v2 is None:
-      raise ValueError(f"claim {self.name} budget {budget} declares no protocol v2 replication")
-    at, r, metric = self.at(budget), b.v2, protocol.V2_METRIC
-    pairs = dict.fromkeys((o.better, o.worse) for o in at.orderings)
-    view = b._replace(
-      seeds=r.seeds,
-      first_seed=protocol.V2_FIRST_SEED,
-      power_sd={metric: r.power_sd},
-      power_source=r.power_source,
-      v2=None,
-    )
-    return at._replace(
-      metrics=(metric,),
-      orderings=tuple(Ordering(a, w, metric) for a, w in pairs),
-      paper={m: {metric: v[r.effect_metric]} for m, v in at.paper.items() if r.effect_metric in v},
-      budgets={**self.budgets, budget: view},
     )
 
   @property

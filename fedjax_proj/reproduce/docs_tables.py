@@ -51,7 +51,7 @@ def rows(claim: Claim, data_root: Path | None = None) -> list[tuple[str, dict[st
       (
         "seeds (protocol v2)",
         {
-          b: "—" if r is None else _seed_span(claim.v2(b).budgets[b].declared)
+          b: "—" if r is None else _seed_span(protocol.v2_view(claim, b).budgets[b].declared)
           for b, r in v2.items()
         },
       )

@@ -102,6 +102,36 @@ def max_seeds(budget) -> int:
   return V2_MAX_SEEDS if budget.first_seed >= V2_FIRST_SEED else MAX_SEEDS
 
 
+def v2_view(claim, budget: str):
+  """The claim as protocol v2 tests ``budget``: its methods and config, every ordering of
+  ``claim.at(budget)`` once, on :data:`V2_METRIC`, with the replication's seeds (from
+  :data:`V2_FIRST_SEED`), sd and cap; the paper's gaps come from its ``effect_metric``.
+
+  Raises:
+    ValueError: the budget declares no replication (``Budget.v2`` is None).
+  """
+  from fedjax_proj.reproduce.claims import Ordering
+
+  b = claim.budgets[budget]
+  if b.v2 is None:
+    raise ValueError(f"claim {claim.name} budget {budget} declares no protocol v2 replication")
+  at, r = claim.at(budget), b.v2
+  pairs = dict.fromkeys((o.better, o.worse) for o in at.orderings)
+  view = b._replace(
+    seeds=r.seeds,
+    first_seed=V2_FIRST_SEED,
+    power_sd={V2_METRIC: r.power_sd},
+    power_source=r.power_source,
+    v2=None,
+  )
+  return at._replace(
+    metrics=(V2_METRIC,),
+    orderings=tuple(Ordering(a, w, V2_METRIC) for a, w in pairs),
+    paper={m: {V2_METRIC: v[r.effect_metric]} for m, v in at.paper.items() if r.effect_metric in v},
+    budgets={**claim.budgets, budget: view},
+  )
+
+
 def late_mean(curve: Sequence[dict], key: str = "test_accuracy", k: int = LATE_EVALS) -> float:
   """:data:`V2_METRIC`: the mean of the last ``k`` evaluated ``key`` values of a result's curve,
   in percent (the curve holds fractions). Raises ``KeyError`` when fewer than ``k`` were

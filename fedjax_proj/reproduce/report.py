@@ -748,7 +748,7 @@ def v2_section(claim: Claim, budget: str, found: dict, equivalent=()) -> list[st
   b = claim.budgets.get(budget)
   if b is None or b.v2 is None:
     return []
-  view = claim.v2(budget)
+  view = protocol.v2_view(claim, budget)
   seeds = view.budgets[budget].declared
   lines = [
     f"#### Protocol v2: confirmatory replication on seeds {seeds[0]}..{seeds[-1]}",
@@ -858,7 +858,7 @@ def write_report(claim: Claim, budget: str, directory: Path, expected: dict | No
       ]
     valid, diverged = split_diverged(v2)
     if budget in claim.budgets and claim.budgets[budget].v2 is not None and valid:
-      view = claim.v2(budget)
+      view = protocol.v2_view(claim, budget)
       records += [
         {"protocol": "v2", **r} for r in verdict_records(view, valid, budget, equivalent, diverged)
       ]

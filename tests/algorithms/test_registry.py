@@ -46,8 +46,10 @@ def test_every_name_has_one_spec_of_a_known_family():
   assert set(registry.methods(("sequential",))) == {"fedseq", "cwc", "sfedkd"}
   # The default lists what the one-task experiment runner accepts: no continual method.
   assert set(registry.methods()) == set(everything) - set(registry.methods(("continual",)))
+  # The run's memory size, and whether the server logs its L_mem drift (the claim reports do).
   assert registry.spec("fedproj").needs_public and registry.spec("fedproj").config_kwargs == (
     "memory_size",
+    "lmem_global",
   )
   assert registry.model_kwargs("moon") == {"projection_dim": 256}
 

@@ -96,7 +96,7 @@ def test_power_matches_a_known_value_and_declared_seeds_follow_the_plan():
       assert claim.budgets[budget].seeds == protocol.recommended_seeds(rows), (claim.name, budget)
       b = claim.budgets[budget]
       if b.v2 is not None:  # protocol v2's count follows its own plan, under its own cap
-        view = claim.v2(budget)
+        view = protocol.v2_view(claim, budget)
         rows = protocol.plan(view, budget)
         assert b.v2.seeds == protocol.recommended_seeds(rows, protocol.V2_MAX_SEEDS), claim.name
         assert view.budgets[budget].declared == range(
@@ -105,7 +105,7 @@ def test_power_matches_a_known_value_and_declared_seeds_follow_the_plan():
 
 
 def test_v2_view_scores_each_v1_ordering_once_on_seeds_no_v1_verdict_uses():
-  view = claims.FEDGKD.v2("cpu")
+  view = protocol.v2_view(claims.FEDGKD, "cpu")
   # FedGKD's four v1 orderings (two metrics) are two pairs on the one v2 metric.
   assert [(o.better, o.worse, o.metric) for o in view.orderings] == [
     ("fedgkd", "fedavg", protocol.V2_METRIC),
@@ -121,7 +121,7 @@ def test_v2_view_scores_each_v1_ordering_once_on_seeds_no_v1_verdict_uses():
       assert max(b.declared) < protocol.V2_FIRST_SEED, (claim.name, budget)
       if b.v2 is None:
         with pytest.raises(ValueError, match="declares no protocol v2"):
-          claim.v2(budget)
+          protocol.v2_view(claim, budget)
 
 
 def test_late_mean_is_the_mean_of_the_last_evaluations_and_refuses_short_curves():
