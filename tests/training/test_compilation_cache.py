@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -27,9 +28,16 @@ def test_default_folder_follows_the_override_then_xdg_then_home():
   assert compilation_cache.default_setting({"XDG_CACHE_HOME": " "}) == home
 
 
-def test_the_suite_runs_with_the_cache_off():
-  """tests/conftest.py: no test writes into the user's cache folder by default."""
-  assert compilation_cache.default_setting() == compilation_cache.OFF
+def test_the_suite_never_writes_into_the_users_cache_folder():
+  """tests/conftest.py: the suite's cache is its own temporary folder, or off."""
+  setting = compilation_cache.default_setting()
+  user_default = compilation_cache.default_setting(
+    {k: v for k, v in os.environ.items() if k != compilation_cache.ENV}
+  )
+  assert setting != user_default
+  if setting != compilation_cache.OFF:
+    assert Path(setting).name.startswith("fedjax_proj_test_jax_cache_")
+    assert Path(setting).parent == Path(tempfile.gettempdir())
 
 
 def test_a_file_or_an_uncreatable_folder_is_refused_naming_it_and_the_fix(tmp_path):
