@@ -40,6 +40,15 @@ def test_the_suite_never_writes_into_the_users_cache_folder():
     assert Path(setting).parent == Path(tempfile.gettempdir())
 
 
+def test_the_suite_compiles_like_its_child_processes():
+  """tests/conftest.py: the suite's own processes get FAST_COMPILE, as its subprocesses do."""
+  from tests.core.multiprocess import FAST_COMPILE
+
+  if os.environ.get("FEDJAX_PROJ_TEST_FAST_COMPILE", "").strip().lower() == "off":
+    pytest.skip("FEDJAX_PROJ_TEST_FAST_COMPILE=off")
+  assert FAST_COMPILE in os.environ.get("XLA_FLAGS", "")
+
+
 def test_a_file_or_an_uncreatable_folder_is_refused_naming_it_and_the_fix(tmp_path):
   a_file = tmp_path / "cache.txt"
   a_file.write_text("not a folder")
