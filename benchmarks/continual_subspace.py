@@ -133,6 +133,7 @@ def run(args) -> dict:
   config = run_lib.substitute_data(
     config, Path(args.data) if args.data else run_lib.default_data_root()
   )
+  commit = run_lib.git_commit()  # the code the run starts from
   records: list = []
   instrument_gpm(records)
   t0 = time.perf_counter()
@@ -158,7 +159,7 @@ def run(args) -> dict:
     "seed": args.seed,
     "deviations_from_claim": deviations,
     "config": {k: v for k, v in config.items() if k != "data_dir"},
-    "git_commit": run_lib.git_commit(),
+    "git_commit": commit,
     "acc": metrics["acc"],
     "fgt": metrics["fgt"],
     "acc_matrix": acc,
