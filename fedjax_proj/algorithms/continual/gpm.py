@@ -25,11 +25,39 @@ from fedjax_proj.algorithms.continual.base import (
   task_algorithm,
   task_loss,
 )
+from fedjax_proj.algorithms.continual.gpse import expand_basis, residual
 from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Array, Model
+
+
+def extend_memory(
+  x_rows: np.ndarray, basis: np.ndarray, rank: int, threshold: float
+) -> tuple[np.ndarray, int, int]:
+  """One layer's GPM memory update from its input rows (Saha et al., ICLR 2021, eqs. 8-9).
+
+  With R = X − X U Uᵀ the part of the inputs ``x_rows`` [N, d] outside the stored basis
+  ``basis[:, :rank]`` (zero-padded [d, d]) and σ_j the singular values of R, keeps the smallest k
+  with (‖X‖² − ‖R‖² + Σ_{j≤k} σ_j²) / ‖X‖² ≥ ``threshold``; none when the stored basis already
+  covers that share (GPM's loop stops before its first direction). At the first task (rank 0)
+  this is also the smallest k: GPM's code keeps one fewer there (docs/fot.md, "GPM+FL").
+
+  Returns:
+    (the extended basis, its rank, the number of directions added).
+  """
+  d = basis.shape[0]
+  x = np.asarray(x_rows, np.float64)
+  r = residual(x, np.asarray(basis, np.float64))
+  total, res = float(np.sum(x * x)), float(np.sum(r * r))
+  if total <= 0 or rank >= d or total - res >= threshold * total:
+    return basis, rank, 0
+  u, sv, _ = np.linalg.svd(r.T, full_matrices=False)
+  frac = (total - res + np.cumsum(sv**2)) / total
+  k = int(np.flatnonzero(frac >= threshold)[0]) + 1 if np.any(frac >= threshold) else len(sv)
+  new, new_rank = expand_basis(basis, rank, u[:, :k])
+  return new, new_rank, new_rank - rank
 
 
 def gpm(
@@ -92,21 +120,13 @@ def gpm(
         x = np.asarray(rows[s.key], np.float64)
         u_old = bases[s.key][ids[c]]
         rank = int(np.sum(np.linalg.norm(u_old, axis=0) > 0.5))
-        r = gpse.residual(x, u_old)
-        total, res = float(np.sum(x * x)), float(np.sum(r * r))
-        if total <= 0 or rank >= s.in_dim:
-          ranks[s.key].append(rank)
-          continue
-        u, sv, _ = np.linalg.svd(r.T, full_matrices=False)
-        frac = (total - res + np.cumsum(sv**2)) / total
-        k = int(np.flatnonzero(frac >= th)[0]) + 1 if np.any(frac >= th) else len(sv)
-        if total - res >= th * total:
-          k = 0
-        new, new_rank = gpse.expand_basis(u_old, rank, u[:, :k])
-        bases[s.key][ids[c]] = new
+        bases[s.key][ids[c]], new_rank, _ = extend_memory(x, u_old, rank, th)
         ranks[s.key].append(new_rank)
     method = {k: jnp.asarray(v) for k, v in bases.items()}
-    metrics = {f"mean_rank/{k}": float(np.mean(v)) for k, v in ranks.items()}
+    metrics = {"threshold": th}
+    for k, v in ranks.items():  # per-client ranks differ: GPM+FL keeps one basis per client
+      metrics.update({f"mean_rank/{k}": float(np.mean(v)), f"min_rank/{k}": int(np.min(v))})
+      metrics[f"max_rank/{k}"] = int(np.max(v))
     return state._replace(method=method), metrics
 
   algorithm = task_algorithm("gpm", init_method, broadcast_extra, program)
