@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import copy
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def row(
 
   ``baseline``: the same quantities without the method's own term (e.g. plain CE): the row then
   reports ``method_term_effect``, the relative difference the term makes, so a match is seen to
-  pin the term and not only the cross-entropy around it.
+  pin the term and not only the cross-entropy around it (for FedNova: FedAvg's step).
   """
   out = pc.compare(ours, ref, pc.float32_tolerance(reduction))
   if baseline is not None:
@@ -782,12 +783,153 @@ FEDDYN_FINDINGS = [
 ]
 
 
+# ---------------------------------------------------------------------------------------------
+# FedNova (JYWa/FedNova): distoptim/FedNova.py (the optimiser and its average()), comm_helpers.py
+
+
+class ThreadWorld:
+  """torch.distributed's ``all_reduce`` (SUM) for ``n`` threads of one process: each thread is one
+  rank; every call adds its tensor into a shared sum, waits for all ranks, reads the sum back."""
+
+  class ReduceOp:
+    SUM = "sum"
+
+  def __init__(self, n: int):
+    self._lock = threading.Lock()
+    self._sum = None
+    self._added = threading.Barrier(n)
+    self._read = threading.Barrier(n, action=self._reset)
+
+  def _reset(self):
+    self._sum = None
+
+  def all_reduce(self, tensor, op=None):
+    with self._lock:
+      self._sum = tensor.clone() if self._sum is None else self._sum + tensor
+    self._added.wait()
+    tensor.copy_(self._sum)
+    self._read.wait()
+
+
+def torch_params_as_ours(net, params: dict) -> dict:
+  """A :func:`torch_mlp`'s parameters in our nested layout (numpy copies)."""
+  named = {n: p.detach().numpy().copy() for n, p in net.named_parameters()}
+  return {
+    o: {"kernel": named[f"{t}.weight"].T.copy(), "bias": named[f"{t}.bias"]}
+    for o, t in torch_names(params).items()
+  }
+
+
+def fednova_rows(repo: Path, args) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import optax
+  import torch
+  from torch.optim.optimizer import Optimizer, required
+
+  from fedjax_proj.algorithms.fednova import fednova
+  from fedjax_proj.core.types import RoundData
+
+  inp = pc.tiny_inputs(args.seed, classes=args.classes)
+  params = inp.variables["params"]
+  steps = (2, 3, 5)  # τ_k: unequal local work, what FedNova normalises
+  sizes = np.asarray([40.0, 25.0, 60.0], np.float32)
+  ratio = sizes / sizes.sum()
+  lr, rows = 0.1, []
+  for momentum in (0.0, 0.9):
+    world = ThreadWorld(len(steps))
+    helpers = load_ns(
+      repo, "comm_helpers.py", ("flatten_tensors", "unflatten_tensors", "communicate")
+    )
+    ns = load_ns(
+      repo,
+      "distoptim/FedNova.py",
+      ("FedNova",),
+      {"dist": world, "Optimizer": Optimizer, "required": required, **helpers},
+    )
+    nets, opts, local = [], [], []
+    for k, tau in enumerate(steps):
+      net = torch_mlp(params)
+      opt = ns["FedNova"](
+        net.parameters(), ratio=float(ratio[k]), gmf=0, mu=0, lr=lr, momentum=momentum
+      )
+      data = pc.tiny_inputs(args.seed + 20 + k, classes=args.classes)
+      x, y = tensor(data.x), tensor(data.y, torch.long)
+      for _ in range(tau):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x)[2], y).backward()
+        opt.step()
+      local.append(torch_params_as_ours(net, params))
+      nets.append(net)
+      opts.append(opt)
+    tau_eff_ref = float(sum(r * o.local_normalizing_vec for r, o in zip(ratio, opts)))
+    # average() on every rank at once, as each worker of train_LocalSGD.py calls it.
+    errors = []
+
+    def run(opt, errors=errors):
+      try:
+        opt.average()
+      except Exception as e:  # re-raised below: a thread's exception would otherwise vanish
+        errors.append(e)
+
+    with cpu_cuda():
+      threads = [threading.Thread(target=run, args=(o,)) for o in opts]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join()
+    if errors:
+      raise errors[0]
+    ref = pc.flatten(torch_params_as_ours(nets[0], params))
+    # Ours: fednova's aggregate on the reference clients' local models (identical client
+    # updates), their step counts and sizes; a_k from optax.sgd with the same momentum.
+    alg = fednova(inp.model, optax.sgd(lr, momentum=momentum or None))
+    state = alg.init(jax.tree.map(jnp.asarray, inp.variables), jax.random.key(0))
+    rd = RoundData(
+      images=jnp.zeros((1,)),
+      labels=jnp.zeros((1,), jnp.int32),
+      client_ids=jnp.arange(len(steps), dtype=jnp.int32),
+      idx=jnp.zeros((len(steps), max(steps), 1), jnp.int32),
+      mask=jnp.ones((len(steps), max(steps), 1), bool),
+      num_examples=jnp.asarray(sizes),
+      extra={},
+    )
+    outputs = {
+      "variables": {"params": jax.tree.map(lambda *v: jnp.stack(v), *local)},
+      "num_steps": jnp.asarray(steps, jnp.int32),
+      "metrics": {"train_loss": jnp.zeros(len(steps)), "train_accuracy": jnp.zeros(len(steps))},
+    }
+    new_state, metrics = alg.aggregate(state, rd, outputs, None)
+    ours = pc.flatten(pc.to_numpy(new_state.variables["params"]))
+    # The step θ_g − θ_new is what FedNova computes (θ_g itself is common to both sides).
+    g0 = pc.flatten(params)
+    rows.append(
+      row(
+        f"server step θ_g − θ_new, local SGD momentum {momentum:g}, τ_k = {list(steps)}",
+        "distoptim/FedNova.FedNova (local steps, then average() on 3 threaded ranks)",
+        {k: g0[k] - v for k, v in ours.items()},
+        {k: g0[k] - v for k, v in ref.items()},
+        max(steps) * len(inp.y),
+        baseline={  # FedAvg's step on the same clients: what the normalisation changes
+          k: g0[k] - sum(float(r) * pc.flatten(m)[k] for r, m in zip(ratio, local)) for k in g0
+        },
+        note=f"τ_eff ours {float(metrics['tau_eff']):.4f}, reference {tau_eff_ref:.4f}",
+      )
+    )
+  return {"rows": rows, "setup": setup_text(inp), "findings": []}
+
+
+# ---------------------------------------------------------------------------------------------
+# The suite
+
+
 ROWS = {
   "fedntd": fedntd_rows,
   "fedgkd": fedgkd_rows,
   "moon": moon_rows,
   "fedrcl": fedrcl_rows,
   "feddyn": feddyn_rows,
+  "fednova": fednova_rows,
 }
 
 
