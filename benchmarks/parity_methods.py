@@ -496,7 +496,8 @@ MOON_FINDINGS = [
     "(l3(l2(relu(l1(h))))); our registry builds MOON's model with projection_dim=256 only, so "
     "its logits read h and the projection head feeds the contrastive term alone. The paper "
     "(Sec. 3, network architecture: base encoder, projection head, then the output layer) "
-    "describes the code's layout, as we read it; its text is not in ../shared/papers.",
+    "describes the code's layout, as we read it (its text is not among the papers this project "
+    "holds).",
     "classification": "our deviation where the paper (as read) and the code agree",
     "action": "not changed here: `classifier_on_projection=True` in moon.MODEL_KWARGS is the "
     "one-line fix (fedjax_proj.models.base.output_heads has it), left to a decision because it "

@@ -270,5 +270,6 @@ VOTE_SPEC = MethodSpec(
   functools.partial(build, method="fedgkd_vote"),
   needs_validation=functools.partial(needs_validation, "fedgkd_vote"),
   validation_fix=NO_VALIDATION_FIX,
-  hparams=factory_hparams(fedgkd, context=_CONTEXT),
+  # buffer_initial=False is refused by FedGKD-VOTE (every teacher must be valid from round 0).
+  hparams=factory_hparams(fedgkd, context=(*_CONTEXT, "buffer_initial")),
 )
