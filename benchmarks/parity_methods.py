@@ -640,16 +640,6 @@ def feddyn_rows(repo: Path, args) -> dict:
   alpha, num_clients = 0.01, 6
   inp = pc.tiny_inputs(args.seed, classes=args.classes, others=("global", "h_k"))
   params, glob = inp.variables["params"], inp.others["global"]["params"]
-  # h_k: a previous round's residue, of the size a drift of ~1 gives (h_k = −α Σ drift).
-  h_k = scaled(inp.others["h_k"]["params"], alpha)
-
-  # Client: our step's gradient ∇CE − h_k + α(θ − θ_g) against train_feddyn_mdl's SGD direction
-  # ∇(CE + α⟨θ, −θ_g + λ_k⟩) + α·θ (its weight decay α + 0), λ_k = local_param_list[k] = −h_k/α.
-  program = dyn.feddyn(inp.model, pc.grad_stash(), num_clients=num_clients, alpha=alpha).client
-  shared = {"variables": inp.others["global"]}
-  _, grads = pc.client_step(
-    program, shared, {"h_k": jax.tree.map(jnp.asarray, h_k)}, inp.x, inp.y, params=params
-  )
 
   class Dataset(torch.utils.data.Dataset):
     """utils_dataset.Dataset for features: (x, y) as tensors, no transform."""
@@ -663,54 +653,67 @@ def feddyn_rows(repo: Path, args) -> dict:
     def __getitem__(self, i):
       return self.x[i], self.y[i]
 
-  store = []
-  optim = types.SimpleNamespace(SGD=recording_sgd(store, with_weight_decay=True))
-  torch_ns = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if k[0] != "_"})
-  torch_ns.optim = optim
-  ns = load_ns(
-    repo,
-    "utils_general.py",
-    ("get_mdl_params", "train_feddyn_mdl"),
-    {"data": torch.utils.data, "Dataset": Dataset, "device": "cpu", "max_norm": 10},
-  )
-  ns["torch"] = torch_ns  # the function reads torch.optim.SGD from its module's globals
-  flat = lambda p: torch.from_numpy(ns["get_mdl_params"]([torch_mlp(p)])[0])
-  local = torch_mlp(params)
-  ns["train_feddyn_mdl"](
-    Pick(local, (2,)),  # the code's models return the logits
-    lambda: torch_mlp(params),
-    alpha,
-    flat(glob),
-    flat(scaled(h_k, -1.0 / alpha)),
-    inp.x,
-    inp.y.astype(np.int64),
-    0.1,
-    len(inp.y),
-    1,
-    10**9,
-    0.0,
-    "synthetic",
-  )
-  ref = {}
-  names = [n for n, _ in local.named_parameters()]
-  recorded = dict(zip(names, store[0]))
-  for o, t in torch_names(params).items():
-    ref[f"{o}/kernel"], ref[f"{o}/bias"] = (
-      recorded[f"{t}.weight"].numpy().T,
-      recorded[f"{t}.bias"].numpy(),
+  rows = []
+  # α = 0.01 (the paper's and our default) and 0.5, where the dynamic terms dominate the gradient.
+  for client_alpha in (alpha, 0.5):
+    # h_k: a previous round's residue, of the size a drift of ~1 gives (h_k = −α Σ drift).
+    h_k = scaled(inp.others["h_k"]["params"], client_alpha)
+    # Client: our step's gradient ∇CE − h_k + α(θ − θ_g) against train_feddyn_mdl's SGD direction
+    # ∇(CE + α⟨θ, −θ_g + λ_k⟩) + α·θ (its weight decay α + 0), λ_k = local_param_list[k] = −h_k/α.
+    program = dyn.feddyn(
+      inp.model, pc.grad_stash(), num_clients=num_clients, alpha=client_alpha
+    ).client
+    shared = {"variables": inp.others["global"]}
+    _, grads = pc.client_step(
+      program, shared, {"h_k": jax.tree.map(jnp.asarray, h_k)}, inp.x, inp.y, params=params
     )
-  ours = pc.flatten(grads)
-  rows = [
-    row(
-      f"client gradient (SGD direction), α={alpha:g}, h_k ≠ 0, θ ≠ θ_g",
-      "utils_general.train_feddyn_mdl (one batch, one epoch, recording SGD incl. its weight decay)",
-      ours,
-      ref,
+    store = []
+    torch_ns = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if k[0] != "_"})
+    torch_ns.optim = types.SimpleNamespace(SGD=recording_sgd(store, with_weight_decay=True))
+    ns = load_ns(
+      repo,
+      "utils_general.py",
+      ("get_mdl_params", "train_feddyn_mdl"),
+      {"data": torch.utils.data, "Dataset": Dataset, "device": "cpu", "max_norm": 10},
+    )
+    ns["torch"] = torch_ns  # the function reads torch.optim.SGD from its module's globals
+    flat = lambda p, ns=ns: torch.from_numpy(ns["get_mdl_params"]([torch_mlp(p)])[0])
+    local = torch_mlp(params)
+    ns["train_feddyn_mdl"](
+      Pick(local, (2,)),  # the code's models return the logits
+      lambda: torch_mlp(params),
+      client_alpha,
+      flat(glob),
+      flat(scaled(h_k, -1.0 / client_alpha)),
+      inp.x,
+      inp.y.astype(np.int64),
+      0.1,
       len(inp.y),
-      baseline={k: v for k, v in ce_baseline(inp, params).items() if k != "loss"},
-      note=f"gradient norm {grad_norm(ours):.2f} (the code's clip at 10 does not act)",
+      1,
+      10**9,
+      0.0,
+      "synthetic",
     )
-  ]
+    recorded = dict(zip([n for n, _ in local.named_parameters()], store[0]))
+    ref = {}
+    for o, t in torch_names(params).items():
+      ref[f"{o}/kernel"] = recorded[f"{t}.weight"].numpy().T
+      ref[f"{o}/bias"] = recorded[f"{t}.bias"].numpy()
+    ours = pc.flatten(grads)
+    norm = grad_norm(ours)
+    rows.append(
+      row(
+        f"client gradient (SGD direction), α={client_alpha:g}, h_k ≠ 0, θ ≠ θ_g",
+        "utils_general.train_feddyn_mdl (one batch, one epoch, recording SGD incl. its "
+        "weight decay)",
+        ours,
+        ref,
+        len(inp.y),
+        baseline={k: v for k, v in ce_baseline(inp, params).items() if k != "loss"},
+        note=f"gradient norm {norm:.2f} (the code's clip at 10 "
+        f"{'acts' if norm > 10 else 'does not act'})",
+      )
+    )
 
   # Server: two rounds of our aggregate against train_FedDyn's server lines (utils_methods.py
   # 393-397, run here as their numpy statements in our variables' layout: local_param_list[k] +=
