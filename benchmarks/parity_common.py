@@ -29,6 +29,7 @@ Pieces:
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 from pathlib import Path
@@ -250,6 +251,14 @@ def grad_stash():
   return optax.GradientTransformation(init, update)
 
 
+@functools.lru_cache(maxsize=16)
+def _jitted(program):
+  """``program``'s init and step, jitted once per program (a ClientProgram is hashable)."""
+  import jax
+
+  return jax.jit(program.init, static_argnums=3), jax.jit(program.step)
+
+
 def client_step(
   program, shared: dict, client_input: dict, x, y, mask=None, seed: int = 0, params=None
 ):
@@ -270,10 +279,11 @@ def client_step(
   mask = np.ones(len(y), np.float32) if mask is None else mask
   batch = Batch(jnp.asarray(x), jnp.asarray(y, jnp.int32), jnp.asarray(mask, jnp.float32))
   key = jax.random.key(seed)
-  state = jax.jit(program.init, static_argnums=3)(shared, client_input, key, 1)
+  init, step = _jitted(program)
+  state = init(shared, client_input, key, 1)
   if params is not None:
     state = state._replace(params=jax.tree.map(jnp.asarray, params))
-  state = jax.jit(program.step)(shared, state, batch, key)
+  state = step(shared, state, batch, key)
   return float(state.loss_sum), to_numpy(state.opt_state)
 
 

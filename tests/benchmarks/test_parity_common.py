@@ -90,7 +90,7 @@ def test_client_step_returns_the_gradient_the_optimiser_receives(pc):
   for start in (None, inp.variables["params"]):  # None: the step starts at the global model
     params = shared["variables"]["params"] if start is None else start
     loss, grads = pc.client_step(program, shared, {}, inp.x, inp.y, params=start)
-    want_loss, want = jax.value_and_grad(ce)(jax.tree.map(jnp.asarray, params))
+    want_loss, want = jax.jit(jax.value_and_grad(ce))(jax.tree.map(jnp.asarray, params))
     assert loss == pytest.approx(float(want_loss), rel=1e-6)
     for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
       np.testing.assert_allclose(g, np.asarray(w), rtol=1e-5, atol=1e-7)
