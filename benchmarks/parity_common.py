@@ -364,7 +364,8 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
 
 
 def our_commit() -> str:
-  """Short HEAD of this repository, ``+dirty`` with uncommitted tracked changes."""
+  """Short HEAD of this repository, ``+dirty`` with uncommitted tracked changes outside
+  ``benchmarks/results/`` (which a run rewrites itself)."""
   try:
     sha = subprocess.run(
       ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -374,7 +375,8 @@ def our_commit() -> str:
       cwd=ROOT,
       capture_output=True,
       text=True,
-    ).stdout.strip()
+    ).stdout.splitlines()
+    dirty = [line for line in dirty if "benchmarks/results/" not in line]
     return sha + ("+dirty" if dirty else "")
   except OSError:
     return "unknown"
