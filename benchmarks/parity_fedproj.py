@@ -40,7 +40,6 @@ Writes ``benchmarks/results/parity/parity_<defects>.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import copy
 import json
@@ -57,6 +56,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
+if str(HERE) not in sys.path:
+  sys.path.append(str(HERE))  # after experiments/, whose ``common`` the entry point needs
+
+# The suite's shared harness (docs/parity.md).
+from parity_common import load_definitions  # noqa: E402
+from parity_common import our_commit as _commit  # noqa: E402
 
 # The code's projection window (main_fedproj.py lines 209-212) over its 100 rounds.
 CODE_WINDOW, CODE_ROUNDS = (10, 90), 100
@@ -208,17 +213,6 @@ def torch_state_from_flax(variables: dict) -> dict:
     "9.weight": t(np.asarray(p["head"]["kernel"]).T),
     "9.bias": t(p["head"]["bias"]),
   }
-
-
-def load_definitions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
-  """Executes only the named top-level functions/classes of ``path`` in ``namespace``."""
-  tree = ast.parse(path.read_text())
-  keep = [n for n in tree.body if getattr(n, "name", None) in names]
-  missing = set(names) - {n.name for n in keep}
-  if missing:
-    raise ValueError(f"{path} defines no {sorted(missing)}: is --authors_repo the FedProj code?")
-  exec(compile(ast.Module(keep, []), str(path), "exec"), namespace)
-  return namespace
 
 
 # client_fedproj.py lines 85-86: the integer cast (a defect); --defects=fixed drops it.
@@ -595,24 +589,6 @@ def markdown(result: dict) -> str:
       fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
       lines.append(f"| {code} | {fmt(v['projected_fraction'])} | {fmt(v['mean_cos'])} |")
   return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-  import subprocess
-
-  try:
-    sha = subprocess.run(
-      ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-      ["git", "status", "--porcelain", "--untracked-files=no"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-    ).stdout.strip()
-    return sha + ("+dirty" if dirty else "")
-  except OSError:
-    return "unknown"
 
 
 def merge(paths: list[Path], out_dir: Path) -> dict:

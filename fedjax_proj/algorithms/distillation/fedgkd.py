@@ -20,6 +20,13 @@ and uses one KD term per teacher with weight γ_m/2 = λ·softmax_m(−L_m/β), 
 
 Only the buffer's valid entries count (empty slots get weight 0). Teachers run in inference mode.
 Server: FedAvg. docs/methods.md ("FedGKD") and docs/reproduction.md ("FedGKD (paper 002)").
+
+Whether the initial model w_0 is a buffered global model (``buffer_initial``): 002 defines
+w̄_t = (1/M) Σ_{m=1}^{M} w_{t−m+1} with "initial global weight w_0" (Algorithm 1) and says nothing
+of rounds t < M, where the sum reaches past w_0. ``True`` (the default) counts w_0 as the buffer's
+first entry, so after r < M aggregations the teacher is the mean of w_0..w_r; ``False`` is the
+authors' code (``MasterFedGKD.ensemble_historical_models`` buffers aggregated models only): the mean
+of w_1..w_r. From r ≥ M on both are the mean of the last M; docs/parity.md measures the two.
 """
 
 from __future__ import annotations
@@ -112,10 +119,13 @@ def fedgkd(
   vote_validation: str = "client_batch",
   normalize=None,
   validation_batch_size: int = 500,
+  buffer_initial: bool = True,
 ) -> FederatedAlgorithm:
   """Builds FedGKD (``vote=False``) or FedGKD-VOTE (``vote=True``).
 
   Args:
+    buffer_initial: whether the initial model is the buffer's first entry (module docstring;
+      False: the authors' code, FedGKD only).
     vote_validation: where FedGKD-VOTE's L_m come from (module docstring): ``"client_batch"``
       or ``"server"``, which reads ``RoundData.extra["validation_images"]`` (raw, normalised with
       ``normalize``) and ``["validation_labels"]``.
@@ -132,6 +142,11 @@ def fedgkd(
       "vote_validation='server' sets FedGKD-VOTE's teacher weights; fedgkd has one averaged "
       "teacher. Use --method=fedgkd_vote or drop vote_validation."
     )
+  if vote and not buffer_initial:
+    raise ValueError(
+      "buffer_initial=False (only aggregated models in the buffer) is a setting of fedgkd's "
+      "averaged teacher; FedGKD-VOTE needs a valid teacher from round 0. Drop buffer_initial."
+    )
   if server_vote and normalize is None:
     raise ValueError("vote_validation='server' needs normalize (raw images -> model inputs).")
   base = fedavg(model, client_optimizer, server_optimizer)
@@ -142,9 +157,12 @@ def fedgkd(
   def init(variables, key):
     inner = base.init(variables, key)
     buffer = tree_lib.broadcast_clients(inner.variables, buffer_size)
-    count = jnp.ones((), jnp.int32)
+    # buffer_initial=False: the entries still hold the initial model, but none is valid until the
+    # first aggregation (round 0 distils nothing, so its teacher is never used).
+    count = jnp.asarray(1 if buffer_initial else 0, jnp.int32)
     # The closed form for the one valid entry: λ on the initial model (unused: no KD in round 0).
-    weights = vote_weights(jnp.zeros(buffer_size), jnp.arange(buffer_size) < count, lam)
+    valid = jnp.arange(buffer_size) < jnp.maximum(count, 1)
+    weights = vote_weights(jnp.zeros(buffer_size), valid, lam)
     return FedGKDState(inner, jax.tree.map(jnp.array, buffer), count, weights)
 
   def broadcast(state, rd, key):
@@ -156,7 +174,8 @@ def fedgkd(
       if server_vote:
         shared["vote_weights"] = state.vote_weights
     else:
-      shared["teacher"] = buffer_average(state.buffer, state.count)
+      # max(count, 1): a finite (unused) teacher in round 0 when the buffer holds no valid entry.
+      shared["teacher"] = buffer_average(state.buffer, jnp.maximum(state.count, 1))
     return shared, inputs
 
   def push(state, rd, outputs, key):
@@ -251,5 +270,6 @@ VOTE_SPEC = MethodSpec(
   functools.partial(build, method="fedgkd_vote"),
   needs_validation=functools.partial(needs_validation, "fedgkd_vote"),
   validation_fix=NO_VALIDATION_FIX,
-  hparams=factory_hparams(fedgkd, context=_CONTEXT),
+  # buffer_initial=False is refused by FedGKD-VOTE (every teacher must be valid from round 0).
+  hparams=factory_hparams(fedgkd, context=(*_CONTEXT, "buffer_initial")),
 )

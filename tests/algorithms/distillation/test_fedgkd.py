@@ -24,18 +24,22 @@ from fedjax_proj.training.inputs import held_out, subset
 from tests import helpers
 
 
-def test_fedgkd_teacher_is_average_of_last_m_globals():
+@pytest.mark.parametrize("buffer_initial", [True, False])
+def test_fedgkd_teacher_is_average_of_last_m_globals(buffer_initial):
   x, y = helpers.synthetic_data()
   model = helpers.tiny_model()
   fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
-  alg = fedgkd.fedgkd(model, optax.sgd(0.1), buffer_size=3)
+  alg = fedgkd.fedgkd(model, optax.sgd(0.1), buffer_size=3, buffer_initial=buffer_initial)
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
   state = alg.init(variables, jax.random.key(0))
   history = [variables]
   round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
   for r in range(4):
     shared, _ = jax.jit(alg.broadcast)(state, helpers.round_data(fd, x, y, round_idx=r), None)
-    expected = jax.tree.map(lambda *v: sum(v) / len(v), *history[-3:])
+    # buffer_initial=False (the authors' code): w_0 is never buffered, so once one aggregated
+    # model exists the teacher averages aggregated models only (round 0's teacher is unused).
+    kept = history if buffer_initial or r == 0 else history[1:]
+    expected = jax.tree.map(lambda *v: sum(v) / len(v), *kept[-3:])
     np.testing.assert_allclose(T.tree_ravel(shared["teacher"]), T.tree_ravel(expected), atol=1e-6)
     assert bool(shared["use_kd"]) == (r > 0)
     state, _ = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
