@@ -437,5 +437,6 @@ class SuiteEntry(NamedTuple):
 SUITE = (
   SuiteEntry("fedproj", "benchmarks/parity_fedproj.py", "parity_code.json"),
   SuiteEntry("fot", "benchmarks/parity_fot_basis.py", "fot_basis.json"),
+  SuiteEntry("gpm", "benchmarks/parity_gpm_basis.py", "gpm_basis.json"),
   *(SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json") for m in REFERENCES),
 )

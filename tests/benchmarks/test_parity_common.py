@@ -131,6 +131,6 @@ def test_load_definitions_runs_only_the_named_definitions(pc, tmp_path):
 
 def test_suite_lists_every_reference_and_the_older_benchmarks(pc):
   methods = [e.method for e in pc.SUITE]
-  assert methods[:2] == ["fedproj", "fot"] and set(methods[2:]) == set(pc.REFERENCES)
+  assert methods[:3] == ["fedproj", "fot", "gpm"] and set(methods[3:]) == set(pc.REFERENCES)
   for entry in pc.SUITE:
     assert (ROOT / entry.script).is_file()
