@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
 from fedjax_proj.training.rundir import checkpoint_rounds
 
@@ -63,20 +63,10 @@ CURVE_KEYS = (
 )
 
 
-def load_entry(claim: Claim, repo_root: Path = REPO_ROOT) -> ModuleType:
-  """Imports the claim's entry point (``experiments/*.py``) by file path."""
-  path = repo_root / claim.entry
-  if not path.is_file():
-    raise FileNotFoundError(
-      f"{path} not found: the reproduce tool needs a source checkout of fedjax_proj (it reads "
-      "the experiments' presets from experiments/*.py). Run it from a git clone of the "
-      "repository, e.g. `cd <clone> && python -m fedjax_proj.reproduce ...`."
-    )
-  sys.path.insert(0, str(path.parent))  # the entry points import their sibling `common`
-  spec = importlib.util.spec_from_file_location(f"_reproduce_entry_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def load_entry(claim: Claim) -> ModuleType:
+  """The config module of the claim's entry point: ``experiments/<name>.py`` runs
+  ``fedjax_proj/configs/<name>.py``, whose presets and ``resolve`` the claim uses."""
+  return for_entry(claim.entry)
 
 
 def default_data_root() -> Path:

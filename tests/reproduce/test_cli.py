@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -124,20 +123,15 @@ def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys
 
 
 def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkeypatch):
-  """experiments/common.py exits EXIT_NONFINITE on a non-finite run; the continual runner turns
+  """configs/common.py exits EXIT_NONFINITE on a non-finite run; the continual runner turns
   it into run.Diverged (recorded), an exit on SIGINT/SIGTERM (128 + n, after its checkpoint) into
   a stop request, any other non-zero exit into a failure (retried)."""
   import signal
   import types
 
+  from fedjax_proj.configs import common
   from fedjax_proj.reproduce import claims
   from fedjax_proj.training.signals import TrainingInterrupted
-
-  spec = importlib.util.spec_from_file_location(
-    "entry_common", run.REPO_ROOT / "experiments" / "common.py"
-  )
-  common = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(common)
   codes = iter([common.EXIT_NONFINITE, 128 + signal.SIGTERM, 1])
 
   def main(argv):
