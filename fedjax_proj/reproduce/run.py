@@ -280,23 +280,21 @@ def status(path: Path, fp: str) -> str:
 # Files whose content decides what a run computes: the package (less the report side of the
 # reproduce tool, which only reads results) and the entry points. Their hash is a result's code
 # fingerprint; two results pair only when it is equal (or recorded as equivalent, report.py).
+# Paths relative to the package.
 REPORT_ONLY = (
-  "report.py",
-  "stats.py",
-  "protocol.py",
-  "__main__.py",
-  "jobs.py",
-  "docs_tables.py",
+  "reproduce/report.py",
+  "reproduce/stats.py",
+  "reproduce/protocol.py",
+  "reproduce/__main__.py",
+  "reproduce/jobs.py",
+  "reproduce/docs_tables.py",
   "plot.py",
 )
 
 
 def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
-  files = [
-    f
-    for f in (repo_root / "fedjax_proj").rglob("*.py")
-    if not (f.parent.name in ("reproduce", "plot") and f.name in REPORT_ONLY)
-  ]
+  package = repo_root / "fedjax_proj"
+  files = [f for f in package.rglob("*.py") if f.relative_to(package).as_posix() not in REPORT_ONLY]
   return sorted(files + list((repo_root / "experiments").glob("*.py")))
 
 
