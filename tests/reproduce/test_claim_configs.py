@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -427,3 +428,17 @@ def test_the_code_fingerprint_leaves_out_exactly_the_report_side(tmp_path):
     before = run.code_fingerprint(root)
   (root / "experiments" / "cifar10.py").write_text("x = 2\n")
   assert run.code_fingerprint(root) != before
+
+
+def test_an_installed_package_defaults_to_the_working_directory(tmp_path, monkeypatch, capsys):
+  """A checkout keeps its committed results folder as the default; a folder without the
+  checkout's pyproject.toml, docs/ and benchmarks/ (site-packages) is no checkout, and there
+  --update_docs refuses instead of writing a docs/ folder into it."""
+  assert run.in_checkout(run.REPO_ROOT) and run.DEFAULT_RESULTS == run.CHECKOUT_RESULTS
+  assert run.CHECKOUT_RESULTS == run.REPO_ROOT / "benchmarks" / "results" / "reproduce"
+  assert not run.in_checkout(tmp_path) and not run.INSTALLED_RESULTS.is_absolute()
+  assert run.git_commit(tmp_path) == "unknown" or os.environ.get("FEDJAX_PROJ_GIT_COMMIT")
+  monkeypatch.setattr(run, "in_checkout", lambda root=run.REPO_ROOT: False)
+  before = DOC.read_text()
+  assert cli.main(["--update_docs"]) == 2
+  assert "source checkout" in capsys.readouterr().err and DOC.read_text() == before
