@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 
 PAPER = {"fl": (80.06, 9.21), "fot": (85.21, 1.97)}
 _NOT_SETTING = ("out", "methods", "merge")
@@ -59,8 +58,7 @@ def main(argv=None) -> int:
   )
   args = parser.parse_args(argv)
 
-  import pmnist
-
+  from fedjax_proj.configs import pmnist
   from fedjax_proj.data.continual import permuted_mnist
   from fedjax_proj.data.sources import find_shared_data, load_dataset
   from fedjax_proj.models import mlp, multi_head

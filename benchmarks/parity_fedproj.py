@@ -55,9 +55,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
 if str(HERE) not in sys.path:
-  sys.path.append(str(HERE))  # after experiments/, whose ``common`` the entry point needs
+  sys.path.append(str(HERE))
 
 # The suite's shared harness (docs/parity.md).
 from parity_common import load_definitions  # noqa: E402
@@ -74,7 +73,7 @@ DEFECTS = ("code", "fixed")
 
 def our_config(method: str, seed: int, args, output_dir: str = ""):
   """The ``paper_code`` preset of experiments/cifar10.py at the run's reduced budget."""
-  import cifar10 as entry
+  from fedjax_proj.configs import cifar10 as entry
 
   c = entry.get_config("paper_code")
   c.update(
@@ -189,7 +188,7 @@ def torch_cnn():
   """Our ``cnn`` (fedjax_proj/models/cnn.py) in torch, as benchmarks/torch_reference.py has it:
   NCHW, SAME padding = 2 for the 5x5 convolutions; layer indices 0, 3, 7, 9 hold parameters."""
   if str(HERE) not in sys.path:
-    sys.path.append(str(HERE))  # after experiments/, whose ``common`` the entry point needs
+    sys.path.append(str(HERE))
   from torch_reference import torch_cifar_model
 
   return torch_cifar_model("cnn")

@@ -20,8 +20,10 @@ ALLOWED = {
   "models": {"core"},
   "algorithms": {"core", "data", "models"},
   "training": {"core", "data", "models", "algorithms"},
-  "reproduce": {"core", "data", "models", "algorithms", "training"},
   "plot": {"core", "data", "models", "algorithms", "training"},
+  # The experiments' presets and flags; quickstart plots its runs.
+  "configs": {"core", "data", "models", "algorithms", "training", "plot"},
+  "reproduce": {"core", "data", "models", "algorithms", "training", "configs"},
 }
 
 

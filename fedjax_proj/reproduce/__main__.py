@@ -85,7 +85,13 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument("--sweep", action="store_true", help="fedproj-iris-pilot: run the regime grid")
   p.add_argument("--update_docs", action="store_true", help="regenerate docs' results section")
   p.add_argument("--list", action="store_true", help="list the claims")
-  p.add_argument("--results", default=str(run.DEFAULT_RESULTS), help="results folder")
+  p.add_argument(
+    "--results",
+    default=str(run.DEFAULT_RESULTS),
+    help="results folder (default: a source checkout's benchmarks/results/reproduce, which holds "
+    "its committed results; an installed package's is ./fedjax_proj_results; now: "
+    f"{run.DEFAULT_RESULTS})",
+  )
   p.add_argument("--data", default="", help="shared data folder (default: ../shared/data)")
   p.add_argument(
     "--jobs",
@@ -413,7 +419,9 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
   attempt = f"{os.getpid()}-{time.time_ns()}"  # one name per command: a failing run runs once
   argv = jobs.worker_argv(args, claim.name, budget, root, results, attempt)
   print(f"starting {args.jobs} jobs, cores {jobs.core_shares(args.jobs)}", flush=True)
-  codes = jobs.run_workers(argv, args.jobs, on_line, cwd=run.REPO_ROOT)
+  # In this process's working directory: relative --results/--data mean the same, and the
+  # workers import fedjax_proj as this process did (installed, $PYTHONPATH or the directory).
+  codes = jobs.run_workers(argv, args.jobs, on_line)
   # A worker stopped by a signal exits 128+n (a run's stop request) or -n (killed by it).
   stopped = [-c if c < 0 else c - 128 for c in codes if c < 0 or c > 128]
   if stopped:
@@ -475,6 +483,14 @@ def main(argv=None) -> int:
       print(f"error: {e}", file=sys.stderr)
       return 1
   if args.update_docs:
+    if not run.in_checkout():
+      print(
+        f"error: --update_docs rewrites docs/reproduction.md of a source checkout, and this "
+        f"fedjax_proj is installed ({run.REPO_ROOT}); run it in a clone of the repository "
+        "(pip install -e . there)",
+        file=sys.stderr,
+      )
+      return 2
     doc = run.REPO_ROOT / "docs" / "reproduction.md"
     report.update_docs(doc, results)
     docs_tables.update(doc)

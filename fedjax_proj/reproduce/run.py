@@ -1,14 +1,15 @@
 """One (method, seed) run of a claim through the existing entry points, saved as one JSON file.
 
-The config is resolved from the entry point's ``get_config("paper")`` (``experiments/*.py``,
-loaded by file path from the source checkout) plus the claim's budget overrides
-(:mod:`fedjax_proj.reproduce.claims`). Its fingerprint (SHA-256 of the resolved config, with the
-``{data}`` placeholder kept and run-management fields cleared) decides whether a result on disk is
-``done`` (same fingerprint: skipped), ``stale`` (another config: kept, rerun only with
-``rerun_stale``) or ``missing``. Result files: ``<results>/<claim>/<budget>/<method>-seed<k>.json``
-(docs/reproduction.md, "Results"). A run that stops before its result (a signal, a crash, a
-killed process) continues from its newest checkpoint on the next attempt when its config and code
-are unchanged (:func:`resumable`).
+The config is resolved by the entry point's config module (``experiments/<name>.py`` runs
+:mod:`fedjax_proj.configs`'s ``<name>``: its presets, ``resolve`` and ``prepare``) plus the claim's
+budget overrides (:mod:`fedjax_proj.reproduce.claims`), and every kind of claim runs in this
+process, as that module's own ``main`` would run it. Its fingerprint (SHA-256 of the resolved
+config, with the ``{data}`` placeholder kept and run-management fields cleared) decides whether a
+result on disk is ``done`` (same fingerprint: skipped), ``stale`` (another config: kept, rerun only
+with ``rerun_stale``) or ``missing``. Result files:
+``<results>/<claim>/<budget>/<method>-seed<k>.json`` (docs/reproduction.md, "Results"). A run that
+stops before its result (a signal, a crash, a killed process) continues from its newest checkpoint
+on the next attempt when its config and code are unchanged (:func:`resumable`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
-import io
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -31,11 +29,28 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
 from fedjax_proj.training.rundir import checkpoint_rounds
 
+# The folder holding the package: a source checkout's root, or site-packages when installed.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "reproduce"
+
+
+def in_checkout(root: Path = REPO_ROOT) -> bool:
+  """Whether the package runs from a source checkout (``root`` holds pyproject.toml, docs/ and
+  benchmarks/ beside it), not from an installed copy."""
+  return all((root / p).exists() for p in ("pyproject.toml", "docs", "benchmarks"))
+
+
+# Where results go without --results (docs/reproduction.md, "Results"; argued in docs/design.md,
+# "The package and the checkout"): a checkout's committed results folder, which its code made and
+# its docs cite, wherever the command runs from; for an installed package, ./fedjax_proj_results
+# in the working directory (site-packages is no place for results: shared, maybe read-only, and
+# replaced on upgrade).
+CHECKOUT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "reproduce"
+INSTALLED_RESULTS = Path("fedjax_proj_results")
+DEFAULT_RESULTS = CHECKOUT_RESULTS if in_checkout() else INSTALLED_RESULTS
 # Fields that change how a run is managed, not what it computes.
 RUN_FIELDS = (
   "output_dir",
@@ -63,20 +78,10 @@ CURVE_KEYS = (
 )
 
 
-def load_entry(claim: Claim, repo_root: Path = REPO_ROOT) -> ModuleType:
-  """Imports the claim's entry point (``experiments/*.py``) by file path."""
-  path = repo_root / claim.entry
-  if not path.is_file():
-    raise FileNotFoundError(
-      f"{path} not found: the reproduce tool needs a source checkout of fedjax_proj (it reads "
-      "the experiments' presets from experiments/*.py). Run it from a git clone of the "
-      "repository, e.g. `cd <clone> && python -m fedjax_proj.reproduce ...`."
-    )
-  sys.path.insert(0, str(path.parent))  # the entry points import their sibling `common`
-  spec = importlib.util.spec_from_file_location(f"_reproduce_entry_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def load_entry(claim: Claim) -> ModuleType:
+  """The config module of the claim's entry point: ``experiments/<name>.py`` runs
+  ``fedjax_proj/configs/<name>.py``, whose presets and ``resolve`` the claim uses."""
+  return for_entry(claim.entry)
 
 
 def default_data_root() -> Path:
@@ -275,23 +280,21 @@ def status(path: Path, fp: str) -> str:
 # Files whose content decides what a run computes: the package (less the report side of the
 # reproduce tool, which only reads results) and the entry points. Their hash is a result's code
 # fingerprint; two results pair only when it is equal (or recorded as equivalent, report.py).
+# Paths relative to the package.
 REPORT_ONLY = (
-  "report.py",
-  "stats.py",
-  "protocol.py",
-  "__main__.py",
-  "jobs.py",
-  "docs_tables.py",
+  "reproduce/report.py",
+  "reproduce/stats.py",
+  "reproduce/protocol.py",
+  "reproduce/__main__.py",
+  "reproduce/jobs.py",
+  "reproduce/docs_tables.py",
   "plot.py",
 )
 
 
 def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
-  files = [
-    f
-    for f in (repo_root / "fedjax_proj").rglob("*.py")
-    if not (f.parent.name in ("reproduce", "plot") and f.name in REPORT_ONLY)
-  ]
+  package = repo_root / "fedjax_proj"
+  files = [f for f in package.rglob("*.py") if f.relative_to(package).as_posix() not in REPORT_ONLY]
   return sorted(files + list((repo_root / "experiments").glob("*.py")))
 
 
@@ -367,10 +370,13 @@ def git_commit(repo_root: Path = REPO_ROOT) -> str:
   """HEAD of the checkout (``-dirty`` with tracked changes), or ``$FEDJAX_PROJ_GIT_COMMIT`` where
   set: a copy of the tree whose git history is not its own (an accelerator's copy of the working
   tree) names the commit it was copied at (docs/reproduction.md, "Running claims on a GPU"); the
-  code fingerprint beside it is computed from the files either way."""
+  code fingerprint beside it is computed from the files either way. An installed package has no
+  commit ("unknown"), even where its site-packages lies inside some git checkout."""
   named = os.environ.get("FEDJAX_PROJ_GIT_COMMIT", "").strip()
   if named:
     return named
+  if not in_checkout(repo_root):
+    return "unknown"
   try:
     out = subprocess.run(
       ["git", "-C", str(repo_root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -420,53 +426,20 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   return metrics, curve
 
 
-class _Tee(io.TextIOBase):
-  """Writes to every stream it holds (the terminal and a buffer)."""
-
-  def __init__(self, *streams):
-    self.streams = streams
-
-  def write(self, text: str) -> int:
-    for stream in self.streams:
-      stream.write(text)
-    return len(text)
-
-  def flush(self) -> None:
-    for stream in self.streams:
-      stream.flush()
-
-  def fileno(self) -> int:  # for code that writes to the descriptor: the terminal's
-    return self.streams[0].fileno()
-
-  def isatty(self) -> bool:
-    return self.streams[0].isatty()
-
-
 def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  entry = load_entry(claim)
-  argv = ["--preset=paper", "--iid" if config["iid"] else "--noniid", f"--output_dir={work}"]
-  for key, value in config.items():
-    if key not in ("iid", "method_kwargs", "output_dir"):
-      argv.append(f"--{key}={value}")
-  kwargs = ",".join(f"{k}={v}" for k, v in config["method_kwargs"].items())
-  argv.append(f"--method_kwargs={kwargs}")
-  said = io.StringIO()  # the entry point's error line, kept for a diverged run's record
-  with contextlib.redirect_stderr(_Tee(sys.stderr, said)):
-    rc = entry.main(argv)
-  if rc == entry.common.EXIT_NONFINITE:
-    errors = [line for line in said.getvalue().splitlines() if line.startswith("error: ")]
-    raise Diverged(
-      errors[-1].removeprefix("error: ")
-      if errors
-      else f"{claim.entry} stopped on a non-finite loss or parameters"
-    )
-  if rc - 128 in (signal.SIGINT, signal.SIGTERM):  # stopped by a signal after a checkpoint
-    from fedjax_proj.training.signals import TrainingInterrupted
+  """Runs a continual claim in this process: the config module resolves ``config`` as its flags
+  would (``--preset=paper`` plus every field), checks it and runs it into ``work``."""
+  from fedjax_proj.training.loop import NonFiniteError
 
-    raise TrainingInterrupted(f"{claim.entry} stopped by a signal", 0, rc - 128, True)
-  if rc != 0:
-    raise RuntimeError(f"{claim.entry} {' '.join(argv)} failed (see its error above).")
-  summary = json.loads((work / "summary.json").read_text())
+  entry = load_entry(claim)
+  fields = {k: v for k, v in config.items() if k != "method_kwargs"}
+  c = entry.resolve("paper", fields, config["method_kwargs"])
+  c.output_dir = str(work)
+  entry.check_run(c)
+  try:
+    summary = entry.run(c)
+  except NonFiniteError as e:
+    raise Diverged(str(e)) from e
   metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
   # The accuracy matrix separates plasticity (its diagonal) from forgetting (the drop below it).
   metrics["acc_matrix"] = summary["acc_matrix"]

@@ -1,9 +1,9 @@
 """The experiment config: its defaults (:func:`base_config`) and its checks, before any compute.
 
-Experiments (``experiments/*.py``) own a ``get_config(preset)`` built on :func:`base_config` and
-parse flags into it. :func:`validate_config` rejects impossible settings with an error naming the
-fix before any data is loaded; the ``--method_kwargs`` a method accepts are the hyperparameters its
-registry spec declares (``MethodSpec.hparams``).
+The experiment families (:mod:`fedjax_proj.configs`) own a ``get_config(preset)`` built on
+:func:`base_config` and parse flags into it. :func:`validate_config` rejects impossible settings
+with an error naming the fix before any data is loaded; the ``--method_kwargs`` a method accepts
+are the hyperparameters its registry spec declares (``MethodSpec.hparams``).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     raise ValueError("--resume needs --output_dir=<the interrupted run's directory>.")
   for field in registry.config_kwargs(c.method):
     # One source for a value that is both a flag and a hyperparameter: the flag. Entry points move
-    # a --method_kwargs value into the field (experiments/common.py); a difference left here
+    # a --method_kwargs value into the field (fedjax_proj/configs/common.py); a difference left here
     # would make the summary record a value the run did not use.
     if field in c.method_kwargs and c.method_kwargs[field] != c[field]:
       raise ValueError(

@@ -1,7 +1,7 @@
 """Config-driven experiments: build data, model, algorithm and executor from one ConfigDict, run.
 
-Experiments (``experiments/*.py``) own a ``get_config(preset)`` and parse flags into it; this module
-only reads the config object it is given. The pieces live beside it:
+The experiment families (:mod:`fedjax_proj.configs`) own a ``get_config(preset)`` and parse flags
+into it; this module only reads the config object it is given. The pieces live beside it:
 :mod:`~fedjax_proj.training.config` (defaults, and ``validate_config``, which rejects impossible
 settings before any data is loaded), :mod:`~fedjax_proj.training.processes` (multi-process
 start-up), :mod:`~fedjax_proj.training.optimizers`, :mod:`~fedjax_proj.training.inputs` (subsets,

@@ -56,8 +56,8 @@ _OS_ERROR_FIXES = {
 def describe_os_error(e: OSError) -> str:
   """One line for an OSError: the cause (with its errno name), the path and what to do.
 
-  The entry points print it instead of a traceback (experiments/common.py); whatever the run had
-  checkpointed stays resumable (a checkpoint is renamed into place only once complete).
+  The entry points print it instead of a traceback (fedjax_proj/configs/common.py); whatever the
+  run had checkpointed stays resumable (a checkpoint is renamed into place only once complete).
   """
   cause = e.strerror or str(e) or type(e).__name__
   name = errno.errorcode.get(e.errno, "") if e.errno is not None else ""

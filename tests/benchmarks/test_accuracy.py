@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# benchmarks/ on the path only for these imports: its common.py is not experiments/common.py.
+# benchmarks/ on the path only for these imports (its common.py, a top-level ``common``).
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
   import accuracy_cifar10

@@ -22,10 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _import_benchmarks():
-  """Imports the benchmark scripts without leaving benchmarks/common.py as ``common``.
-
-  experiments/ has its own ``common`` module, imported by other tests in the same process.
-  """
+  """Imports the benchmark scripts without leaving benchmarks/common.py as ``common``, a
+  top-level name other benchmark tests in the same process import from their own path."""
   bench = str(ROOT / "benchmarks")
   saved = sys.modules.pop("common", None)
   sys.path.insert(0, bench)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# benchmarks/ on the path only for this import: its common.py is not experiments/common.py.
+# benchmarks/ on the path only for this import: its common.py is not fedjax_proj/configs/common.py.
 sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
   import sfedkd_pilot

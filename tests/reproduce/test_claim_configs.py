@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -398,3 +399,46 @@ def test_fot_claims_run_the_papers_rule_and_keep_the_authors_rule_runs_as_an_abl
       "method_kwargs": {k: v for k, v in authors["method_kwargs"].items() if k != "threshold_rule"},
     }
     assert run.fingerprint(before) == run.fingerprint(authors) != run.fingerprint(fot)
+
+
+def test_the_code_fingerprint_leaves_out_exactly_the_report_side(tmp_path):
+  """The code fingerprint covers what decides a run's numbers and nothing that only reads or draws
+  results: editing fedjax_proj/plot.py or reproduce/report.py keeps it, editing the runner, a
+  config module or an entry point changes it."""
+  package = run.REPO_ROOT / "fedjax_proj"
+  names = {f.relative_to(run.REPO_ROOT).as_posix() for f in run.code_files()}
+  assert {"fedjax_proj/reproduce/run.py", "fedjax_proj/configs/cifar10.py"} <= names
+  assert "experiments/cifar10.py" in names
+  assert not {f"fedjax_proj/{r}" for r in run.REPORT_ONLY} & names
+  assert all((package / r).is_file() for r in run.REPORT_ONLY)  # no stale entry
+
+  root = tmp_path / "repo"
+  for rel in ("plot.py", "reproduce/report.py", "reproduce/run.py", "configs/cifar10.py"):
+    (root / "fedjax_proj" / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / "fedjax_proj" / rel).write_text("x = 1\n")
+  (root / "experiments").mkdir()
+  (root / "experiments" / "cifar10.py").write_text("x = 1\n")
+  before = run.code_fingerprint(root)
+  for rel in ("fedjax_proj/plot.py", "fedjax_proj/reproduce/report.py"):
+    (root / rel).write_text("x = 2\n")
+    assert run.code_fingerprint(root) == before, rel
+  for rel in ("fedjax_proj/reproduce/run.py", "fedjax_proj/configs/cifar10.py"):
+    (root / rel).write_text("x = 2\n")
+    assert run.code_fingerprint(root) != before, rel
+    before = run.code_fingerprint(root)
+  (root / "experiments" / "cifar10.py").write_text("x = 2\n")
+  assert run.code_fingerprint(root) != before
+
+
+def test_an_installed_package_defaults_to_the_working_directory(tmp_path, monkeypatch, capsys):
+  """A checkout keeps its committed results folder as the default; a folder without the
+  checkout's pyproject.toml, docs/ and benchmarks/ (site-packages) is no checkout, and there
+  --update_docs refuses instead of writing a docs/ folder into it."""
+  assert run.in_checkout(run.REPO_ROOT) and run.DEFAULT_RESULTS == run.CHECKOUT_RESULTS
+  assert run.CHECKOUT_RESULTS == run.REPO_ROOT / "benchmarks" / "results" / "reproduce"
+  assert not run.in_checkout(tmp_path) and not run.INSTALLED_RESULTS.is_absolute()
+  assert run.git_commit(tmp_path) == "unknown" or os.environ.get("FEDJAX_PROJ_GIT_COMMIT")
+  monkeypatch.setattr(run, "in_checkout", lambda root=run.REPO_ROOT: False)
+  before = DOC.read_text()
+  assert cli.main(["--update_docs"]) == 2
+  assert "source checkout" in capsys.readouterr().err and DOC.read_text() == before

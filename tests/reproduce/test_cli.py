@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
@@ -123,37 +122,46 @@ def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys
   assert "To complete the verdicts" not in text  # a diverged run is not missing
 
 
-def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkeypatch):
-  """experiments/common.py exits EXIT_NONFINITE on a non-finite run; the continual runner turns
-  it into run.Diverged (recorded), an exit on SIGINT/SIGTERM (128 + n, after its checkpoint) into
-  a stop request, any other non-zero exit into a failure (retried)."""
+def test_continual_runs_in_process_and_a_divergence_is_recorded(tmp_path, monkeypatch):
+  """The continual runner resolves the planned config through the claim's config module
+  (fedjax_proj/configs/pmnist.py) and runs it in this process: a non-finite run (NonFiniteError)
+  becomes run.Diverged (recorded), a stop request (TrainingInterrupted) and any other failure
+  reach the queue as they are (a stop, a failure retried by the next command)."""
   import signal
-  import types
 
+  from fedjax_proj.configs import pmnist
   from fedjax_proj.reproduce import claims
+  from fedjax_proj.training.loop import NonFiniteError
   from fedjax_proj.training.signals import TrainingInterrupted
 
-  spec = importlib.util.spec_from_file_location(
-    "entry_common", run.REPO_ROOT / "experiments" / "common.py"
+  claim = claims.get_claim("fot-pmnist-noniid")
+  planned = run.resolve_config(claim, "smoke", "ewc", 0, data_root=tmp_path)
+  config = run.substitute_data(planned, tmp_path)
+  ran = []
+  outcomes = iter(
+    [
+      NonFiniteError("Round 26 of ewc produced non-finite train_loss"),
+      TrainingInterrupted("SIGTERM received", 1, signal.SIGTERM, True),
+      ValueError("no MNIST here"),
+    ]
   )
-  common = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(common)
-  codes = iter([common.EXIT_NONFINITE, 128 + signal.SIGTERM, 1])
 
-  def main(argv):
-    print("error: Round 26 of ewc produced non-finite train_loss", file=sys.stderr)
-    return next(codes)
+  def fake_run(c):
+    ran.append(c)
+    raise next(outcomes)
 
-  fake = types.SimpleNamespace(common=common, main=main)
-  monkeypatch.setattr(run, "load_entry", lambda claim: fake)
-  config = {"iid": False, "method_kwargs": {}, "seed": 0}
+  monkeypatch.setattr(pmnist, "run", fake_run)
   with pytest.raises(run.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
-    run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+    run._run_continual(claim, config, tmp_path, print)
+  # What ran is the planned config, with this run's directory: nothing re-typed through flags.
+  got = ran[0].to_dict()
+  assert got["output_dir"] == str(tmp_path)
+  assert {k: got[k] for k in config} == config
   with pytest.raises(TrainingInterrupted) as stop:
-    run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+    run._run_continual(claim, config, tmp_path, print)
   assert stop.value.signum == signal.SIGTERM
-  with pytest.raises(RuntimeError, match="failed"):
-    run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+  with pytest.raises(ValueError, match="no MNIST here"):
+    run._run_continual(claim, config, tmp_path, print)
 
 
 def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
@@ -540,7 +548,6 @@ def test_jobs_run_every_run_once_and_equal_one_process(tmp_path):
   program, same seed)."""
   import os
   import subprocess
-  import sys
 
   if len(os.sched_getaffinity(0)) < 2:
     pytest.skip("needs 2 usable cores")
@@ -575,7 +582,6 @@ def test_sigterm_to_a_jobs_runner_stops_every_worker(tmp_path):
   import os
   import signal
   import subprocess
-  import sys
 
   if len(os.sched_getaffinity(0)) < 2:
     pytest.skip("needs 2 usable cores")

@@ -35,7 +35,7 @@ def test_smoke_budget_runs_through_the_runner(tmp_path, monkeypatch):
   monkeypatch.setattr(text, "network_available", lambda: True)  # the mock serves downloads
   monkeypatch.setenv("FEDJAX_PROJ_CACHE", str(tmp_path / "cache"))
   claim = claims.get_claim("fedproj-sst2-dir0.5")
-  # FedAvg: the runner's text path is under test (FedProj's round: tests/experiments/test_nlp.py)
+  # FedAvg: the runner's text path is under test (FedProj's round: tests/configs/test_nlp.py)
   config = run.resolve_config(claim, "smoke", "fedavg", seed=0)
   config.update(num_clients=2, clients_per_round=2, rounds=1, max_len=16, public_size=40,
                 batch_size=16, memory_size=32, partition="iid")  # fmt: skip

@@ -6,7 +6,7 @@ end-of-task pass then runs before the save) stop the run with a checkpoint; ``re
 the same state (FOT's bases, EWC's Fishers, ER's buffer), accuracy matrix, final parameters and
 ``metrics.jsonl`` (wall-clock fields aside) as a run never stopped: the same program twice, so
 exactly equal. The CLI (``experiments/pmnist.py`` under SIGINT and SIGKILL) is
-tests/experiments/test_continual_cli_resume.py.
+tests/configs/test_continual_cli_resume.py.
 """
 
 from __future__ import annotations
@@ -16,21 +16,17 @@ import json
 import os
 import shutil
 import signal
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from fedjax_proj.configs import common  # the entry points' messages
 from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training.continual import TaskSchedule, train_continual
 from fedjax_proj.training.session import RunIO
 from fedjax_proj.training.signals import TrainingInterrupted
 from tests import helpers
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-import common  # noqa: E402  (experiments/common.py: the entry points' messages)
 
 HPARAMS = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "ewc": {"lam": 1.0}}
 SCHEDULE = TaskSchedule((2, 2), num_clients=4, clients_per_round=2, batch_size=16, iid=False)

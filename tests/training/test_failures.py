@@ -4,7 +4,7 @@ invalid configurations are rejected before the model is built or anything is com
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -31,12 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cifar10_entry_point():
-  spec = importlib.util.spec_from_file_location(
-    "cifar10_entry", ROOT / "experiments" / "cifar10.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)  # puts experiments/ on sys.path for ``common``
-  return module, sys.modules["common"]
+  from fedjax_proj.configs import cifar10, common
+
+  return cifar10, common
 
 
 def test_nan_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path):
@@ -185,12 +182,7 @@ def test_resume_refuses_other_flags_and_a_new_run_replaces_a_finished_one(tmp_pa
 
 
 def _entry_point(name):
-  spec = importlib.util.spec_from_file_location(
-    f"{name}_entry", ROOT / "experiments" / f"{name}.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(f"fedjax_proj.configs.{name}")
 
 
 @pytest.mark.parametrize(
@@ -211,7 +203,8 @@ def test_paper_presets_are_valid_and_match_the_paper(name, expected):
 
 def test_cifar100_preset_names_the_public_set_it_expects(capsys, tmp_path):
   module = _entry_point("cifar100")
-  common = sys.modules["common"]
+  from fedjax_proj.configs import common
+
   run = lambda *flags: common.main(
     ["--preset=smoke", *flags], "", module.get_config, {}, prepare=module.prepare
   )
@@ -231,7 +224,8 @@ def test_cifar100_preset_names_the_public_set_it_expects(capsys, tmp_path):
 
 def test_cinic10_without_its_image_folder_gives_offline_instructions(tmp_path, capsys):
   module = _entry_point("cinic10")
-  common = sys.modules["common"]
+  from fedjax_proj.configs import common
+
   rc = common.main(["--preset=smoke", f"--data_dir={tmp_path}"], "", module.get_config, {})
   assert rc == 1
   err = capsys.readouterr().err

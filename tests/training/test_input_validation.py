@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import errno
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedjax_proj.algorithms import registry
+from fedjax_proj.configs import cifar10, common, pmnist
 from fedjax_proj.core import ranges
 from fedjax_proj.data.sources import load_sklearn
 from fedjax_proj.training import experiment, inputs
 from fedjax_proj.training.config import base_config, parse_method_kwargs
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-
-import cifar10  # noqa: E402
-import common  # noqa: E402
-import pmnist  # noqa: E402
 
 DIGITS = ("--preset=smoke", "--dataset=digits", "--model=mlp")
 

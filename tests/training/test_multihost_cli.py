@@ -8,7 +8,6 @@ job resumes from its (collectively written) checkpoint. Bad process flags fail b
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -190,17 +189,11 @@ def test_cohort_must_split_over_all_processes_devices(monkeypatch):
 
 
 def test_process_flags_reach_the_config_and_not_the_fingerprint():
-  spec = importlib.util.spec_from_file_location("cifar10_entry", SCRIPT)
-  sys.path.insert(0, str(SCRIPT.parent))
-  try:
-    entry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(entry)
-    import common
+  from fedjax_proj.configs import cifar10 as entry
+  from fedjax_proj.configs import common
 
-    argv = ["--num_processes=2", "--process_id=1", "--coordinator_address=h:9", "--output_dir=o"]
-    c = common.parse_config(argv, "d", entry.get_config, {})
-  finally:
-    sys.path.remove(str(SCRIPT.parent))
+  argv = ["--num_processes=2", "--process_id=1", "--coordinator_address=h:9", "--output_dir=o"]
+  c = common.parse_config(argv, "d", entry.get_config, {})
   assert (c.num_processes, c.process_id, c.coordinator_address) == (2, 1, "h:9")
   from fedjax_proj.training.checkpoint import config_fingerprint
 

@@ -10,7 +10,7 @@ real processes are the point.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -34,16 +34,11 @@ SMOKE = ["--preset=smoke", "--dataset=digits", "--model=mlp", "--progress=false"
 
 
 def _entry(name: str):
-  spec = importlib.util.spec_from_file_location(
-    f"{name}_entry", ROOT / "experiments" / f"{name}.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)  # puts experiments/ on sys.path for ``common``
-  return module
+  return importlib.import_module(f"fedjax_proj.configs.{name}")
 
 
 CIFAR10 = _entry("cifar10")
-common = sys.modules["common"]
+common = _entry("common")
 
 
 def run(*flags: str) -> int:

@@ -7,8 +7,9 @@ its source and every departure are tabled in docs/reproduction.md ("FedProj (pap
 
 from __future__ import annotations
 
-import common
 import ml_collections
+
+from fedjax_proj.configs import common
 
 # Paper 001, Table 3 (= 000, Table 3b): the α of Table 1's FedProj row per dataset and Dirichlet β
 # (the best row of each column; "w/o" = 0). β values the table lacks get 0, the papers' default.

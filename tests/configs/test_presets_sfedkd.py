@@ -7,7 +7,7 @@ run of the preset resolves it: the preset's ``method_kwargs`` over the method's 
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import inspect
 from pathlib import Path
 
@@ -24,13 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_experiment(name: str):
-  """experiments/<name>.py as a module (it puts experiments/ on sys.path for ``common``)."""
-  spec = importlib.util.spec_from_file_location(
-    f"experiment_{name}", ROOT / "experiments" / f"{name}.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """The config module of experiments/<name>.py (fedjax_proj/configs/<name>.py)."""
+  return importlib.import_module(f"fedjax_proj.configs.{name}")
 
 
 sequential = load_experiment("sequential")

@@ -4,9 +4,6 @@ FedProj (with an unlabelled public file) learn it with a random-init encoder, on
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,18 +12,15 @@ pytest.importorskip("tokenizers", reason="text runs need the tokenizers library 
 
 from fedjax_proj.training.experiment import run_experiment  # noqa: E402
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 POSITIVE = ["good", "great", "lovely", "superb"]
 NEGATIVE = ["bad", "awful", "boring", "poor"]
 FILLER = ["the", "movie", "film", "was", "plot", "acting", "we", "saw", "it", "really", "quite"]
 
 
 def _nlp():
-  sys.path.insert(0, str(EXPERIMENTS))
-  spec = importlib.util.spec_from_file_location("nlp_entry", EXPERIMENTS / "nlp.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from fedjax_proj.configs import nlp
+
+  return nlp
 
 
 def _sentences(n, rng, labelled=True):

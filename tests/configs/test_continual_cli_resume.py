@@ -117,8 +117,7 @@ def test_sigkill_and_sigint_mid_task_then_resume_equal_the_uninterrupted_run(tmp
 
 
 def test_resume_flags_parse_like_the_fl_entry_points(capsys):
-  sys.path.insert(0, str(ROOT / "experiments"))
-  import pmnist
+  from fedjax_proj.configs import pmnist
 
   c = pmnist.parse(["--output_dir=d", "--resume", "--progress=false"], "", pmnist.get_config)
   assert c.resume is True and c.progress is False and c.checkpoint_every == 10

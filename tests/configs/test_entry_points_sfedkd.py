@@ -24,14 +24,14 @@ import pytest
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
+from fedjax_proj.configs import common
 from fedjax_proj.data.sources import find_shared_data
 from fedjax_proj.training.config import validate_config
 from fedjax_proj.training.experiment import run_experiment
-from tests.experiments.test_presets_sfedkd import load_experiment
+from tests.configs.test_presets_sfedkd import load_experiment
 
 sequential = load_experiment("sequential")
 cifar10 = load_experiment("cifar10")
-import common  # noqa: E402  (experiments/common.py, put on sys.path by the entry points)
 
 SHARED = find_shared_data()
 

@@ -8,10 +8,8 @@ after ``--partition=...`` (FedProj's α follows the Dirichlet β).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import inspect
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +21,6 @@ from fedjax_proj.algorithms.registry import declared_hparams
 from fedjax_proj.models import count_params, get_model
 from tests.paper_table import check_table, read_tables
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 METHOD_FNS = {
   "fedproj": fedproj.fedproj,
   "moon": moon.moon,
@@ -42,13 +39,8 @@ TABLES = {
 
 
 def _entry_point(name: str):
-  """Imports experiments/<name>.py by path (its directory goes on sys.path, as when run)."""
-  if str(EXPERIMENTS) not in sys.path:
-    sys.path.insert(0, str(EXPERIMENTS))
-  spec = importlib.util.spec_from_file_location(f"experiments_{name}", EXPERIMENTS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """The config module of experiments/<name>.py (fedjax_proj/configs/<name>.py)."""
+  return importlib.import_module(f"fedjax_proj.configs.{name}")
 
 
 def _config(module, preset: str, method: str, partition: str | None = None):
@@ -118,7 +110,7 @@ def test_paper_alpha_follows_the_partition_after_flags():
 
 def test_help_lists_each_entry_points_presets(capsys):
   cifar10 = _entry_point("cifar10")
-  common = sys.modules["common"]
+  common = _entry_point("common")
   parser = common.build_parser("x", cifar10.get_config, {}, cifar10.PRESETS)
   assert "paper_code" in parser.format_help() and "fedgkd_paper" in parser.format_help()
   with pytest.raises(SystemExit):

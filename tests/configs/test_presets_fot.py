@@ -14,7 +14,6 @@ import functools
 import importlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import jax
@@ -25,9 +24,8 @@ import pytest
 from tests.paper_table import check_table, read_tables
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "experiments"))
-pmnist = importlib.import_module("pmnist")
-split_cifar100 = importlib.import_module("split_cifar100")
+pmnist = importlib.import_module("fedjax_proj.configs.pmnist")
+split_cifar100 = importlib.import_module("fedjax_proj.configs.split_cifar100")
 
 ENTRY = {"pmnist": pmnist, "split_cifar100": split_cifar100}
 METHODS = ("fl", "ewc", "er", "gpm", "fot")

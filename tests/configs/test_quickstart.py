@@ -4,15 +4,10 @@ digits with no data folder, and an unlabelled public set; a Ctrl-C before round 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-
-import common  # noqa: E402
-import quickstart  # noqa: E402
+from fedjax_proj.configs import common, quickstart
 
 
 def test_quickstart_runs_both_methods_and_plots(tmp_path, capsys):
