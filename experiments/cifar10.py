@@ -35,6 +35,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
 import fedproj_presets  # noqa: E402
 import ml_collections  # noqa: E402
 
@@ -125,7 +129,7 @@ def resolve(preset: str, fields=None, method_kwargs=None):
 
 if __name__ == "__main__":
   choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
-  sys.exit(
+  common.exit_with(
     common.main(
       sys.argv[1:],
       __doc__.splitlines()[0],

@@ -32,6 +32,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
 import fedproj_presets  # noqa: E402
 
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
@@ -73,4 +77,6 @@ def prepare(c):
 
 if __name__ == "__main__":
   choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
-  sys.exit(common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=prepare))
+  common.exit_with(
+    common.main(sys.argv[1:], __doc__.splitlines()[0], get_config, choices, prepare=prepare)
+  )

@@ -38,6 +38,10 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
 import ml_collections  # noqa: E402
 
 from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, methods  # noqa: E402
@@ -353,4 +357,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  common.exit_with(main(sys.argv[1:]))

@@ -22,6 +22,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
 import pmnist  # noqa: E402  (shared flag parsing)
 
 _NORMS = ("none", "batch")
@@ -122,4 +127,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  common.exit_with(main(sys.argv[1:]))
