@@ -36,6 +36,7 @@ from pathlib import Path
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
 from fedjax_proj.training import compilation_cache, signals
+from fedjax_proj.training.rundir import check_writable
 from fedjax_proj.training.signals import TrainingInterrupted
 
 
@@ -176,8 +177,10 @@ def parse_args(argv) -> argparse.Namespace:
 def data_root(args, claim: claims_lib.Claim) -> Path:
   """The shared data folder; a claim that needs data and finds none is an error with the fix."""
   from fedjax_proj.data.sources import find_shared_data
+  from fedjax_proj.training.rundir import check_folder
 
-  root = Path(args.data) if args.data else find_shared_data()
+  # A --data given is used or refused by name, never replaced by the default folder.
+  root = check_folder(args.data, "--data") if args.data else find_shared_data()
   if claim.kind != "pilot" and (root is None or not root.is_dir()):
     raise FileNotFoundError(
       "The shared data folder was not found (looked for <repo>/../shared/data and "
@@ -447,6 +450,9 @@ def main(argv=None) -> int:
           print(protocol.render_plan(claim, args.budget, report.measured_sd(claim, v1)))
         return 0
       root = data_root(args, claim)
+      if not args.dry_run and (args.report or not args.no_run):
+        # Where results and reports go, checked before any run starts.
+        check_writable(results / claim.name, "--results")
       if args.dry_run:
         print(dry_run(claim, args.budget, args.method_list, root))
         return 0

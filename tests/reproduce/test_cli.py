@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -397,8 +399,34 @@ def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
 def test_missing_data_folder_is_an_error_before_any_run(tmp_path, capsys):
   argv = ["fedproj-cifar10-dir0.3", "--budget=smoke", f"--data={tmp_path / 'absent'}"]
   assert cli.main([*argv, f"--results={tmp_path}"]) == 1
-  assert "pass --data=/path/to/shared/data" in capsys.readouterr().err
+  assert f"--data={tmp_path / 'absent'} does not exist" in capsys.readouterr().err
   assert not (tmp_path / "fedproj-cifar10-dir0.3").exists()
+  (tmp_path / "file").write_text("")  # a file where the folder goes: named, not replaced
+  assert cli.main([*argv[:2], f"--data={tmp_path / 'file'}", f"--results={tmp_path}"]) == 1
+  assert f"--data={tmp_path / 'file'} is a file, not a folder" in capsys.readouterr().err
+
+
+def _read_only_folder(tmp_path):
+  """A folder no file can be created in (root writes through permission bits: /sys)."""
+  if os.geteuid() == 0:
+    if not Path("/sys").is_dir():
+      pytest.skip("no read-only /sys to write into")
+    return Path("/sys/fedjax_proj_test_results")
+  ro = tmp_path / "ro"
+  ro.mkdir(mode=0o500)
+  return ro
+
+
+def test_unwritable_results_folder_is_one_line_before_any_run(tmp_path, capsys, monkeypatch):
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  results = _read_only_folder(tmp_path)
+  assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={results}"]) == 1
+  err = capsys.readouterr().err
+  assert f"--results={results / PILOT.name} is not writable" in err and "Traceback" not in err
+  assert len(err.strip().splitlines()) == 1 and calls == []
+  # Reading only (the queue, the configs) needs no writable folder.
+  assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={results}", "--no_run"]) == 0
 
 
 def test_update_docs_regenerates_only_the_marked_block(tmp_path):
