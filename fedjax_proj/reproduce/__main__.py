@@ -59,7 +59,7 @@ def parse_args(argv) -> argparse.Namespace:
   )
   p.add_argument(
     "--seeds",
-    default="",
+    default=None,
     help="comma-separated integers (default: the budget's pre-registered seeds 0..n-1, "
     "see --power; others are exploratory)",
   )
@@ -151,12 +151,20 @@ def parse_args(argv) -> argparse.Namespace:
       if args.protocol == "v2"
       else b.declared
     )
+    if args.seeds is not None and not _csv(args.seeds):  # given but empty: not the default
+      p.error(
+        f"--seeds={args.seeds} lists no seed; list them, e.g. --seeds=0,1,2, or leave the flag "
+        f"out for the budget's pre-registered seeds {declared[0]}..{declared[-1]}"
+      )
     try:
       args.seed_list = [int(s) for s in _csv(args.seeds)] if args.seeds else list(declared)
     except ValueError:
       p.error(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
-    if not args.seed_list or min(args.seed_list) < 0:
+    if min(args.seed_list) < 0:
       p.error(f"--seeds must list non-negative integers, e.g. 0,1,2; got {args.seeds!r}")
+    twice = sorted({s for s in args.seed_list if args.seed_list.count(s) > 1})
+    if twice:  # each would queue the same run twice
+      p.error(f"--seeds lists {', '.join(map(str, twice))} more than once; list each seed once")
     # Seeds from V2_FIRST_SEED on are protocol v2's: a v1 command never runs them, nor v2 others.
     v2_seeds = [s for s in args.seed_list if s >= protocol.V2_FIRST_SEED]
     if args.protocol == "v1" and v2_seeds:

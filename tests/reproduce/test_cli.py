@@ -386,6 +386,9 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
     (["nope"], "Unknown claim 'nope'. Valid claims: fedproj-cifar10-dir0.3"),
     (["fedproj-iris-pilot", "--methods=fedavg,moon"], "--methods: ['moon'] not in claim"),
     (["fedproj-iris-pilot", "--seeds=0,x"], "--seeds must be comma-separated integers"),
+    (["fedproj-iris-pilot", "--seeds=0,1,0,1"], "--seeds lists 0, 1 more than once"),
+    (["fedproj-iris-pilot", "--seeds="], "--seeds= lists no seed; list them, e.g. --seeds=0,1,2"),
+    (["fedproj-iris-pilot", "--seeds=,"], "--seeds=, lists no seed"),
     (["fot-pmnist-iid", "--sweep"], "--sweep applies to fedproj-iris-pilot only"),
   ],
 )
