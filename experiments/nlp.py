@@ -36,6 +36,7 @@ if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_
 
 import ml_collections  # noqa: E402
 
+from fedjax_proj.core import ranges  # noqa: E402
 from fedjax_proj.core.engine import STRATEGIES  # noqa: E402
 from fedjax_proj.training.config import base_config  # noqa: E402
 
@@ -49,6 +50,8 @@ TASKS = {
 }
 TINYBERT = "huawei-noah/TinyBERT_General_4L_312D"  # Jiao et al. 2020, the 4L-312 general model
 DISTILBERT = "distilbert-base-uncased"  # Sanh et al. 2019
+# Tokens per example: [CLS] and [SEP] take two, so fewer leaves no room for any text.
+MAX_LEN = ranges.Interval(3, integer=True)
 DISTILL = {"distill_epochs": 1, "distill_batch_size": 128, "distill_temperature": 3.0}
 
 common.HELP.update(
@@ -124,6 +127,8 @@ def get_config(preset: str = "paper", task: str = "sst2"):
 def prepare(c):
   """Moves the flat text flags into the blocks the runner reads (model_kwargs, text)."""
   common.refuse_sequential(c)
+  # Checked here, before any data is read: --max_len=0 failed deep in tokenisation.
+  ranges.check_number("--max_len", c.max_len, MAX_LEN, "[CLS] and [SEP] take two; e.g. 128.")
   if c.dataset == "marc" and not c.data_dir:
     raise ValueError(
       "MARC is not distributed by TFDS: pass --data_dir=<folder with train.csv and test.csv "
