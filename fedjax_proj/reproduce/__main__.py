@@ -299,7 +299,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       path = run.result_path(results, claim.name, budget, method, seed)
       plan.append((method, seed, config, deviations, path, run.status(path, fp)))
   for note in sorted({d for p in plan for d in p[3]}):
-    print(f"deviation: {note}", flush=True)
+    # Results record {data} (machine-independent); this machine's folder is what the user has.
+    print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
   if claim.kind == "image":  # every run's config is valid before the first one starts
     import ml_collections
 

@@ -677,3 +677,13 @@ def test_diagnostics_leave_out_rounds_without_a_memory_gradient():
   rows = [line for line in report.diagnostics(found) if "mean_cos" in line]
   assert rows == ["| fedproj | mean_cos | 0.3000 | 0.3333 | 0.4000 |"]
   assert report.diagnostics({"fedproj": {0: {"curve": curve(None, None)}}}) == []
+
+
+def test_deviations_print_the_data_folder_not_its_placeholder(tmp_path, capsys, monkeypatch):
+  note = "public set: used {data}/cifar100/public_20k.npz"
+  monkeypatch.setattr(run, "public_fallback", lambda config, root, fallback: (config, [note]))
+  argv = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", f"--data={tmp_path}", "--no_run"]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert f"deviation: public set: used {tmp_path}/cifar100/public_20k.npz" in out
+  assert "{data}" not in out
