@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -121,3 +122,28 @@ def test_presets_equal_their_tables(table, preset, task):
     return value
 
   assert check_table(read_tables()[table], resolve) >= 12
+
+
+def _checkpoint_folder(folder, weights: bytes):
+  """A BERT checkpoint folder of a tiny shape with ``weights`` as its model.safetensors."""
+  folder.mkdir()
+  words = sorted({w for w in POSITIVE + NEGATIVE + FILLER})
+  (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words]))
+  config = {"model_type": "bert", "vocab_size": len(words) + 4, "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "max_position_embeddings": 64, "type_vocab_size": 2}  # fmt: skip
+  (folder / "config.json").write_text(json.dumps(config))
+  (folder / "model.safetensors").write_bytes(weights)
+  return folder
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_the_file(task, tmp_path, capsys):
+  pytest.importorskip("safetensors")
+  folder = _checkpoint_folder(tmp_path / "ckpt", b'\x80\x00\x00\x00\x00\x00\x00\x00{"__meta')
+  argv = ["--task=sst2", "--preset=smoke", f"--checkpoint={folder}", f"--data_dir={task}"]
+  argv += [f"--output_dir={tmp_path / 'run'}", "--method=fedavg", "--max_len=12"]
+  assert _nlp().main(argv) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err, err
+  assert f"checkpoint file {folder / 'model.safetensors'} cannot be read" in err
+  assert "truncated or corrupt. Download the checkpoint again" in err
