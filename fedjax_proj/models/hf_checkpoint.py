@@ -169,6 +169,22 @@ def read_config(folder: pathlib.Path) -> dict[str, Any]:
     raise _unreadable(path, e) from None
 
 
+def describe(checkpoint: str | pathlib.Path) -> str:
+  """Which weights a checkpoint resolves to and their shape, in one line (a run logs it, so the
+  checkpoint a run loaded is on record)."""
+  folder = resolve_checkpoint(checkpoint)
+  hf = read_config(folder)
+  c = config_from_hf(hf)
+  weights = next(
+    (folder / f for f in ("model.safetensors", "pytorch_model.bin") if (folder / f).is_file()),
+    folder,
+  )
+  return (
+    f"{weights} ({hf.get('model_type', 'bert')}: {c.num_hidden_layers} layers, width "
+    f"{c.hidden_size}, vocabulary {c.vocab_size}; the classifier is new)"
+  )
+
+
 # Checkpoint name (after the model prefix) -> our path; "{i}" is the layer index.
 _LINEAR = ("kernel", "bias")
 _NORM = ("scale", "bias")

