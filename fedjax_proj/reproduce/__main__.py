@@ -311,6 +311,10 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   queue = [
     p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
   ]
+  if claim.kind == "nlp" and not args.no_run:  # the queue's text data is here before a run starts
+    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p[2], root)))
+    if missing:
+      raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")
   recorded = report.recorded_seconds(
     run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
   )
