@@ -687,3 +687,15 @@ def test_deviations_print_the_data_folder_not_its_placeholder(tmp_path, capsys, 
   out = capsys.readouterr().out
   assert f"deviation: public set: used {tmp_path}/cifar100/public_20k.npz" in out
   assert "{data}" not in out
+
+
+def test_a_continual_report_draws_the_accuracy_after_each_task(tmp_path):
+  from fedjax_proj.reproduce import claims
+
+  claim = claims.get_claim("fot-pmnist-iid")
+  matrix = [[0.9, 0.8, 0.7], [None, 0.9, 0.85], [None, None, 0.95]]  # a[i, t]: task i after t
+  found = {m: {s: {"detail": {"acc_matrix": matrix}} for s in (0, 1)} for m in ("fl", "fot")}
+  assert report.plot_curves(claim, found, tmp_path) == ["accuracy.png"]
+  assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+  assert report.plot_curves(claim, {"fl": {0: {"detail": {}}}}, tmp_path / "none") == []
+
