@@ -817,6 +817,9 @@ def run_one(
     tmp.replace(path)
     shutil.rmtree(work, ignore_errors=True)
     failed.unlink(missing_ok=True)
+    # Removed while still held: a process that opened it before finds the result done once it
+    # gets the lock, and a later one makes a new file. A finished run leaves no empty .lock.
+    Path(lock.lock_file).unlink(missing_ok=True)
     return result
   finally:
     lock.release()

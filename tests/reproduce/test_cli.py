@@ -699,3 +699,12 @@ def test_a_continual_report_draws_the_accuracy_after_each_task(tmp_path):
   assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
   assert report.plot_curves(claim, {"fl": {0: {"detail": {}}}}, tmp_path / "none") == []
 
+
+def test_a_finished_run_leaves_no_lock_file(tmp_path, monkeypatch):
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner([]))
+  assert cli.main([*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}", "--report"]) == 0
+  directory = tmp_path / "fedproj-iris-pilot" / "smoke"
+  assert sorted(p.name for p in directory.glob("fedavg-seed*")) == [
+    "fedavg-seed0.json",
+    "fedavg-seed1.json",
+  ]
