@@ -534,6 +534,9 @@ def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -
   if unknown:
     parts.append(
       f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
+      # Timing a step of every method as the entry points do would load the data and compile
+      # each method's round: minutes before a queue is even listed. One seed's runs time them.
+      + ("" if known else ": no estimate; run one seed (--seeds=0) to get one")
     )
   return "; ".join(parts)
 

@@ -251,8 +251,12 @@ def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, ca
   directory = tmp_path / "fedproj-iris-pilot" / "smoke"
   assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]) == 0
   out = capsys.readouterr().out
-  # Nothing recorded yet: the runs are counted, their time is not guessed.
-  assert "queue: 0 done, 1 to run, 1 missing; 1 run(s) of fedavg with no recorded time" in out
+  # Nothing recorded yet: the runs are counted, their time is not guessed, and the way to get
+  # one is named.
+  assert (
+    "queue: 0 done, 1 to run, 1 missing; 1 run(s) of fedavg with no recorded time: no estimate; "
+    "run one seed (--seeds=0) to get one"
+  ) in out
   assert "queue: 1 of 1 run; nothing left" in out
   result = json.loads((directory / "fedavg-seed0.json").read_text())
   result["wall_seconds"] = 600.0  # as if the run had taken ten minutes
