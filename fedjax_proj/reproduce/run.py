@@ -503,7 +503,10 @@ def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, l
   if rc - 128 in (signal.SIGINT, signal.SIGTERM):  # stopped by a signal after a checkpoint
     from fedjax_proj.training.signals import TrainingInterrupted
 
-    raise TrainingInterrupted(f"{claim.entry} stopped by a signal", 0, rc - 128, True)
+    saved = checkpoint_rounds(work)  # the round it stopped after, for run_one's message
+    raise TrainingInterrupted(
+      f"{claim.entry} stopped by a signal", saved[-1] if saved else 0, rc - 128, bool(saved)
+    )
   if rc != 0:
     raise RuntimeError(f"{claim.entry} {' '.join(argv)} failed (see its error above).")
   summary = json.loads((work / "summary.json").read_text())

@@ -151,9 +151,10 @@ def test_entry_points_divergence_reaches_the_runner_as_diverged(tmp_path, monkey
   config = {"iid": False, "method_kwargs": {}, "seed": 0}
   with pytest.raises(run.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
+  (tmp_path / "checkpoints" / "3").mkdir(parents=True)  # what the stopped run saved
   with pytest.raises(TrainingInterrupted) as stop:
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
-  assert stop.value.signum == signal.SIGTERM
+  assert stop.value.signum == signal.SIGTERM and stop.value.round == 3 and stop.value.saved
   with pytest.raises(RuntimeError, match="failed"):
     run._run_continual(claims.get_claim("fot-pmnist-noniid"), config, tmp_path, print)
 
