@@ -445,6 +445,9 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   results = Path(args.results)
+  if results.exists() and not results.is_dir():  # read or written, never taken for an empty one
+    print(f"error: --results={results} is a file, not a folder; pass a folder.", file=sys.stderr)
+    return 1
   if args.list:
     for c in claims_lib.CLAIMS.values():
       print(f"{c.name:24s} {c.reference}  methods: {', '.join(c.methods)}")

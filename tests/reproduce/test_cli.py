@@ -435,6 +435,9 @@ def test_unwritable_results_folder_is_one_line_before_any_run(tmp_path, capsys, 
   assert len(err.strip().splitlines()) == 1 and calls == []
   # Reading only (the queue, the configs) needs no writable folder.
   assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={results}", "--no_run"]) == 0
+  (tmp_path / "file").write_text("")  # a file where the folder goes, even only to read
+  assert cli.main([*PILOT_SMOKE, f"--results={tmp_path / 'file'}", "--no_run"]) == 1
+  assert f"--results={tmp_path / 'file'} is a file, not a folder" in capsys.readouterr().err
 
 
 def test_update_docs_regenerates_only_the_marked_block(tmp_path):
