@@ -12,9 +12,11 @@ continues D's newest valid checkpoint bit-exactly (``--rounds=N`` with it extend
 (0: only on a signal), ``--keep_checkpoints=n``, ``--tensorboard``. One run at a time holds D
 (fedjax_proj/training/rundir.py). The first SIGINT/SIGTERM prints at once which round the run
 stops after, finishes it, saves and exits with 128 + the signal number and the resume command; a
-second one aborts and says what is on disk. A non-finite loss or parameters exit 3 keeping the
-last good checkpoint. Flag errors exit 2 and runtime refusals exit 1, each naming the fix; flags
-must be spelled out in full (no prefix matching).
+second one aborts and says what is on disk. Before round 1 (imports, data, compilation) a signal
+ends the script at once with one line and 128 + the signal (:func:`exit_on_interrupt`). A
+non-finite loss or parameters exit 3 keeping the last good checkpoint. Flag errors exit 2 and
+runtime refusals exit 1, each naming the fix; flags must be spelled out in full (no prefix
+matching).
 
 ``--compilation_cache=DIR|off``: JAX's persistent compilation cache, so a second run of the same
 programs (the next seed, a resumed run) loads them instead of compiling (default:
