@@ -65,7 +65,7 @@ def test_smoke_run_learns_the_words(method, task, tmp_path):
   c.data_dir = str(task)
   c.public_data = str(task / "public.csv")
   c.num_clients, c.clients_per_round, c.rounds, c.local_epochs = 4, 4, 5, 3
-  c.lr = 3e-3
+  c.lr, c.partition = 3e-3, "dirichlet:0.5"
   c.train_subset = c.test_subset = 0
   c.max_len, c.batch_size = 12, 16
   c.public_size, c.memory_size = 200, 128
@@ -184,3 +184,14 @@ def test_the_run_names_the_checkpoint_it_loaded(task, tmp_path, monkeypatch):
     f"checkpoint: loaded {minilm / 'model.safetensors'} (bert: 6 layers, width 384, vocabulary "
     "30522; the classifier is new)"
   ) in lines
+
+
+def test_smoke_preset_steps_on_a_small_file_at_a_fine_tuning_rate():
+  from fedjax_proj.data.partition import partition
+
+  c = _nlp().get_config("smoke", "sst2")
+  # 100 labelled sentences (a small local file): every client holds a full batch, so every
+  # client steps, and no client's skew decides a two-round run (docs/nlp.md, "Presets").
+  parts = partition(np.arange(100) % 2, c.partition, c.num_clients, seed=0)
+  assert min(len(p) for p in parts) >= c.batch_size
+  assert c.optimizer == "adam" and c.lr <= 1e-4  # a pretrained --checkpoint fine-tunes at it
