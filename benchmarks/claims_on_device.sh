@@ -6,6 +6,7 @@
 #   bash benchmarks/claims_on_device.sh SECONDS CLAIM:BUDGET [CLAIM:BUDGET ...]
 #
 # ($EXTRA_ARGS, e.g. "--seeds=0 --methods=fedavg", is passed to every claim.)
+# ($PYTHON, default python3 from PATH, is the interpreter that runs everything: e.g. a venv's.)
 # - Data: .device_data/device_data.npz ($DEVICE_DATA), unpacked into the layout of ../shared/data
 #   (benchmarks/make_device_data.py; the CIFAR-10 claims want --public_format=webp_lossless).
 # - Packages: wheels in .whl/ (ml_collections) are installed first where the folder exists.
@@ -34,12 +35,13 @@ for cb in "${@:2}"; do
 done
 seconds=$1
 shift
+python=${PYTHON:-python3}
 out=${OUT:-/tmp/claims_out}
 work=${WORK:-/tmp/claims_on_device}
 data=${DEVICE_DATA:-.device_data/device_data.npz}
 mkdir -p "$out" "$work"
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 3
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 3
 fi
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_DEFAULT_MATMUL_PRECISION=${JAX_DEFAULT_MATMUL_PRECISION:-float32}
@@ -48,7 +50,7 @@ if [ ! -f "$data" ]; then
     "python benchmarks/make_device_data.py and carry .device_data" >&2
   exit 3
 fi
-python3 - "$data" "$work/data" "$@" <<'EOF' || exit 3
+"$python" - "$data" "$work/data" "$@" <<'EOF' || exit 3
 import sys
 from pathlib import Path
 
@@ -99,7 +101,7 @@ for cb in "$@"; do
   fi
   echo "claims_on_device: $cb (${left} s left)"
   # Round-by-round progress goes to the log only; the reply keeps the runs' start and end lines.
-  timeout -s TERM "$left" python3 -m fedjax_proj.reproduce "${cb%%:*}" --budget="${cb##*:}" \
+  timeout -s TERM "$left" "$python" -m fedjax_proj.reproduce "${cb%%:*}" --budget="${cb##*:}" \
     --jobs="${JOBS:-8}" --results="$results" --data="$work/data" ${EXTRA_ARGS:-} 2>&1 |
     tee -a "$out/claims.log" | { grep -v -E "round [0-9]+/[0-9]+|step [0-9]+/" || true; }
   rc=${PIPESTATUS[0]}

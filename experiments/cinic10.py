@@ -5,7 +5,12 @@ Presets, flags and run: fedjax_proj/configs/cinic10.py (``--help`` lists the fla
 
 import sys
 
-from fedjax_proj.configs import cinic10
+from fedjax_proj.configs import common
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
+from fedjax_proj.configs import cinic10  # noqa: E402
 
 if __name__ == "__main__":
-  sys.exit(cinic10.main(sys.argv[1:]))
+  common.exit_with(cinic10.main(sys.argv[1:]))

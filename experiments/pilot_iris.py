@@ -5,7 +5,12 @@ Presets, flags and run: fedjax_proj/configs/pilot_iris.py (``--help`` lists the 
 
 import sys
 
-from fedjax_proj.configs import pilot_iris
+from fedjax_proj.configs import common
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
+from fedjax_proj.configs import pilot_iris  # noqa: E402
 
 if __name__ == "__main__":
-  sys.exit(pilot_iris.main(sys.argv[1:]))
+  common.exit_with(pilot_iris.main(sys.argv[1:]))

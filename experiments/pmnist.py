@@ -5,7 +5,12 @@ Presets, flags and run: fedjax_proj/configs/pmnist.py (``--help`` lists the flag
 
 import sys
 
-from fedjax_proj.configs import pmnist
+from fedjax_proj.configs import common
+
+if __name__ == "__main__":  # a stop from here on ends in one line (common.exit_on_interrupt)
+  common.exit_on_interrupt()
+
+from fedjax_proj.configs import pmnist  # noqa: E402
 
 if __name__ == "__main__":
-  sys.exit(pmnist.main(sys.argv[1:]))
+  common.exit_with(pmnist.main(sys.argv[1:]))

@@ -8,6 +8,12 @@ panel per metric: test accuracy, train loss and every method diagnostic present 
 metrics are drawn: list-valued ones (SFedKD's ``teacher_clients``) and the continual runner's
 end-of-task rows are skipped, and a torn last line (a crash mid-write) is skipped with a note. An
 unfinished run (no summary) is labelled from its newest checkpoint.
+
+``--out`` is the PNG's file path (default ``curves.png``). An existing folder is refused with the
+fix (``--out=<folder>/curves.png``), never written into under another name; folders of the path
+that do not exist yet are created, and the command says so; a path under a file or under a folder
+that cannot be written is refused, naming it. ``--metrics`` names metrics the runs hold; one that
+none holds is refused with the list of those they do.
 """
 
 from __future__ import annotations
@@ -140,6 +146,12 @@ def figure(runs: list[Path], metrics: list[str] | None = None, title: str | None
   if metrics is None:
     extra = sorted(k for k in present - SKIP - set(PREFERRED) if not k.startswith("train_acc"))
     metrics = [m for m in PREFERRED if m in present] + extra
+  unknown = [m for m in metrics if m not in present - {"round"}]
+  if unknown:
+    raise ValueError(
+      f"no run holds the metric(s) {', '.join(unknown)}; the runs hold: "
+      f"{', '.join(sorted(present - {'round'}))}."
+    )
   if not metrics:
     raise ValueError("No metrics to plot.")
   labels = run_labels(runs)
@@ -193,13 +205,36 @@ def main(argv=None) -> int:
   p.add_argument("--title", default="", help="figure title (default: the methods compared)")
   args = p.parse_args(argv)
   metrics = [m for m in args.metrics.split(",") if m] or None
+  problem = out_problem(args.out)
+  if problem:
+    print(f"error: {problem}", file=sys.stderr)
+    return 1
+  missing = next((d for d in reversed(args.out.parents) if not d.exists()), None)
   try:
     path = plot_runs(args.runs, args.out, metrics, args.title or None)
   except (FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  if missing is not None:
+    print(f"created the folder {args.out.parent} for --out")
   print(f"wrote {path}")
   return 0
+
+
+def out_problem(out: Path) -> str | None:
+  """Why ``--out`` cannot be written, or None. An existing folder is refused (the figure is never
+  written into it under a name of our choosing), as is a path under a file or under a folder that
+  cannot be written; missing folders are created, and :func:`main` says so."""
+  from fedjax_proj.training.rundir import RunDirError, check_writable
+
+  if out.is_dir():
+    return f"--out={out} is a folder; pass the PNG's file path, e.g. --out={out / 'curves.png'}."
+  existing = next(d for d in (out.parent, *out.parent.parents) if d.exists())
+  try:
+    check_writable(existing, f"--out={out}: its folder")
+  except RunDirError as e:
+    return str(e)
+  return None
 
 
 if __name__ == "__main__":

@@ -98,3 +98,34 @@ def test_plot_reads_every_metrics_shape_and_names_unfinished_runs(tmp_path, caps
   assert labels[tmp_path / "fedproj"] == "fedproj (seed 4, unfinished: round 2 of 10)"
   (tmp_path / "bare").mkdir()
   assert plot.run_labels([tmp_path / "bare"]) == {tmp_path / "bare": "bare (unfinished)"}
+
+
+def test_unknown_metric_is_named_with_the_known_ones(tmp_path, capsys):
+  _fake_run(tmp_path / "a", "fedavg", 0.1)
+  out = tmp_path / "c.png"
+  assert plot.main([str(tmp_path / "a"), "--metrics=test_accuracy,nope", "--out", str(out)]) == 1
+  err = capsys.readouterr().err
+  assert "the metric(s) nope; the runs hold: lmem_global, test_accuracy, train_loss" in err
+  assert not out.exists()
+
+
+def test_out_folder_is_refused_and_missing_folders_are_created_and_named(tmp_path, capsys):
+  _fake_run(tmp_path / "a", "fedavg", 0.1)
+  folder = tmp_path / "figures"
+  folder.mkdir()
+  assert plot.main([str(tmp_path / "a"), "--out", str(folder)]) == 1
+  err = capsys.readouterr().err
+  assert (
+    f"--out={folder} is a folder; pass the PNG's file path, e.g. --out={folder}/curves.png" in err
+  )
+  assert list(folder.iterdir()) == []
+  deep = tmp_path / "new" / "deeper" / "c.png"
+  assert plot.main([str(tmp_path / "a"), "--out", str(deep)]) == 0
+  assert f"created the folder {deep.parent} for --out" in capsys.readouterr().out
+  assert deep.read_bytes()[:4] == b"\x89PNG"
+  (tmp_path / "file").write_text("")
+  under_a_file = tmp_path / "file" / "c.png"
+  assert plot.main([str(tmp_path / "a"), "--out", str(under_a_file)]) == 1
+  assert (
+    f"--out={under_a_file}: its folder={tmp_path / 'file'} is a file" in capsys.readouterr().err
+  )

@@ -12,9 +12,11 @@ continues D's newest valid checkpoint bit-exactly (``--rounds=N`` with it extend
 (0: only on a signal), ``--keep_checkpoints=n``, ``--tensorboard``. One run at a time holds D
 (fedjax_proj/training/rundir.py). The first SIGINT/SIGTERM prints at once which round the run
 stops after, finishes it, saves and exits with 128 + the signal number and the resume command; a
-second one aborts and says what is on disk. A non-finite loss or parameters exit 3 keeping the
-last good checkpoint. Flag errors exit 2 and runtime refusals exit 1, each naming the fix; flags
-must be spelled out in full (no prefix matching).
+second one aborts and says what is on disk. Before round 1 (imports, data, compilation) a signal
+ends the script at once with one line and 128 + the signal (:func:`exit_on_interrupt`). A
+non-finite loss or parameters exit 3 keeping the last good checkpoint. Flag errors exit 2 and
+runtime refusals exit 1, each naming the fix; flags must be spelled out in full (no prefix
+matching).
 
 ``--compilation_cache=DIR|off``: JAX's persistent compilation cache, so a second run of the same
 programs (the next seed, a resumed run) loads them instead of compiling (default:
@@ -30,12 +32,17 @@ and Open MPI jobs). Only process 0 prints and writes outputs. See docs/performan
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shlex
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
-import ml_collections
+if TYPE_CHECKING:  # imported where used: exit_on_interrupt runs before any heavy import
+  import ml_collections
 
 PRESETS = ("paper", "cpu", "smoke")
 
@@ -204,6 +211,8 @@ def build_parser(
   choices: dict,
   presets: tuple[str, ...] = PRESETS,
 ) -> argparse.ArgumentParser:
+  import ml_collections
+
   parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
   parser.add_argument(
     "--preset",
@@ -371,7 +380,6 @@ def resume_command(argv, output_dir: str) -> str:
 def checkpoint_where(output_dir: str, round_idx: int) -> str:
   """Where the run stood at a checkpoint, as its record says (e.g. a continual run's task)."""
   import json
-  from pathlib import Path
 
   from fedjax_proj.training.checkpoint import MANIFEST
 
@@ -384,11 +392,10 @@ def checkpoint_where(output_dir: str, round_idx: int) -> str:
 
 def on_disk(output_dir: str, argv) -> str:
   """What an aborted run left in ``output_dir``, and how to go on from it."""
-  from pathlib import Path
+  from fedjax_proj.training.rundir import RUN_FILES, checkpoint_rounds
 
-  from fedjax_proj.training.rundir import checkpoint_rounds
-
-  if not Path(output_dir).exists():
+  # A run stopped during start-up leaves at most its lock files, which a new run takes over.
+  if not any((Path(output_dir) / name).exists() for name in RUN_FILES):
     return f"nothing was written to {output_dir}; start the run again."
   rounds = checkpoint_rounds(output_dir)
   if rounds:
@@ -445,6 +452,7 @@ def run_reporting(run: Callable[[], object], argv, output_dir: str) -> int:
   from fedjax_proj.training.loop import NonFiniteError
   from fedjax_proj.training.signals import AbortedBySignal, TrainingInterrupted
 
+  _STOP.update(output_dir=output_dir, argv=list(argv))  # for exit_on_interrupt's line
   try:
     run()
   except TrainingInterrupted as e:
@@ -481,3 +489,53 @@ def os_error_line(e: OSError, output_dir: str, argv) -> str:
   except OSError:  # e.g. the output path itself is unusable
     left = ""
   return describe_os_error(e) + (f". {left[0].upper()}{left[1:]}" if left else "")
+
+
+# The run a signal outside the rounds reports on (set by run_reporting, read by exit_on_interrupt).
+_STOP: dict = {"output_dir": "", "argv": []}
+
+
+def exit_on_interrupt() -> None:
+  """For an entry point run as a script, called before its heavy imports: SIGINT or SIGTERM
+  outside the round loop (imports, data loading, compilation, the wrap-up) ends the process at
+  once, with one line saying what is on disk and exit code 128 + the signal.
+
+  The round loop replaces this handler while it runs (fedjax_proj/training/signals.py: finish the
+  round, save, stop) and restores it after. Outside the rounds a KeyboardInterrupt could land in
+  an import, in XLA's compilation, in a garbage-collection callback or in the interpreter's
+  teardown, which printed tracebacks, jax's atexit errors or crashed (segmentation fault). Nothing
+  needs saving there: a checkpoint is renamed into place only once complete
+  (fedjax_proj/training/checkpoint.py) and the run directory's lock is dropped by the kernel, so
+  the process skips the teardown (``os._exit``). Not for in-process callers (the claim runner
+  imports the entry points but never calls this).
+  """
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, _exit_now)
+
+
+def _exit_now(signum, frame) -> NoReturn:
+  del frame
+  out, argv = _STOP["output_dir"], _STOP["argv"]
+  started = bool(out) and (Path(out) / "metrics.jsonl").exists()
+  when = "outside the rounds" if started else "before round 1"
+  line = f"aborted by {signal.Signals(signum).name} {when}"
+  try:
+    line += f"; {on_disk(out, argv)}" if out else "; nothing was written."  # still parsing
+  except Exception:  # noqa: BLE001 - e.g. a module half imported when the signal came
+    line += f"; see {out}."
+  for stream in (sys.stdout, sys.stderr):  # what was printed before goes out first
+    with contextlib.suppress(Exception):  # closed or mid-write: the line still goes out
+      stream.flush()
+  os.write(2, (line + "\n").encode())
+  os._exit(128 + signum)
+
+
+def exit_with(code: int) -> NoReturn:
+  """An entry point script's exit: ``sys.exit(code)``, except after a signal (code > 128), where
+  the run has stopped and closed its files and the interpreter's teardown is skipped
+  (:func:`exit_on_interrupt` says why)."""
+  if code > 128:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)

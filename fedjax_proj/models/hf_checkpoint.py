@@ -130,7 +130,10 @@ def load_state_dict(folder: pathlib.Path) -> dict[str, np.ndarray]:
       from safetensors.numpy import load_file  # noqa: PLC0415
     except ImportError as e:
       raise ImportError(f"reading {safetensors_file} needs safetensors: {NLP_EXTRA_HINT}") from e
-    return load_file(str(safetensors_file))
+    try:
+      return load_file(str(safetensors_file))
+    except Exception as e:  # noqa: BLE001  (safetensors' own SafetensorError: a torn file)
+      raise _unreadable(safetensors_file, e) from None
   bin_file = folder / "pytorch_model.bin"
   if bin_file.is_file():
     try:
@@ -141,9 +144,45 @@ def load_state_dict(folder: pathlib.Path) -> dict[str, np.ndarray]:
         "pip install torch (the CPU build is enough), or convert the checkpoint to "
         "model.safetensors."
       ) from e
-    state = torch.load(bin_file, map_location="cpu", weights_only=True)
+    try:
+      state = torch.load(bin_file, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (torch's RuntimeError / UnpicklingError: a torn file)
+      raise _unreadable(bin_file, e) from None
     return {k: v.float().numpy() for k, v in state.items()}
   raise FileNotFoundError(f"{folder} has neither model.safetensors nor pytorch_model.bin.")
+
+
+def _unreadable(path: pathlib.Path, e: Exception) -> ValueError:
+  """The error for a checkpoint file its reader cannot parse (cut short by a download, edited)."""
+  return ValueError(
+    f"checkpoint file {path} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}): it is "
+    "truncated or corrupt. Download the checkpoint again, or pass another checkpoint folder."
+  )
+
+
+def read_config(folder: pathlib.Path) -> dict[str, Any]:
+  """A checkpoint folder's ``config.json``; a file that is not JSON is an error naming it."""
+  path = folder / "config.json"
+  try:
+    return json.loads(path.read_text())
+  except ValueError as e:
+    raise _unreadable(path, e) from None
+
+
+def describe(checkpoint: str | pathlib.Path) -> str:
+  """Which weights a checkpoint resolves to and their shape, in one line (a run logs it, so the
+  checkpoint a run loaded is on record)."""
+  folder = resolve_checkpoint(checkpoint)
+  hf = read_config(folder)
+  c = config_from_hf(hf)
+  weights = next(
+    (folder / f for f in ("model.safetensors", "pytorch_model.bin") if (folder / f).is_file()),
+    folder,
+  )
+  return (
+    f"{weights} ({hf.get('model_type', 'bert')}: {c.num_hidden_layers} layers, width "
+    f"{c.hidden_size}, vocabulary {c.vocab_size}; the classifier is new)"
+  )
 
 
 # Checkpoint name (after the model prefix) -> our path; "{i}" is the layer index.
@@ -256,7 +295,7 @@ class Checkpoint:
 def load_checkpoint(checkpoint: str | pathlib.Path, **overrides: Any) -> Checkpoint:
   """Reads a checkpoint folder or hub id (see :func:`resolve_checkpoint`)."""
   folder = resolve_checkpoint(checkpoint)
-  hf = json.loads((folder / "config.json").read_text())
+  hf = read_config(folder)
   config = config_from_hf(hf, **overrides)
   model_type = hf.get("model_type", "bert")
   params = convert_state_dict(load_state_dict(folder), config, model_type)

@@ -36,6 +36,7 @@ from pathlib import Path
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
 from fedjax_proj.training import compilation_cache, signals
+from fedjax_proj.training.rundir import check_writable
 from fedjax_proj.training.signals import TrainingInterrupted
 
 
@@ -58,7 +59,7 @@ def parse_args(argv) -> argparse.Namespace:
   )
   p.add_argument(
     "--seeds",
-    default="",
+    default=None,
     help="comma-separated integers (default: the budget's pre-registered seeds 0..n-1, "
     "see --power; others are exploratory)",
   )
@@ -156,12 +157,20 @@ def parse_args(argv) -> argparse.Namespace:
       if args.protocol == "v2"
       else b.declared
     )
+    if args.seeds is not None and not _csv(args.seeds):  # given but empty: not the default
+      p.error(
+        f"--seeds={args.seeds} lists no seed; list them, e.g. --seeds=0,1,2, or leave the flag "
+        f"out for the budget's pre-registered seeds {declared[0]}..{declared[-1]}"
+      )
     try:
       args.seed_list = [int(s) for s in _csv(args.seeds)] if args.seeds else list(declared)
     except ValueError:
       p.error(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
-    if not args.seed_list or min(args.seed_list) < 0:
+    if min(args.seed_list) < 0:
       p.error(f"--seeds must list non-negative integers, e.g. 0,1,2; got {args.seeds!r}")
+    twice = sorted({s for s in args.seed_list if args.seed_list.count(s) > 1})
+    if twice:  # each would queue the same run twice
+      p.error(f"--seeds lists {', '.join(map(str, twice))} more than once; list each seed once")
     # Seeds from V2_FIRST_SEED on are protocol v2's: a v1 command never runs them, nor v2 others.
     v2_seeds = [s for s in args.seed_list if s >= protocol.V2_FIRST_SEED]
     if args.protocol == "v1" and v2_seeds:
@@ -182,8 +191,10 @@ def parse_args(argv) -> argparse.Namespace:
 def data_root(args, claim: claims_lib.Claim) -> Path:
   """The shared data folder; a claim that needs data and finds none is an error with the fix."""
   from fedjax_proj.data.sources import find_shared_data
+  from fedjax_proj.training.rundir import check_folder
 
-  root = Path(args.data) if args.data else find_shared_data()
+  # A --data given is used or refused by name, never replaced by the default folder.
+  root = check_folder(args.data, "--data") if args.data else find_shared_data()
   if claim.kind != "pilot" and (root is None or not root.is_dir()):
     raise FileNotFoundError(
       "The shared data folder was not found (looked for <repo>/../shared/data and "
@@ -294,7 +305,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       path = run.result_path(results, claim.name, budget, method, seed)
       plan.append((method, seed, config, deviations, path, run.status(path, fp)))
   for note in sorted({d for p in plan for d in p[3]}):
-    print(f"deviation: {note}", flush=True)
+    # Results record {data} (machine-independent); this machine's folder is what the user has.
+    print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
   if claim.kind == "image":  # every run's config is valid before the first one starts
     import ml_collections
 
@@ -305,6 +317,10 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   queue = [
     p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
   ]
+  if claim.kind == "nlp" and not args.no_run:  # the queue's text data is here before a run starts
+    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p[2], root)))
+    if missing:
+      raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")
   recorded = report.recorded_seconds(
     run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
   )
@@ -437,6 +453,9 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   results = Path(args.results)
+  if results.exists() and not results.is_dir():  # read or written, never taken for an empty one
+    print(f"error: --results={results} is a file, not a folder; pass a folder.", file=sys.stderr)
+    return 1
   if args.list:
     for c in claims_lib.CLAIMS.values():
       print(f"{c.name:24s} {c.reference}  methods: {', '.join(c.methods)}")
@@ -455,6 +474,9 @@ def main(argv=None) -> int:
           print(protocol.render_plan(claim, args.budget, report.measured_sd(claim, v1)))
         return 0
       root = data_root(args, claim)
+      if not args.dry_run and (args.report or not args.no_run):
+        # Where results and reports go, checked before any run starts.
+        check_writable(results / claim.name, "--results")
       if args.dry_run:
         print(dry_run(claim, args.budget, args.method_list, root))
         return 0

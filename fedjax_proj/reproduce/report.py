@@ -2,8 +2,9 @@
 
 Reads the result JSONs of one claim and budget (:mod:`fedjax_proj.reproduce.run`), keeps those
 whose fingerprint matches the claim's current config (stale ones are counted, not mixed in), and
-writes ``report.md``, ``accuracy.png`` (headline metric per round, mean over seeds) and, when
-FedProj logged its memory loss, ``lmem_vs_accuracy.png`` (paper 001, Figure 4) next to them.
+writes ``report.md``, ``accuracy.png`` (headline metric per round, mean over seeds; for a
+continual claim, the mean accuracy over the tasks seen after each task) and, when FedProj logged
+its memory loss, ``lmem_vs_accuracy.png`` (paper 001, Figure 4) next to them.
 :func:`update_docs` regenerates docs/reproduction.md's results section from every report.
 """
 
@@ -533,6 +534,9 @@ def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -
   if unknown:
     parts.append(
       f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
+      # Timing a step of every method as the entry points do would load the data and compile
+      # each method's round: minutes before a queue is even listed. One seed's runs time them.
+      + ("" if known else ": no estimate; run one seed (--seeds=0) to get one")
     )
   return "; ".join(parts)
 
@@ -642,6 +646,8 @@ def exploratory_table(claim: Claim, found: dict, budget: str) -> list[str]:
 
 def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
   """Writes the curve PNGs; returns their file names."""
+  if claim.kind == "continual" and found:
+    return plot_task_accuracy(claim, found, directory)
   key = CURVE_METRIC[claim.kind]
   if key is None or not found:
     return []
@@ -697,6 +703,44 @@ def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
     plt.close(fig)
     written.append("lmem_vs_accuracy.png")
   return written
+
+
+def plot_task_accuracy(claim: Claim, found: dict, directory: Path) -> list[str]:
+  """A continual claim's figure, ``accuracy.png``: after each task t, the mean test accuracy over
+  tasks 0..t (ACC of fedjax_proj/training/continual.py had the run stopped there) per method,
+  mean over seeds with a min-max band, from each result's accuracy matrix a[i, t] (row: the task
+  evaluated, column: after which task). Results without the matrix are left out."""
+  curves = {}
+  for m in claim.runnable:
+    runs = []
+    for result in found.get(m, {}).values():
+      matrix = result.get("detail", {}).get("acc_matrix")
+      if matrix:
+        runs.append([100 * np.mean([r[t] for r in matrix[: t + 1]]) for t in range(len(matrix))])
+    if runs:
+      n = min(len(r) for r in runs)
+      curves[m] = np.array([r[:n] for r in runs])
+  if not curves:
+    return []
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for m, ys in curves.items():
+    tasks = np.arange(1, ys.shape[1] + 1)
+    ax.plot(tasks, ys.mean(0), marker="o", ms=3, label=f"{m} ({len(ys)} seeds)")
+    if len(ys) > 1:
+      ax.fill_between(tasks, ys.min(0), ys.max(0), alpha=0.15)
+  ax.set_xlabel("after task")
+  ax.set_ylabel("mean accuracy over the tasks seen (%)")
+  ax.set_title(f"{claim.name}: mean over seeds (band: min-max)")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(directory / "accuracy.png", dpi=90)
+  plt.close(fig)
+  return ["accuracy.png"]
 
 
 def diagnostics(found: dict, names=("fedproj",)) -> list[str]:

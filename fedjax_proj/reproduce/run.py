@@ -347,6 +347,46 @@ def data_deviations(config: dict[str, Any], data_root: Path) -> list[str]:
   return [f"public set: a lossy copy ({about})"] if "lossy" in about else []
 
 
+def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
+  """What an NLP run's config reads that is not on this machine, each with where it was looked
+  for and how to provide it (empty: all there). The claim runner checks every run's before the
+  first starts, so a missing local file or an unprepared TFDS set offline is one line, not a
+  failed run's traceback."""
+  from fedjax_proj.algorithms.registry import needs_public
+  from fedjax_proj.data.sources import text
+  from fedjax_proj.data.sources.common import looks_like_path
+
+  c = substitute_data(config, data_root)
+  missing = []
+
+  def check(name: str, data_dir: str, splits: tuple[str, ...], what: str) -> None:
+    if data_dir:
+      lacking = [s for s in splits if text.find_text_file(data_dir, name, s) is None]
+      if lacking:
+        files = ", ".join(f"{s}{'|'.join(text.TEXT_SUFFIXES)}" for s in lacking)
+        missing.append(
+          f"the {what} {name!r} is not in {data_dir} (no {files} there or in {name}/): put it "
+          'there (docs/nlp.md, "Text data") or pass --data=<the shared data folder holding it>'
+        )
+      return
+    tfds_name = text.TEXT_DATASETS[name].tfds_name
+    if not tfds_has(tfds_name):
+      missing.append(
+        f"the {what} {name!r} (TFDS {tfds_name}) is not prepared here and TFDS cannot download "
+        "it (offline): prepare it on a machine with internet and point $TFDS_DATA_DIR at it"
+      )
+
+  check(c["dataset"], c.get("data_dir", ""), ("train", "test"), "private set")
+  public = c.get("public_data", "")
+  if public and needs_public(c["method"]):
+    if looks_like_path(public) or public.endswith(text.TEXT_SUFFIXES):
+      if not Path(public).is_file():
+        missing.append(f"the public set {public} does not exist")
+    elif public in text.TEXT_DATASETS:
+      check(public, "", ("train",), "public set")
+  return missing
+
+
 def local_backend() -> str:
   """The backend a run here will most likely use, found without starting JAX (which would take
   an accelerator's memory in a parent process): "gpu" where an NVIDIA device node exists, "tpu"
@@ -750,6 +790,9 @@ def run_one(
     tmp.replace(path)
     shutil.rmtree(work, ignore_errors=True)
     failed.unlink(missing_ok=True)
+    # Removed while still held: a process that opened it before finds the result done once it
+    # gets the lock, and a later one makes a new file. A finished run leaves no empty .lock.
+    Path(lock.lock_file).unlink(missing_ok=True)
     return result
   finally:
     lock.release()

@@ -143,6 +143,10 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   variables = model.init(jax.random.key(c.seed), sample)
+  if model_kwargs.get("checkpoint"):  # which pretrained weights this run starts from, on record
+    from fedjax_proj.models.hf_checkpoint import describe  # noqa: PLC0415
+
+    log(f"checkpoint: loaded {describe(model_kwargs['checkpoint'])}")
   normalize = (
     token_ids
     if text_run

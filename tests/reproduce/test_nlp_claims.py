@@ -47,3 +47,23 @@ def test_smoke_budget_runs_through_the_runner(tmp_path, monkeypatch):
   assert 0.0 <= result["metrics"]["test_accuracy"] <= 100.0 and len(result["curve"]) == 1
   saved = json.loads(run.result_path(tmp_path, claim.name, "smoke", "fedavg", 0).read_text())
   assert saved["config"]["dataset"] == "sst2"
+
+
+def test_missing_text_data_is_one_line_before_any_run(tmp_path, capsys, monkeypatch):
+  from fedjax_proj.reproduce import __main__ as cli
+
+  started = []
+  monkeypatch.setitem(run.RUNNERS, "nlp", lambda *args: started.append(args))
+  base = ["--budget=smoke", "--methods=fedavg,fedproj", "--seeds=0", f"--results={tmp_path}"]
+  # MARC is a local file under the data folder; this one has none.
+  assert cli.main(["fedproj-marc-dir0.3", *base, f"--data={tmp_path}"]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  assert f"the private set 'marc' is not in {tmp_path}/marc (no train.csv|.tsv|.jsonl" in err
+  # The TFDS sets offline: the private set, and the public set FedProj reads (FedAvg reads none).
+  monkeypatch.setattr(run, "tfds_has", lambda name: False)
+  assert cli.main(["fedproj-sst2-dir0.3", *base, f"--data={tmp_path}"]) == 1
+  err = capsys.readouterr().err
+  assert "the private set 'sst2' (TFDS glue/sst2) is not prepared here" in err
+  assert "the public set 'sentiment140' (TFDS sentiment140)" in err and err.count("\n") == 1
+  assert started == [] and not list(tmp_path.glob("**/*.json"))

@@ -166,6 +166,7 @@ def test_an_os_error_is_one_line_naming_path_cause_and_what_is_on_disk(
 
   def full_disk(config):
     out.mkdir()
+    (out / "metrics.jsonl").write_text('{"round": 1, "train_lo')  # torn by the full disk
     raise OSError(errno.ENOSPC, "No space left on device", str(out / "metrics.jsonl"))
 
   monkeypatch.setattr(experiment, "run_experiment", full_disk)

@@ -74,3 +74,16 @@ def test_code_normalization_uses_the_codes_stds_and_the_public_sets_own_statisti
   c.normalization = "imagenet"
   with pytest.raises(ValueError, match="normalization"):
     validate_config(c)
+
+
+def test_a_method_without_a_public_set_never_loads_the_presets_one():
+  def load(*args, **kwargs):
+    raise AssertionError("loaded a public set the method never reads")
+
+  c = _config("sentiment140")  # an NLP preset's TFDS set, absent offline
+  for method in ("fedavg", "fedgkd", "moon"):
+    c.method = method
+    assert public_inputs(c, np.zeros((4, 2, 8), np.int32), 2, "sst2", load=load) == ({}, 0)
+  c.method = "feddf"
+  with pytest.raises(AssertionError, match="loaded a public set"):
+    public_inputs(c, np.zeros((4, 2, 8), np.int32), 2, "sst2", load=load)

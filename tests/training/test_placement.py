@@ -56,3 +56,11 @@ def test_a_chunk_the_user_asks_for_is_kept_and_logged():
     alg.init(variables, jax.random.key(0)), helpers.round_data(fd, x, y), jax.random.key(1)
   )
   assert np.isfinite(float(metrics["train_loss"]))
+
+
+def test_a_chunk_larger_than_the_round_is_the_round_and_logged_so():
+  ex, _ = _plan(clients_per_round=2, client_chunk="50", strategy="sequential")
+  assert (ex.client_chunk, ex.chunk_optional) == (2, False)
+  logs = []
+  build_round(fedavg(helpers.tiny_model(), helpers.sgd()), ex, logs.append)
+  assert logs == ["clients run in chunks of 2 with streaming aggregation"]

@@ -200,6 +200,25 @@ def test_first_signal_prints_at_once_which_round_the_run_stops_after(capfd):
     assert "stopping after round 1 (time unknown" in capfd.readouterr().err
 
 
+def test_a_signal_during_a_checkpoint_names_the_round_the_run_stops_after(
+  tmp_path, monkeypatch, capfd
+):
+  save = ckpt.Checkpointer.save
+
+  def save_then_signal(self, round_idx, *args, **kwargs):
+    path = save(self, round_idx, *args, **kwargs)
+    if round_idx == 1:  # after round 1's signal check: the run goes on to round 2
+      os.kill(os.getpid(), signal.SIGINT)
+    return path
+
+  monkeypatch.setattr(ckpt.Checkpointer, "save", save_then_signal)
+  flags = [*SMOKE, f"--output_dir={tmp_path / 'run'}", "--rounds=3", "--checkpoint_every=1"]
+  assert run(*flags) == 130
+  err = capfd.readouterr().err
+  assert "stopping after round 2" in err and "stopping after round 1" not in err
+  assert "stopped after round 2/3" in err
+
+
 @pytest.mark.parametrize("has_checkpoint", [True, False])
 def test_second_interrupt_reports_what_is_actually_on_disk(
   has_checkpoint, finished, tmp_path, monkeypatch, capsys

@@ -98,11 +98,19 @@ def _texts_and_labels(
       "text_fields/label_field."
     )
   texts, labels = [], []
-  for row in rows:
+  for i, row in enumerate(rows):
     label = 0
     if labelled:
-      label = int(np.asarray(row[spec.label]).item() if not isinstance(row[spec.label], str)
-                  else row[spec.label])  # fmt: skip
+      raw = row[spec.label]
+      try:
+        label = int(np.asarray(raw).item() if not isinstance(raw, str) else raw)
+      except (TypeError, ValueError):
+        # Row numbers count examples from 1 (a CSV's header line is not one).
+        expected = f" ({', '.join(map(str, spec.label_map))})" if spec.label_map else ""
+        raise ValueError(
+          f"{source}: label column {spec.label!r}, row {i + 1}: {raw!r} is not an integer; the "
+          f"labels must be integers{expected}: fix that row or pass the right label_field."
+        ) from None
       if spec.label_map is not None:
         if label not in spec.label_map:
           continue

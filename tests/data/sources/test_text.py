@@ -114,3 +114,7 @@ def test_clear_errors(tokenizer, tmp_path):
   bad.write_text("body,stars\nnice,5\n")
   with pytest.raises(ValueError, match=r"no field\(s\) \['review_body'\]"):
     text.load_text("marc", "train", tokenizer, 8, data_dir=tmp_path, cache_dir=tmp_path)
+  bad.write_text("review_body,stars\nnice,5\nfine,five\n")
+  where = f"text file {bad}: label column 'stars', row 2: 'five' is not an integer"
+  with pytest.raises(ValueError, match=where + r"; the labels must be integers \(1, 2, 3, 4, 5\)"):
+    text.load_text("marc", "train", tokenizer, 8, data_dir=tmp_path, cache_dir=tmp_path)
