@@ -11,6 +11,7 @@ from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import choose_strategy
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.training.config import base_config
+from fedjax_proj.training import placement
 from fedjax_proj.training.placement import build_round, plan_execution
 from tests import helpers
 
@@ -56,3 +57,10 @@ def test_a_chunk_the_user_asks_for_is_kept_and_logged():
     alg.init(variables, jax.random.key(0)), helpers.round_data(fd, x, y), jax.random.key(1)
   )
   assert np.isfinite(float(metrics["train_loss"]))
+
+
+def test_convolutions_are_gemm_grad_on_cpu_only():
+  """The CPU placement picks the matmul kernel gradient; other backends keep XLA's."""
+  assert placement.conv_impl_for("cpu") == "gemm_grad"
+  assert placement.conv_impl_for("gpu") == "xla"
+  assert placement.conv_impl_for("tpu") == "xla"
