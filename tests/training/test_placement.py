@@ -10,8 +10,8 @@ from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import choose_strategy
 from fedjax_proj.data.federated import FederatedData
-from fedjax_proj.training.config import base_config
 from fedjax_proj.training import placement
+from fedjax_proj.training.config import base_config
 from fedjax_proj.training.placement import build_round, plan_execution
 from tests import helpers
 
