@@ -130,11 +130,11 @@ def conv_case(name, rounds, reps):
 
   got = np.asarray(dw_gemm(x, w, g))
   ref = np.asarray(dw_xla(x, w, g))
-  theirs = torch_bw((False, False, True))[2].numpy().transpose(2, 3, 1, 0)
+  theirs = torch_bw((False, True, False))[1].numpy().transpose(2, 3, 1, 0)
   fns = {
     "ours dW xla": lambda: dw_xla(x, w, g).block_until_ready(),
     "ours dW gemm_grad": lambda: dw_gemm(x, w, g).block_until_ready(),
-    "torch dW": lambda: torch_bw((False, False, True)),
+    "torch dW": lambda: torch_bw((False, True, False)),
     "ours dX": lambda: dx(x, w, g).block_until_ready(),
     "torch dX": lambda: torch_bw((True, False, False)),
   }
