@@ -29,7 +29,7 @@ def conv_impl_for(backend: str | None = None) -> str:
 
   ``gemm_grad`` on XLA:CPU, whose own kernel-gradient convolution was 1.2-6x slower than the same
   gradient as a matmul on every convolution of the CNN and ResNet-8 measured (batch 64 and 256)
-  but one, the CNN's second at batch 64 (about 1.2x slower); ``xla`` elsewhere, where the
+  but one, the CNN's second at batch 64 (1.2-1.8x slower); ``xla`` elsewhere, where the
   convolution libraries have fast kernel gradients (docs/performance.md, "The CPU convolution
   kernel gradient"). Both compute the same gradient up to float summation order.
   """
