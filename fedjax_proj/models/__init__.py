@@ -27,11 +27,12 @@ from fedjax_proj.models.conv import CONV_IMPLS, Conv, conv2d
 from fedjax_proj.models.lenet import lenet5
 from fedjax_proj.models.mlp import mlp
 from fedjax_proj.models.multihead import multi_head
-from fedjax_proj.models.registry import MODELS, get_model, get_module
+from fedjax_proj.models.registry import CONV_MODELS, MODELS, get_model, get_module
 from fedjax_proj.models.resnet import resnet8, resnet10, resnet18
 
 __all__ = [
   "CONV_IMPLS",
+  "CONV_MODELS",
   "MODELS",
   "Conv",
   "alexnet",

@@ -51,7 +51,7 @@ class AlexNet(nn.Module):
     head_bias: classifier bias (GPM and FOT: none).
     projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
     classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
-    conv_impl: "xla", "patches_grad" or "patches" (:mod:`fedjax_proj.models.conv`).
+    conv_impl: one of :data:`fedjax_proj.models.conv.CONV_IMPLS` (:mod:`fedjax_proj.models.conv`).
   """
 
   num_classes: int | None = 10

@@ -42,7 +42,7 @@ class AlexNet8(nn.Module):
     fc_features: width of the two hidden fully connected layers.
     projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
     classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
-    conv_impl: "xla", "patches_grad" or "patches" (:mod:`fedjax_proj.models.conv`).
+    conv_impl: one of :data:`fedjax_proj.models.conv.CONV_IMPLS` (:mod:`fedjax_proj.models.conv`).
   """
 
   num_classes: int | None = 10

@@ -8,6 +8,12 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
 - ``"patches_grad"``: the same forward convolution, wrapped in a ``jax.custom_vjp`` whose kernel
   gradient is one matmul, im2col patches transposed times the output gradient. The input
   gradient is still the usual transposed convolution.
+- ``"gemm_grad"``: the same forward convolution and input gradient, wrapped in a
+  ``jax.custom_vjp`` whose kernel gradient is one matmul per batch chunk in the layout XLA:CPU
+  moves and multiplies fast: the input's im2col built channel-major, [(kh, kw, cin), (b, ho,
+  wo)], from a few whole-slab copies, times the output gradient's free reshape [(b, ho, wo),
+  cout]. The rule of the CPU placement (``fedjax_proj.training.placement.conv_impl_for``); see
+  docs/performance.md, "The CPU convolution kernel gradient".
 - ``"patches"``: the whole convolution as im2col patches @ reshaped kernel, with no convolution
   primitive at all (patches are strided slices); gradients by autodiff (matmuls, slices, pads).
   Under ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped
@@ -19,7 +25,7 @@ body (CPU)"); see docs/design.md ("Measured facts about XLA:CPU") and ``benchmar
 im2col convolution as a matrix product is the classic formulation of Chellapilla, Puri and Simard,
 "High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
 
-All three implementations agree with ``nn.Conv`` to float32 round-off (forward and gradients);
+All implementations agree with ``nn.Conv`` to float32 round-off (forward and gradients);
 ``tests/models/test_conv.py`` checks stride 1 and 2, SAME, VALID and explicit padding.
 """
 
@@ -34,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CONV_IMPLS = ("xla", "patches_grad", "patches")
+CONV_IMPLS = ("xla", "patches_grad", "gemm_grad", "patches")
 
 # NHWC activations and HWIO kernels are flax's conventions; fixing them here keeps the three
 # implementations bit-compatible in their parameter layout.
@@ -120,6 +126,91 @@ def _conv_patches_grad_bwd(strides, padding, residuals, g):
 
 conv_patches_grad.defvjp(_conv_patches_grad_fwd, _conv_patches_grad_bwd)
 
+# Bytes of one batch chunk's channel-major patch matrix in ``gemm_grad``'s kernel gradient. A
+# larger matrix is written to fresh pages each step (XLA:CPU allocates its temporaries per call) and
+# leaves the cache; chunks of about this size were 1.2-1.4x faster than the whole batch at batch
+# 256 and no slower at 64 (docs/performance.md, "The CPU convolution kernel gradient").
+GEMM_GRAD_CHUNK_BYTES = 16 * 2**20
+
+
+def _concat(parts: list[jax.Array], axis: int) -> jax.Array:
+  """``jnp.concatenate`` in groups of at most 5: XLA:CPU copied 5 slabs at memory speed but 25
+  at a tenth of it (``benchmarks/cpu_step.py``, the kernel-gradient candidates)."""
+  while len(parts) > 5:
+    parts = [
+      jnp.concatenate(parts[i : i + 5], axis) if len(parts[i : i + 5]) > 1 else parts[i]
+      for i in range(0, len(parts), 5)
+    ]
+  return jnp.concatenate(parts, axis) if len(parts) > 1 else parts[0]
+
+
+def _channel_major_patches(x, kernel_hw, strides, padding, out_hw):
+  """im2col of ``x`` [B, H, W, cin] as [(kh, kw, cin), (B, Ho, Wo)].
+
+  Built on the small input first: the kw column shifts of the channel-major input [cin, B, Hp,
+  Wp] (kw strided slices), then the kh row shifts of that, each a copy of whole rows. XLA:CPU's
+  NHWC im2col (``_patches``) copies runs of cin values and was slower than the convolution it
+  replaces.
+  """
+  (kh, kw), (sh, sw), (ho, wo) = kernel_hw, strides, out_hw
+  if isinstance(padding, str):
+    padding = tuple(lax.padtype_to_pads(x.shape[1:3], kernel_hw, strides, padding))
+  (plo, phi), (qlo, qhi) = padding
+  xc = jnp.transpose(x, (3, 0, 1, 2))  # [cin, B, H, W]
+  # lax.pad takes negative padding (explicit pads may crop), as lax.conv_general_dilated does.
+  xc = lax.pad(xc, jnp.zeros((), x.dtype), ((0, 0, 0), (0, 0, 0), (plo, phi, 0), (qlo, qhi, 0)))
+  cols = _concat(
+    [lax.slice_in_dim(xc, j, j + sw * (wo - 1) + 1, sw, axis=3) for j in range(kw)], 0
+  )  # [(kw, cin), B, Hp, Wo]
+  rows = _concat(
+    [lax.slice_in_dim(cols, i, i + sh * (ho - 1) + 1, sh, axis=2) for i in range(kh)], 0
+  )  # [(kh, kw, cin), B, Ho, Wo]
+  return rows.reshape(rows.shape[0], -1)
+
+
+def gemm_kernel_grad(
+  x: jax.Array, g: jax.Array, kernel_shape, strides: tuple[int, int], padding: Padding
+) -> jax.Array:
+  """The kernel gradient of :func:`conv2d` at input ``x`` and output gradient ``g``, as matmuls.
+
+  ``sum over b, ho, wo of patches(x)[(kh, kw, cin), (b, ho, wo)] * g[(b, ho, wo), cout]``, the
+  batch cut into chunks whose patch matrix is about :data:`GEMM_GRAD_CHUNK_BYTES`.
+  """
+  kh, kw, cin, cout = kernel_shape
+  b, ho, wo, _ = g.shape
+  per_example = kh * kw * cin * ho * wo * x.dtype.itemsize
+  chunk = max(1, min(b, GEMM_GRAD_CHUNK_BYTES // max(per_example, 1)))
+  total = None
+  for lo in range(0, b, chunk):
+    hi = min(lo + chunk, b)
+    patches = _channel_major_patches(x[lo:hi], (kh, kw), strides, padding, (ho, wo))
+    part = lax.dot_general(
+      patches,
+      g[lo:hi].reshape(-1, cout),
+      (((1,), (0,)), ((), ())),
+      preferred_element_type=jnp.float32,
+    )
+    total = part if total is None else total + part
+  return total.reshape(kernel_shape)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def conv_gemm_grad(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  """XLA convolution whose kernel gradient is :func:`gemm_kernel_grad`."""
+  return _xla_conv(x, kernel, strides, padding)
+
+
+def _conv_gemm_grad_bwd(strides, padding, residuals, g):
+  x, kernel = residuals
+  # The input gradient is autodiff's own (the transposed convolution), so it is unchanged.
+  _, input_vjp = jax.vjp(lambda x_: _xla_conv(x_, kernel, strides, padding), x)
+  (dx,) = input_vjp(g)
+  dk = gemm_kernel_grad(x, g, kernel.shape, strides, padding)
+  return dx, dk.astype(kernel.dtype)
+
+
+conv_gemm_grad.defvjp(_conv_patches_grad_fwd, _conv_gemm_grad_bwd)
+
 
 def conv2d(
   x: jax.Array,
@@ -146,6 +237,8 @@ def conv2d(
     return _xla_conv(x, kernel, strides, pad)
   if impl == "patches_grad":
     return conv_patches_grad(x, kernel, strides, pad)
+  if impl == "gemm_grad":
+    return conv_gemm_grad(x, kernel, strides, pad)
   if impl == "patches":
     return conv_patches(x, kernel, strides, pad)
   raise ValueError(f"unknown conv impl {impl!r}; valid: {CONV_IMPLS}")
@@ -160,7 +253,7 @@ class Conv(nn.Module):
     strides: (sh, sw).
     padding: "SAME", "VALID", an int, or explicit ((lo, hi), (lo, hi)).
     use_bias: whether to add a bias.
-    impl: "xla", "patches_grad" or "patches" (see the module docstring).
+    impl: one of :data:`CONV_IMPLS` (see the module docstring).
     kernel_init: kernel initializer (``nn.Conv``'s default).
     bias_init: bias initializer.
   """

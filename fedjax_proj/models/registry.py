@@ -70,6 +70,16 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 
 MODELS: tuple[str, ...] = tuple(MODEL_FACTORIES)
+# The models built from :class:`fedjax_proj.models.conv.Conv` layers: they take ``conv_impl``.
+CONV_MODELS: tuple[str, ...] = (
+  "cnn",
+  "resnet8",
+  "resnet10",
+  "resnet18",
+  "alexnet",
+  "alexnet8",
+  "lenet5",
+)
 
 
 def get_model(name: str, num_classes: int, **kwargs: Any) -> Model:

@@ -36,7 +36,7 @@ from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import partition
 from fedjax_proj.data.sources import load_dataset
-from fedjax_proj.models import get_model
+from fedjax_proj.models import CONV_MODELS, get_model
 from fedjax_proj.models.base import count_params
 from fedjax_proj.training import rundir
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
@@ -57,7 +57,7 @@ from fedjax_proj.training.inputs import (
 )
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
-from fedjax_proj.training.placement import build_round, plan_execution
+from fedjax_proj.training.placement import build_round, conv_impl_for, plan_execution
 from fedjax_proj.training.processes import init_processes
 from fedjax_proj.training.session import run_io
 from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
@@ -140,6 +140,10 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     log(f"validation split: the {validation_size} training examples --train_subset leaves out")
 
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
+  if c.model in CONV_MODELS:
+    # The backend's convolution implementation, unless --model_kwargs names one.
+    model_kwargs.setdefault("conv_impl", conv_impl_for())
+    log(f"convolutions: conv_impl={model_kwargs['conv_impl']}")
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   variables = model.init(jax.random.key(c.seed), sample)

@@ -6,7 +6,8 @@ axis is sharded and over which devices (:func:`client_mesh_for`) and whether cli
 with streaming aggregation, and how many (``auto``:
 :func:`~fedjax_proj.core.chunked.auto_client_chunk`). :func:`build_round` builds a method's round
 on it and :func:`placed_round` puts each round's inputs on the mesh (docs/performance.md;
-docs/design.md, "Execution").
+docs/design.md, "Execution"). :func:`conv_impl_for` picks the convolution implementation of the
+run's model for its backend.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import BatchFn, can_shard, choose_strategy
 from fedjax_proj.core.executor import Executor
+
+
+def conv_impl_for(backend: str | None = None) -> str:
+  """The ``conv_impl`` (:data:`fedjax_proj.models.conv.CONV_IMPLS`) a run's model uses on
+  ``backend`` (default: ``jax.default_backend()``).
+
+  ``gemm_grad`` on XLA:CPU, whose own kernel-gradient convolution was 1.2-6x slower than the same
+  gradient as a matmul on every convolution of the CNN and ResNet-8 measured (batch 64 and 256)
+  but one, the CNN's second at batch 64 (1.2-1.8x slower); ``xla`` elsewhere, where the
+  convolution libraries have fast kernel gradients (docs/performance.md, "The CPU convolution
+  kernel gradient"). Both compute the same gradient up to float summation order.
+  """
+  return "gemm_grad" if (backend or jax.default_backend()) == "cpu" else "xla"
 
 
 def client_mesh_for(c, strategy: str, log):

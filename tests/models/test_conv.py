@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from models_testutil import built, jit, key
 
-from fedjax_proj.models import CONV_IMPLS, Conv, get_model
+from fedjax_proj.core.engine import has_convolution
+from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS, Conv, get_model
+from fedjax_proj.models import conv as conv_lib
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 CIN, COUT = 3, 5
@@ -59,7 +61,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl", ["patches_grad", "patches"])
+@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "patches"])
 @pytest.mark.parametrize("kernel,strides,padding", CASES)
 def test_conv_matches_nn_conv(impl, kernel, strides, padding):
   mine = Conv(COUT, (kernel, kernel), strides=(strides, strides), padding=padding, impl=impl)
@@ -83,7 +85,7 @@ def test_xla_impl_and_param_layout():
   _close(grads, grads_ref)
 
 
-@pytest.mark.parametrize("impl", ["patches_grad", "patches"])
+@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "patches"])
 def test_conv_grads_under_vmap_and_scan(impl):
   """The engine's setting: per-client kernels (vmap) and a loop of local steps (scan)."""
   x = _normal((3, 8, 8, 4), 4)
@@ -108,10 +110,100 @@ def test_model_params_interchangeable_across_impls():
   """One set of ResNet-8 variables drives every implementation to the same outputs."""
   b = built("resnet8")
   ref = b.eval(b.variables, b.x)
-  for impl in ("patches_grad", "patches"):
+  for impl in ("patches_grad", "gemm_grad", "patches"):
     model = get_model("resnet8", b.model.num_classes, conv_impl=impl)
     shapes = jax.eval_shape(model.init, key(0), b.x[:1])
     assert jax.tree_util.tree_structure(shapes) == jax.tree_util.tree_structure(b.variables)
     out = jit(functools.partial(model.apply, train=False))(b.variables, b.x)
     _close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
     _close(out.features, ref.features, rtol=1e-4, atol=1e-5)
+
+
+def test_gemm_kernel_grad_chunks_the_batch(monkeypatch):
+  """A batch cut into chunks (here 1, 2 and 2 examples) sums to the whole batch's kernel grad."""
+  x, g = _normal((5, 7, 6, 3), 6), _normal((5, 4, 3, 4), 7)
+  whole = conv_lib.gemm_kernel_grad(x, g, (3, 3, 3, 4), (2, 2), "SAME")
+  monkeypatch.setattr(conv_lib, "GEMM_GRAD_CHUNK_BYTES", 2 * 3 * 3 * 3 * 4 * 3 * 4)
+  chunked = conv_lib.gemm_kernel_grad(x, g, (3, 3, 3, 4), (2, 2), "SAME")
+  _close(chunked, whole)
+  _, vjp = jax.vjp(lambda k: conv_lib.conv2d(x, k, (2, 2), "SAME"), jnp.zeros((3, 3, 3, 4)))
+  _close(whole, vjp(g)[0])
+
+
+def test_conv_models_are_the_models_with_a_convolution():
+  """The registry's CONV_MODELS (which the CPU placement gives ``gemm_grad``) is exactly the set
+  of registered models whose traced forward has a convolution."""
+  for name in MODELS:
+    b = built(name)
+    has = has_convolution(
+      lambda v, x, b=b: b.model.apply(v, x, train=False).logits, b.variables, b.x
+    )
+    assert has == (name in CONV_MODELS), name
+
+
+def _convolutions(name):
+  """{(input shape, kernel shape, strides, padding)} of the model's convolutions, from its jaxpr
+  (tracing only: compiling each model's gradient twice took 13 CPU s per model)."""
+  b = built(name)
+  jaxpr = jax.make_jaxpr(lambda v, x: b.model.apply(v, x, train=False).logits)(b.variables, b.x)
+  found = set()
+
+  def walk(jx):
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        p = eqn.params
+        assert p["lhs_dilation"] == (1, 1) and p["rhs_dilation"] == (1, 1)
+        assert p["feature_group_count"] == 1 and p["batch_group_count"] == 1
+        lhs, rhs = (v.aval.shape for v in eqn.invars)
+        found.add((lhs, rhs, p["window_strides"], tuple(map(tuple, p["padding"]))))
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("name", CONV_MODELS)
+def test_gemm_kernel_grad_equals_autodiff_on_every_model_convolution(name):
+  """``gemm_grad``'s kernel gradient equals ``jax.grad`` of the plain convolution on each of the
+  model's convolutions (shapes, strides, padding as the model calls it)."""
+  convs = _convolutions(name)
+  assert convs
+  for n, (xs, ks, strides, padding) in enumerate(sorted(convs)):
+    x, kernel = _normal(xs, 10 + n), _normal(ks, 20 + n, 0.3)
+    conv = functools.partial(conv_lib.conv2d, strides=strides, padding=padding)
+    g = _normal(jax.eval_shape(conv, x, kernel).shape, 30 + n)
+
+    def both(x, kernel, g, conv=conv, ks=ks, strides=strides, padding=padding):
+      ref = jax.vjp(lambda k: conv(x, k), kernel)[1](g)[0]
+      return ref, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding)
+
+    ref, mine = jit(both)(x, kernel, g)
+    scale = float(jnp.max(jnp.abs(ref)))
+    np.testing.assert_allclose(mine, ref, rtol=0, atol=1e-5 * scale, err_msg=str((xs, ks)))
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet8"])
+def test_gemm_grad_model_gradients_equal_autodiff_under_vmap(name):
+  """A whole model's parameter and input gradients with ``gemm_grad`` equal ``jax.grad`` with the
+  plain convolution (``xla``), per client under ``vmap`` as the engine batches clients (two
+  clients: the test variables and a perturbed copy, each on its own inputs)."""
+  b = built(name)
+  model = get_model(name, b.model.num_classes, conv_impl="gemm_grad")
+  variables = jax.tree_util.tree_map(lambda v: jnp.stack([v, v * 1.01 + 0.01]), b.variables)
+  x = jnp.stack([b.x, -0.5 * b.x])
+
+  def grads(model):
+    def loss(variables, x):
+      out = model.apply(variables, x, train=False)
+      return jnp.sum(jnp.tanh(out.logits)) + 0.1 * jnp.sum(out.features**2)
+
+    return jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(variables, x)
+
+  # Another summation order: each leaf within float32 round-off of its own largest entry.
+  def check(a, b):
+    scale = float(jnp.max(jnp.abs(b)))
+    assert scale > 0  # a gradient that vanished would compare equal trivially
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+  jax.tree_util.tree_map(check, grads(model), grads(b.model))

@@ -10,6 +10,7 @@ from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import choose_strategy
 from fedjax_proj.data.federated import FederatedData
+from fedjax_proj.training import placement
 from fedjax_proj.training.config import base_config
 from fedjax_proj.training.placement import build_round, plan_execution
 from tests import helpers
@@ -64,3 +65,10 @@ def test_a_chunk_larger_than_the_round_is_the_round_and_logged_so():
   logs = []
   build_round(fedavg(helpers.tiny_model(), helpers.sgd()), ex, logs.append)
   assert logs == ["clients run in chunks of 2 with streaming aggregation"]
+
+
+def test_convolutions_are_gemm_grad_on_cpu_only():
+  """The CPU placement picks the matmul kernel gradient; other backends keep XLA's."""
+  assert placement.conv_impl_for("cpu") == "gemm_grad"
+  assert placement.conv_impl_for("gpu") == "xla"
+  assert placement.conv_impl_for("tpu") == "xla"

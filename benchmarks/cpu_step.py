@@ -1,0 +1,396 @@
+"""One training step on one pinned CPU core: ours against PyTorch and the FedProj authors' client.
+
+    taskset -c 1 python benchmarks/cpu_step.py --authors_repo=/path/to/FedProj_Neurips
+
+Both sides run in this one process on one core (``os.sched_setaffinity``), torch with one intra-op
+thread, XLA:CPU without its multi-threaded Eigen (``--xla_cpu_multi_thread_eigen=false
+intra_op_parallelism_threads=1``, set before JAX is imported). Each case is compiled (or warmed)
+once, the compile timed apart, then timed in rounds alternating A, B, B, A; every timing records
+process CPU seconds and wall seconds, and the tables give medians with the [min, max] spread. The
+machine's cores are shared with other jobs, so CPU time is the fairer measure.
+
+Cases (the same batches, and for the CNN the same initial weights, on both sides):
+
+- ``conv``: each convolution's kernel gradient (ours: XLA's own, ``xla``, and the matmul one,
+  ``gemm_grad``, :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
+  ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64.
+- ``cnn_step``: a FedAvg client step of the CNN (SGD with momentum, batch 64): our sequential
+  strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla and
+  gemm_grad, against a torch loop step.
+- ``fedproj_step``: a FedProj client step inside the projection window (our client with the
+  ``paper_code`` preset's Adam, memory batch 64 and 256) against the authors' ``Client_FedProj``
+  (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
+  DataLoader set to the case's), whose ``train`` runs two whole local epochs (its StepLR needs
+  two): its time per step is theirs over its steps (its optimizer's creation included).
+- ``resnet8_step``: as ``cnn_step`` for ResNet-8 (torch: benchmarks/torch_reference.py's ResNet-8
+  with torch's own initial weights; the speed of a step does not depend on the weights).
+
+Writes ``benchmarks/results/cpu_step.json`` (``--out``): per case the seconds of every timing,
+medians and, for the steps, ``speedup_vs_torch`` / ``speedup_vs_authors`` = their median CPU
+seconds over ours (above 1: ours is faster), for each of our ``conv_impl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _pin(cpu: int | None) -> int:
+  cpu = min(os.sched_getaffinity(0)) if cpu is None else cpu
+  os.sched_setaffinity(0, {cpu})
+  return cpu
+
+
+def _timed(fn, reps: int) -> tuple[float, float]:
+  """(CPU s, wall s) per call of ``fn`` over ``reps`` calls."""
+  c, w = time.process_time(), time.perf_counter()
+  for _ in range(reps):
+    fn()
+  return (time.process_time() - c) / reps, (time.perf_counter() - w) / reps
+
+
+def alternate(fns: dict, rounds: int, reps: int) -> dict:
+  """Times every callable in ``fns`` (after one warm-up call each, timed as ``first``) in
+  ``rounds`` rounds whose order alternates forward and backward (A B B A ...)."""
+  out = {n: {"first_cpu": 0.0, "cpu": [], "wall": []} for n in fns}
+  for n, f in fns.items():
+    c = time.process_time()
+    f()
+    out[n]["first_cpu"] = time.process_time() - c
+  names = list(fns)
+  for r in range(rounds):
+    for n in names if r % 2 == 0 else names[::-1]:
+      cpu, wall = _timed(fns[n], reps)
+      out[n]["cpu"].append(cpu)
+      out[n]["wall"].append(wall)
+  for v in out.values():
+    for k in ("cpu", "wall"):
+      v[f"{k}_median"] = statistics.median(v[k])
+      v[f"{k}_spread"] = [min(v[k]), max(v[k])]
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution gradients
+
+
+CONVS = {
+  # name: (batch, H, cin, cout, kernel, stride, padding)
+  "cnn.conv_0 b64": (64, 32, 3, 32, 5, 1, 2),
+  "cnn.conv_1 b64": (64, 16, 32, 64, 5, 1, 2),
+  "cnn.conv_0 b256": (256, 32, 3, 32, 5, 1, 2),
+  "cnn.conv_1 b256": (256, 16, 32, 64, 5, 1, 2),
+  "resnet8.stem b64": (64, 32, 3, 16, 3, 1, 1),
+  "resnet8.stage1 b64": (64, 32, 16, 16, 3, 1, 1),
+  "resnet8.stage2.conv_0 b64": (64, 32, 16, 32, 3, 2, 1),
+  "resnet8.stage2.conv_1 b64": (64, 16, 32, 32, 3, 1, 1),
+  "resnet8.stage2.shortcut b64": (64, 32, 16, 32, 1, 2, 0),
+  "resnet8.stage3.conv_1 b64": (64, 8, 64, 64, 3, 1, 1),
+}
+
+
+def conv_case(name, rounds, reps):
+  import jax
+  import numpy as np
+  import torch
+
+  from fedjax_proj.models import conv as conv_lib
+
+  b, h, cin, cout, k, s, p = CONVS[name]
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((b, h, h, cin)).astype(np.float32)
+  w = (rng.standard_normal((k, k, cin, cout)) * 0.1).astype(np.float32)
+  pad = ((p, p), (p, p))
+  conv = lambda x, w: conv_lib.conv2d(x, w, (s, s), pad)  # noqa: E731
+  g = rng.standard_normal(jax.eval_shape(conv, x, w).shape).astype(np.float32)
+  dw_xla = jax.jit(lambda x, w, g: jax.vjp(lambda w: conv(x, w), w)[1](g)[0])
+  dw_gemm = jax.jit(lambda x, w, g: conv_lib.gemm_kernel_grad(x, g, w.shape, (s, s), pad))
+  dx = jax.jit(lambda x, w, g: jax.vjp(lambda x: conv(x, w), x)[1](g)[0])
+  xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+  wt = torch.from_numpy(w.transpose(3, 2, 0, 1).copy())
+  gt = torch.from_numpy(g.transpose(0, 3, 1, 2).copy())
+
+  def torch_bw(mask):
+    with torch.no_grad():
+      return torch.ops.aten.convolution_backward(
+        gt, xt, wt, None, (s, s), (p, p), (1, 1), False, (0, 0), 1, mask
+      )
+
+  got = np.asarray(dw_gemm(x, w, g))
+  ref = np.asarray(dw_xla(x, w, g))
+  theirs = torch_bw((False, True, False))[1].numpy().transpose(2, 3, 1, 0)
+  fns = {
+    "ours dW xla": lambda: dw_xla(x, w, g).block_until_ready(),
+    "ours dW gemm_grad": lambda: dw_gemm(x, w, g).block_until_ready(),
+    "torch dW": lambda: torch_bw((False, True, False)),
+    "ours dX": lambda: dx(x, w, g).block_until_ready(),
+    "torch dX": lambda: torch_bw((True, False, False)),
+  }
+  res = alternate(fns, rounds, reps)
+  scale = float(np.abs(ref).max())
+  res["max_rel_diff"] = {
+    "gemm_grad_vs_xla": float(np.abs(got - ref).max() / scale),
+    "torch_vs_xla": float(np.abs(theirs - ref).max() / scale),
+  }
+  return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+def _cifar_batches(n_steps, batch, seed=0):
+  import numpy as np
+
+  rng = np.random.default_rng(seed)
+  x = rng.integers(0, 256, (n_steps * batch, 32, 32, 3)).astype(np.uint8)
+  y = rng.integers(0, 10, n_steps * batch).astype(np.int32)
+  return x, y
+
+
+def _our_engine(program, batch_fn):
+  from fedjax_proj.core.engine import ClientEngine
+
+  return ClientEngine(program, batch_fn, "sequential")
+
+
+def _step_runner(engine, shared, images, labels, batch, steps):
+  """Our sequential strategy's client loop over ``steps`` steps of ``batch`` (one client)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  idx = np.arange(steps * batch, dtype=np.int32).reshape(1, steps, batch)
+  mask = np.ones_like(idx, dtype=bool)
+  keys = jax.random.split(jax.random.key(0), 1)
+  images, labels = jax.device_put(images), jax.device_put(labels)
+
+  def run():
+    out = engine.run(shared, {}, images, labels, jnp.asarray(idx), mask, keys)
+    jax.block_until_ready(out)
+
+  return run
+
+
+def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_ours):
+  import jax
+  import numpy as np
+  import optax
+  import torch
+
+  from fedjax_proj.algorithms import client as client_lib
+  from fedjax_proj.data import pipeline
+  from fedjax_proj.models import get_model
+
+  sys.path.insert(0, str(HERE))
+  from torch_reference import torch_cifar_model
+
+  x, y = _cifar_batches(steps, batch)
+  normalize = pipeline.normalizer(0.0, 1.0)
+  batch_fn = pipeline.make_batch_fn(normalize, augment=False)
+  opt = optax.sgd(0.01, momentum=0.9)
+  fns = {}
+  variables = None
+  for impl in ("xla", "gemm_grad"):
+    model = get_model(model_name, 10, conv_impl=impl)
+    if variables is None:
+      variables = model.init(jax.random.key(0), normalize(x[:2]))
+    program = client_lib.local_training_client(model, opt, client_lib.cross_entropy_loss(model))
+    run = _step_runner(_our_engine(program, batch_fn), {"variables": variables}, x, y, batch, steps)
+    fns[f"ours {impl}"] = run
+  net = torch_cifar_model(model_name)
+  if torch_init_from_ours:
+    from parity_fedproj import torch_state_from_flax
+
+    net.load_state_dict(torch_state_from_flax(jax.tree.map(np.asarray, variables)))
+  init_state = copy.deepcopy(net.state_dict())
+  xt = torch.from_numpy(np.asarray(normalize(x)).transpose(0, 3, 1, 2).copy())
+  yt = torch.from_numpy(y.astype(np.int64))
+
+  def torch_run():
+    net.load_state_dict(init_state)  # every client starts from the global model, as ours
+    net.train()
+    opt_t = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    for s in range(steps):
+      sl = slice(s * batch, (s + 1) * batch)
+      opt_t.zero_grad()
+      torch.nn.functional.cross_entropy(net(xt[sl]), yt[sl]).backward()
+      opt_t.step()
+
+  fns["torch"] = torch_run
+  res = alternate(fns, rounds, reps)
+  per_step = {n: res[n]["cpu_median"] / steps for n in fns}
+  res["cpu_seconds_per_step"] = per_step
+  res["speedup_vs_torch"] = {
+    impl: per_step["torch"] / per_step[f"ours {impl}"] for impl in ("xla", "gemm_grad")
+  }
+  return res
+
+
+def _authors_client(repo: Path, memory_batch: int):
+  """The authors' Client_FedProj class, its memory DataLoader's batch set to ``memory_batch``
+  (their file fixes 256) and without the integer cast of the memory (their lines 85-86, a defect
+  our paper_code preset leaves off too; benchmarks/parity_fedproj.py)."""
+  import numpy as np
+  import torch
+  import torch.nn.functional as F
+  from torch import nn
+
+  text = (repo / "src" / "client" / "client_fedproj.py").read_text()
+  want = "public_dl = torch.utils.data.DataLoader(public_ds, batch_size=256,"
+  if want not in text:
+    raise ValueError(f"{repo}: client_fedproj.py has no {want!r}; another version of the code?")
+  text = text.replace(want, want.replace("256", str(memory_batch)))
+  text = text.replace(".type(torch.LongTensor).float().to(self.device)", ".float().to(self.device)")
+  tree = ast.parse(text)
+  keep = [n for n in tree.body if getattr(n, "name", None) == "Client_FedProj"]
+  namespace = {"np": np, "torch": torch, "copy": copy, "nn": nn, "F": F, "optim": torch.optim}
+  exec(compile(ast.Module(keep, []), "client_fedproj.py", "exec"), namespace)
+  return namespace["Client_FedProj"]
+
+
+def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  import torch
+
+  from fedjax_proj.algorithms.distillation.fedproj import projection_client
+  from fedjax_proj.data import pipeline
+  from fedjax_proj.models import get_model
+
+  sys.path.insert(0, str(HERE))
+  from parity_fedproj import torch_cnn, torch_state_from_flax
+
+  x, y = _cifar_batches(steps, batch)
+  public, _ = _cifar_batches(4, memory_batch, seed=1)
+  rng = np.random.default_rng(2)
+  logits = rng.standard_normal((len(public), 10)).astype(np.float32)
+  normalize = pipeline.normalizer(0.0, 1.0)
+  batch_fn = pipeline.make_batch_fn(normalize, augment=False)
+  opt = optax.adamw(1e-3, weight_decay=5e-5)  # the code's Adam(lr, weight_decay=5e-5)
+  fns = {}
+  variables = None
+  for impl in ("xla", "gemm_grad"):
+    model = get_model("cnn", 10, conv_impl=impl)
+    if variables is None:
+      variables = model.init(jax.random.key(0), normalize(x[:2]))
+    program = projection_client(
+      model, opt, normalize, temperature=3.0, tau=1e-6, memory_batch_size=memory_batch,
+      max_coef=10.0, memory_order="shuffle",
+    )  # fmt: skip
+    shared = {
+      "variables": variables,
+      "memory_images": jnp.asarray(public),
+      "memory_logits": jnp.asarray(logits),
+      "memory_labels": jnp.zeros(len(public), jnp.int32),
+      "use_memory": jnp.asarray(True),
+      "round0_ce": jnp.asarray(False),
+    }
+    fns[f"ours {impl}"] = _step_runner(_our_engine(program, batch_fn), shared, x, y, batch, steps)
+  client_cls = _authors_client(Path(args.authors_repo), memory_batch)
+  net = torch_cnn()
+  net.load_state_dict(torch_state_from_flax(jax.tree.map(np.asarray, variables)))
+  init_state = copy.deepcopy(net.state_dict())
+  xt = torch.from_numpy(np.asarray(normalize(x)).transpose(0, 3, 1, 2).copy())
+  yt = torch.from_numpy(y.astype(np.int64))
+  pub = torch.from_numpy(np.asarray(normalize(public)).transpose(0, 3, 1, 2).copy())
+  public_ds = torch.utils.data.TensorDataset(pub, torch.zeros(len(pub)), torch.from_numpy(logits))
+  loader = [
+    (xt[s * batch : (s + 1) * batch], yt[s * batch : (s + 1) * batch]) for s in range(steps)
+  ]
+
+  def authors_run():
+    net.load_state_dict(init_state)
+    # Two local epochs: their StepLR's step is local_ep // 2, which one epoch makes 0.
+    client = client_cls("c0", net, batch, 2, 1e-3, 0.9, 3.0, "cpu", train_dl_local=loader)
+    client.train(public_ds, is_proj=True)
+
+  fns["authors"] = authors_run
+  res = alternate(fns, rounds, reps)
+  per_step = {n: res[n]["cpu_median"] / (2 * steps if n == "authors" else steps) for n in fns}
+  res["cpu_seconds_per_step"] = per_step
+  res["speedup_vs_authors"] = {
+    impl: per_step["authors"] / per_step[f"ours {impl}"] for impl in ("xla", "gemm_grad")
+  }
+  return res
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--authors_repo", default="", help="checkout of the FedProj authors' code")
+  ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the lowest)")
+  ap.add_argument("--cases", default="conv,cnn_step,fedproj_step,resnet8_step")
+  ap.add_argument("--rounds", type=int, default=4, help="alternating timing rounds")
+  ap.add_argument("--reps", type=int, default=2, help="calls per timing")
+  ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
+  ap.add_argument("--out", default=str(HERE / "results" / "cpu_step.json"))
+  args = ap.parse_args(argv)
+  cpu = _pin(args.cpu)
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+  ).strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  sys.path.insert(0, str(ROOT))
+  import jax
+  import torch
+
+  torch.set_num_threads(1)
+  cases = args.cases.split(",")
+  result = {
+    "command": " ".join(sys.argv),
+    "cpu": cpu,
+    "machine": platform.processor() or platform.machine(),
+    "jax": jax.__version__,
+    "torch": torch.__version__,
+    "xla_flags": os.environ["XLA_FLAGS"],
+    "loadavg_before": os.getloadavg(),
+    "cases": {},
+  }
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+
+  def record(name, res):
+    result["cases"][name] = res
+    result["loadavg_after"] = os.getloadavg()
+    out.write_text(json.dumps(result, indent=1))
+    brief = {k: round(v["cpu_median"] * 1e3, 2) for k, v in res.items() if "cpu_median" in v}
+    extra = {k: res[k] for k in ("speedup_vs_torch", "speedup_vs_authors") if k in res}
+    print(f"{name}: CPU ms {brief} {extra}", flush=True)
+
+  if "cnn_step" in cases:
+    record("cnn_step b64", fedavg_step_case("cnn", args.rounds, args.reps, args.steps, 64, True))
+  if "fedproj_step" in cases:
+    if not args.authors_repo:
+      raise SystemExit("fedproj_step needs --authors_repo=<checkout of FedProj_Neurips>")
+    for mb in (64, 256):
+      record(
+        f"fedproj_step b64 memory{mb}",
+        fedproj_step_case(args, mb, args.rounds, args.reps, args.steps, 64),
+      )
+  if "resnet8_step" in cases:
+    record(
+      "resnet8_step b64", fedavg_step_case("resnet8", args.rounds, args.reps, args.steps, 64, False)
+    )
+  if "conv" in cases:
+    for name in CONVS:
+      record(f"conv {name}", conv_case(name, args.rounds, args.reps))
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()
