@@ -67,6 +67,7 @@ SLOW = (
   "tests/core/test_distributed.py",
   "tests/core/test_sharding.py",
   "tests/configs/test_continual_cli_resume.py",
+  "tests/configs/test_interrupt_startup.py",
   "tests/configs/test_presets_fot.py",
   "tests/reproduce/test_cli.py",
   "tests/training/test_cifar10_cli.py",
