@@ -4,10 +4,11 @@ Client loss (docs/methods.md "MOON"; official code QinbinLi/MOON):
   CE(f(x; θ), y) + μ · CE([cos(z, z_g), cos(z, z_prev)] / τ, label 0),
 where z are the local model's projection-head features (``ModelOutput.features`` of the same
 training forward pass that gives the logits; the registry builds the model with
-``projection_dim=256``, a 2-layer MLP head), z_g the received global model's and z_prev the
-client's previous local model's features on the same batch. Both reference models run in inference
-mode with stopped gradients, as the official code freezes them; the contrastive term is a masked
-mean over real examples. μ = 1 (the paper uses 5 on CIFAR-10), τ = 0.5. The server is FedAvg.
+``projection_dim=256``, a 2-layer MLP head, with the output layer on top of that head), z_g the
+received global model's and z_prev the client's previous local model's features on the same
+batch. Both reference models run in inference mode with stopped gradients, as the official code
+freezes them; the contrastive term is a masked mean over real examples. μ = 1 (the paper uses 5 on
+CIFAR-10), τ = 0.5. The server is FedAvg.
 
 Per-client state: every client's previous local model (all variables, including BatchNorm
 statistics), stacked [num_clients, ...] in the server state: num_clients full model copies, i.e.
@@ -34,7 +35,12 @@ from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Batch, Model, PyTree
 
-MODEL_KWARGS = {"projection_dim": 256}
+# The paper's network is a base encoder, a projection head and an output layer, in that order
+# (Sec. 3.2: R_w is "the network before the output layer"), and the official code computes the
+# logits from the projection as well; docs/parity.md ("MOON") has the finding. Runs before the
+# fix computed the logits from the encoder's features: the claims keep them as the
+# ``moon-prehead`` ablation (fedjax_proj/reproduce/claims.py).
+MODEL_KWARGS = {"projection_dim": 256, "classifier_on_projection": True}
 
 
 class MoonState(NamedTuple):

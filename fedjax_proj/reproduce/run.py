@@ -110,6 +110,7 @@ def resolve_config(
   overrides = budget_overrides(claim, budget, method)
   ablation = claim.ablations.get(method)
   method = ablation.base if ablation else method
+  budget_model_options = dict(overrides.pop("model_options", {}))
   entry = load_entry(claim)
   if claim.kind == "pilot":
     config = {**entry.default_config(), **overrides, "method": method, "seed": seed}
@@ -130,6 +131,14 @@ def resolve_config(
   out = config.to_dict()
   for field in RUN_FIELDS:  # set by the runner; not part of what a run computes
     out.pop(field, None)
+  # The model options the run builds with beyond its preset's (the registry's for the method, e.g.
+  # MOON's projection head, then the budget's): on record, so the fingerprint says which model the
+  # run builds (training/experiment.py builds it from the same merge).
+  from fedjax_proj.algorithms.registry import model_kwargs
+
+  options = {**model_kwargs(method), **dict(out.get("model_kwargs", {})), **budget_model_options}
+  if options:
+    out["model_kwargs"] = options
   return {k: v.replace(root, "{data}") if isinstance(v, str) else v for k, v in out.items()}
 
 
@@ -165,6 +174,13 @@ ADDED_HPARAMS = {
   # FOT's threshold rule (docs/fot.md): every FOT run before the setting used the authors' rule.
   ("fot", "threshold_rule"): "authors",
 }
+# Model options a method's runs built without recording them, with the value they built: left out
+# of the fingerprint at that value, as ADDED_FIELDS. MOON's runs before the parity fix (docs/
+# parity.md, "MOON") computed the logits from the encoder's features and recorded no model_kwargs.
+ADDED_MODEL_KWARGS = {
+  ("moon", "projection_dim"): 256,
+  ("moon", "classifier_on_projection"): False,
+}
 # Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
 # (or ``method_defaults``) already hold, or only choose what a run writes (TensorBoard event
 # files): they compute nothing themselves.
@@ -181,7 +197,8 @@ DEFAULT_ONLY_FIELDS = (
 def canonical(config: dict[str, Any]) -> dict[str, Any]:
   """What a config computes: the preset's ``method_defaults`` for the run's method folded into
   ``method_kwargs`` (the other methods' defaults dropped), :data:`DEFAULT_ONLY_FIELDS` dropped,
-  and :data:`ADDED_FIELDS` and :data:`ADDED_HPARAMS` at their earlier value left out."""
+  and :data:`ADDED_FIELDS`, :data:`ADDED_HPARAMS` and :data:`ADDED_MODEL_KWARGS` at their earlier
+  value left out."""
   c = {k: v for k, v in config.items() if k not in DEFAULT_ONLY_FIELDS}
   defaults = c.pop("method_defaults", None)
   if defaults is not None:
@@ -195,6 +212,17 @@ def canonical(config: dict[str, Any]) -> dict[str, Any]:
       for k, v in dict(c["method_kwargs"]).items()
       if ADDED_HPARAMS.get((c.get("method"), k), object()) != v
     }
+  method = c.get("method")
+  if "model_kwargs" in c and any(m == method for m, _ in ADDED_MODEL_KWARGS):
+    kept = {
+      k: v
+      for k, v in dict(c["model_kwargs"]).items()
+      if ADDED_MODEL_KWARGS.get((method, k), object()) != v
+    }
+    if kept:
+      c["model_kwargs"] = kept
+    else:  # those runs recorded no model_kwargs at all
+      del c["model_kwargs"]
   return {k: v for k, v in c.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
 
 

@@ -46,7 +46,7 @@ def test_bad_hyperparameters_fail_clearly():
 
 
 def test_moon_declares_projection_head():
-  assert registry.model_kwargs("moon") == {"projection_dim": 256}
+  assert registry.model_kwargs("moon") == {"projection_dim": 256, "classifier_on_projection": True}
   for name in ("fedprox", "fednova", "feddyn", "scaffold", "moon", "fedrcl"):
     assert not registry.needs_public(name)
 
@@ -57,3 +57,21 @@ def test_an_all_zero_feature_row_gives_a_finite_gradient():
   z = z.at[0].set(0.0)
   grad = jax.grad(lambda v: model_contrastive_loss(v, zg, zp, 0.5))(z)
   assert np.isfinite(np.asarray(grad)).all() and np.abs(np.asarray(grad[1:])).sum() > 0
+
+
+def test_moon_logits_come_from_the_projection_head():
+  """MOON's network is encoder, projection head, output layer (the paper, Sec. 3.2; docs/parity.md
+  "MOON"): the registry's model reads the logits from the projection, so perturbing only the
+  head's output layer ``proj_out`` moves the logits. Before the fix the logits read the encoder's
+  features and ``proj_out`` fed only the contrastive term."""
+  from fedjax_proj.models import get_model
+
+  model = get_model("mlp", 5, **registry.model_kwargs("moon"))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 12)), jnp.float32)
+  variables = model.init(jax.random.key(0), x)
+  params = variables["params"]
+  assert params["head"]["kernel"].shape == (256, 5)
+  moved = {**params, "proj_out": jax.tree_util.tree_map(lambda v: v + 0.1, params["proj_out"])}
+  before = model.apply({**variables, "params": params}, x, train=False).logits
+  after = model.apply({**variables, "params": moved}, x, train=False).logits
+  assert np.abs(np.asarray(after - before)).max() > 1e-3

@@ -51,7 +51,7 @@ def test_every_name_has_one_spec_of_a_known_family():
     "memory_size",
     "lmem_global",
   )
-  assert registry.model_kwargs("moon") == {"projection_dim": 256}
+  assert registry.model_kwargs("moon") == {"projection_dim": 256, "classifier_on_projection": True}
 
 
 @pytest.mark.parametrize(

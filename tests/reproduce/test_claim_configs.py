@@ -401,6 +401,23 @@ def test_fot_claims_run_the_papers_rule_and_keep_the_authors_rule_runs_as_an_abl
     assert run.fingerprint(before) == run.fingerprint(authors) != run.fingerprint(fot)
 
 
+def test_moon_runs_the_papers_layout_and_the_cpu_budget_keeps_its_v1_layout():
+  for name in ("fedproj-cifar10-dir0.3", "fedproj-cifar10-dir0.5"):
+    claim = CLAIMS[name]
+    paper = run.resolve_config(claim, "paper", "moon", 0)
+    cpu = run.resolve_config(claim, "cpu", "moon", 0)
+    assert paper["model_kwargs"]["classifier_on_projection"] is True
+    assert cpu["model_kwargs"] == {"projection_dim": 256, "classifier_on_projection": False}
+    # The cpu runs recorded before the fix carried no model_kwargs: the pinned layout has their
+    # fingerprint, the paper's layout another; other methods record none.
+    before = {k: v for k, v in cpu.items() if k != "model_kwargs"}
+    assert run.fingerprint(before) == run.fingerprint(cpu)
+    on_head = {**cpu["model_kwargs"], "classifier_on_projection": True}
+    paper_layout = {**cpu, "model_kwargs": on_head}
+    assert run.fingerprint(paper_layout) != run.fingerprint(cpu)
+    assert "model_kwargs" not in run.resolve_config(claim, "cpu", "fedavg", 0)
+
+
 def test_the_code_fingerprint_leaves_out_exactly_the_report_side(tmp_path):
   """The code fingerprint covers what decides a run's numbers and nothing that only reads or draws
   results: editing fedjax_proj/plot.py or reproduce/report.py keeps it, editing the runner, a
