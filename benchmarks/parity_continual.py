@@ -15,9 +15,10 @@ named as such in the results (docs/parity.md, "EWC and ER"):
   longer sets; λ = 40 is both that code's default and 003 F.4's PMNIST value). Its
   ``MLP.estimate_fisher`` (the diagonal Fisher of one task), ``MLP.consolidate`` and
   ``MLP.ewc_loss`` run against our ``ewc`` method's end-of-task Fisher pass and its client step.
-* ER: aimagelab/mammoth (key ``er``), ``models/er.py`` ``Er.observe``: one SGD step on the batch
-  concatenated with a sample of the buffer, against our ``er`` method's client step with the same
-  buffer content.
+* ER: aimagelab/mammoth (key ``er``), ``models/er.py`` ``Er.observe`` on its own ``Buffer``
+  (``utils/buffer.py``): one SGD step on the batch concatenated with a draw from the buffer,
+  against our ``er`` method's client step with the same stored examples; and the draw itself,
+  which stored example a step replays, counted over many steps on each side.
 
 Our side is the library's own code on the inputs of :func:`parity_common.tiny_inputs` (our ``mlp``,
 Dense 12→16→16→5, in the shared-head task model of the PMNIST setup); the torch side loads the same
@@ -28,6 +29,7 @@ Writes ``benchmarks/results/parity/ewc.json``, ``er.json`` and their ``.md``.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import types
@@ -410,30 +412,14 @@ EWC_FINDINGS = [
 # ER: aimagelab/mammoth models/er.py Er.observe
 
 
-class GivenBuffer:
-  """A buffer holding given examples; ``get_data`` draws ``min(size, n)`` of them uniformly
-  without replacement, as mammoth's ``Buffer.get_data`` (``np.random.choice(n, size,
-  replace=False)``)."""
+@functools.lru_cache(maxsize=2)
+def mammoth_classes(repo: Path) -> dict:
+  """The reference's ``Er`` (models/er.py) on its own reservoir ``Buffer`` (utils/buffer.py). The
+  base ``ContinualModel`` (datasets, schedulers, device placement) is replaced by the attributes
+  ``observe`` reads; its optimiser records the gradient into ``args.store``
+  (:func:`parity_methods.recording_sgd`)."""
+  import logging
 
-  def __init__(self, x, y):
-    self.x, self.y, self.added = x, y, []
-
-  def is_empty(self):
-    return len(self.y) == 0
-
-  def get_data(self, size, transform=None, device=None):
-    pick = np.random.choice(len(self.y), size=min(size, len(self.y)), replace=False)
-    return self.x[pick], self.y[pick]
-
-  def add_data(self, examples, labels):
-    self.added.append(len(labels))
-
-
-def mammoth_er(repo: Path, net, buffer, minibatch_size: int, store: list):
-  """The reference's ``Er`` around ``net``; its base ``ContinualModel`` (datasets, schedulers,
-  device placement) is replaced by the four attributes ``observe`` reads, its optimiser records
-  the gradient (:func:`parity_methods.recording_sgd`)."""
-  import torch
   from torch import nn
 
   class ContinualModel(nn.Module):
@@ -441,63 +427,107 @@ def mammoth_er(repo: Path, net, buffer, minibatch_size: int, store: list):
       super().__init__()
       self.net, self.loss, self.args, self.transform = backbone, loss, args, transform
       self.device = "cpu"
-      self.opt = pm.recording_sgd(store)(self.net.parameters(), lr=0.1)
+      self.opt = pm.recording_sgd(args.store)(self.net.parameters(), lr=0.1)
 
-  ns = pm.load_ns(
+  absent = type("Absent", (), {})  # types apply_transform tests against; nothing here is one
+  pil = types.SimpleNamespace(Image=types.SimpleNamespace(Image=absent))
+  aug = pm.load_ns(
+    repo, "utils/augmentations.py", ("apply_transform",), {"KorniaAugNoGrad": absent, "PIL": pil}
+  )
+  buf = pm.load_ns(
+    repo,
+    "utils/buffer.py",
+    ("BaseSampleSelection", "ReservoirSampling", "Buffer"),
+    {"apply_transform": aug["apply_transform"], "logging": logging, "List": list, "Tuple": tuple},
+  )
+  return pm.load_ns(
     repo,
     "models/er.py",
     ("Er",),
     {
       "ContinualModel": ContinualModel,
-      "Buffer": lambda size: buffer,
+      "Buffer": buf["Buffer"],
       "add_rehearsal_args": lambda parser: None,
       "ArgumentParser": object,
     },
   )
-  args = types.SimpleNamespace(buffer_size=len(buffer.y), minibatch_size=minibatch_size)
-  return ns["Er"](net, torch.nn.CrossEntropyLoss(), args, transform=None)
+
+
+def mammoth_er(repo: Path, net, stored_x, stored_y, minibatch_size: int, store: list):
+  """An ``Er`` around ``net`` whose buffer holds exactly ``stored_x``/``stored_y`` (a buffer of
+  that size, filled in order by its own ``add_data``)."""
+  import torch
+
+  args = types.SimpleNamespace(
+    buffer_size=len(stored_y), minibatch_size=minibatch_size, store=store
+  )
+  er = mammoth_classes(repo)["Er"](net, torch.nn.CrossEntropyLoss(), args, transform=None)
+  er.buffer.add_data(examples=pm.tensor(stored_x), labels=pm.tensor(stored_y, torch.long))
+  return er
+
+
+def per_example_ce(model, params, x, y) -> np.ndarray:
+  import jax.numpy as jnp
+  import optax
+
+  logits = model.apply({"params": params}, jnp.asarray(x), train=False, task=0).logits
+  return np.asarray(optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(y)))
+
+
+def reference_step(repo, params, x, y, stored_x, stored_y, minibatch: int):
+  """One ``Er.observe`` at ``params``: (loss, gradient in our naming)."""
+  import torch
+
+  net = pm.Pick(pm.torch_mlp(params), (2,))
+  store = []
+  er = mammoth_er(repo, net, stored_x, stored_y, minibatch, store)
+  loss = er.observe(pm.tensor(x), pm.tensor(y, torch.long), pm.tensor(x))
+  grads = dict(zip((n for n, _ in net.net.named_parameters()), store[0]))
+  out = {"loss": np.float32(loss)}
+  for ours, theirs in pm.torch_names(params).items():
+    out[f"{ours}/kernel"] = grads[f"{theirs}.weight"].numpy().T
+    out[f"{ours}/bias"] = grads[f"{theirs}.bias"].numpy()
+  return out
+
+
+def which_replayed(loss: float, batch_ce: np.ndarray, stored_ce: np.ndarray) -> int:
+  """With one example replayed, the step loss is (Σ batch CE + CE_j)/(B + 1): the j it gives."""
+  j = int(np.argmin(np.abs((batch_ce.sum() + stored_ce) / (len(batch_ce) + 1) - loss)))
+  gaps = np.abs(np.diff(np.sort(stored_ce)))
+  if gaps.min() * 1e-3 < abs((batch_ce.sum() + stored_ce[j]) / (len(batch_ce) + 1) - loss):
+    raise ValueError("the replayed example is not identifiable from the loss")
+  return j
 
 
 def er_rows(repo: Path, args) -> dict:
-  import torch
+  from scipy import stats
 
-  np.random.seed(args.seed)  # GivenBuffer's draw (the whole buffer here, in a random order)
-
+  np.random.seed(args.seed)  # the reference's buffer draws
   num_tasks, per_task, stored_tasks = 3, 4, 2
   inp = pc.tiny_inputs(args.seed, hidden=HIDDEN, classes=args.classes, others=("global",))
   model = our_task_model(inp)
   rng = np.random.default_rng(args.seed + 1)
   mem_x = rng.standard_normal((num_tasks, per_task, inp.x.shape[1])).astype(np.float32)
   mem_y = rng.integers(0, args.classes, (num_tasks, per_task)).astype(np.int32)
+  shared = {"variables": inp.others["global"], "task": np.int32(stored_tasks)}
+  local = inp.variables["params"]
   rows = []
   for stored in (per_task, 1):  # 4 per past task, and 003 F.4's one per client per task
     mask = np.zeros((num_tasks, per_task), np.float32)
     mask[:stored_tasks, :stored] = 1.0
     memory = {"x": mem_x, "y": mem_y, "mask": mask}
     cm = our_continual("er", model, 4, num_tasks, buffer_per_task=per_task)
-    shared = {"variables": inp.others["global"], "task": np.int32(stored_tasks)}
-    local = inp.variables["params"]
     loss, grads = pc.client_step(cm.algorithm.client, shared, memory, inp.x, inp.y, params=local)
     keep = mask > 0
-    buffer = GivenBuffer(pm.tensor(mem_x[keep]), pm.tensor(mem_y[keep], torch.long))
-    net = pm.Pick(pm.torch_mlp(local), (2,))
-    store, losses = [], []
-    er = mammoth_er(repo, net, buffer, len(inp.y), store)
-    losses.append(er.observe(pm.tensor(inp.x), pm.tensor(inp.y, torch.long), pm.tensor(inp.x)))
-    names = pm.torch_names(local)
-    ref_grads = dict(zip((n for n, _ in net.net.named_parameters()), store[0]))
-    ref = {"loss": np.float32(losses[0])}
-    for ours_name, theirs in names.items():
-      ref[f"{ours_name}/kernel"] = ref_grads[f"{theirs}.weight"].numpy().T
-      ref[f"{ours_name}/bias"] = ref_grads[f"{theirs}.bias"].numpy()
+    ref = reference_step(repo, local, inp.x, inp.y, mem_x[keep], mem_y[keep], len(inp.y))
     ours = {"loss": np.float32(loss), **pc.flatten(grads)}
     n_stored = int(keep.sum())
     rows.append(
       pm.row(
         f"client loss + gradient, batch {len(inp.y)} + buffer of {n_stored} "
         f"({stored} per past task, {stored_tasks} past tasks), replay batch {len(inp.y)}",
-        "models/er.py Er.observe (CrossEntropyLoss on cat(batch, buffer.get_data(minibatch_size)))"
-        " against er's ClientProgram step (union_replay_loss)",
+        "models/er.py Er.observe (CrossEntropyLoss on cat(batch, buffer.get_data(minibatch_size)),"
+        " utils/buffer.py Buffer) against er's ClientProgram step (union_replay_loss)",
         ours,
         ref,
         len(inp.y) + n_stored,
@@ -505,6 +535,48 @@ def er_rows(repo: Path, args) -> dict:
         note=f"the whole buffer is replayed on both sides ({n_stored} ≤ {len(inp.y)})",
       )
     )
+
+  # The replay draw: one example of 8 per step, identified from the step loss on each side.
+  mask = np.zeros((num_tasks, per_task), np.float32)
+  mask[:stored_tasks] = 1.0
+  keep = mask > 0
+  memory = {"x": mem_x, "y": mem_y, "mask": mask}
+  cm = our_continual("er", model, 4, num_tasks, buffer_per_task=per_task, replay_batch=1)
+  batch_ce = per_example_ce(model, local, inp.x, inp.y)
+  stored_ce = per_example_ce(model, local, mem_x[keep], mem_y[keep])
+  draws, n = args.er_draws, int(keep.sum())
+  ours_counts, ref_counts = np.zeros(n, int), np.zeros(n, int)
+  for d in range(draws):
+    loss, _ = pc.client_step(
+      cm.algorithm.client, shared, memory, inp.x, inp.y, seed=d, params=local
+    )
+    ours_counts[which_replayed(loss, batch_ce, stored_ce)] += 1
+    ref = reference_step(repo, local, inp.x, inp.y, mem_x[keep], mem_y[keep], 1)
+    ref_counts[which_replayed(float(ref["loss"]), batch_ce, stored_ce)] += 1
+  p_ours = float(stats.chisquare(ours_counts).pvalue)
+  p_ref = float(stats.chisquare(ref_counts).pvalue)
+  p_same = float(stats.chi2_contingency(np.stack([ours_counts, ref_counts]))[1])
+  # Two independent frequencies of an event of probability 1/n over `draws` steps each differ by
+  # sqrt(2 p (1 - p) / draws) in standard deviation; 4 of them bound all n differences at once.
+  bound = 4 * np.sqrt(2 * (1 / n) * (1 - 1 / n) / draws)
+  worst = float(np.max(np.abs(ours_counts - ref_counts)) / draws)
+  rows.append(
+    {
+      "compared": f"the replay draw: which of {n} stored examples a step replays (replay batch "
+      f"1), {draws} steps per side",
+      "call_path": "Buffer.get_data (np.random.choice without replacement) inside Er.observe, "
+      "against union_replay_loss's Gumbel top-k; the example identified from each step's loss",
+      "max_rel": worst,
+      "worst_entry": "frequency",
+      "tolerance": float(bound),
+      "verdict": "same distribution" if worst <= bound else "differ",
+      "per_entry": {},
+      "counts": {"ours": ours_counts.tolist(), "reference": ref_counts.tolist()},
+      "note": "the column is the largest difference of the two sides' frequencies, the tolerance "
+      f"4 standard deviations of it; χ² p-values: ours uniform {p_ours:.2f}, the reference "
+      f"uniform {p_ref:.2f}, the two alike {p_same:.2f}",
+    }
+  )
   return {"rows": rows, "setup": pm.setup_text(inp), "findings": ER_FINDINGS}
 
 
@@ -523,8 +595,8 @@ ER_FINDINGS = [
     "uniformly from the client's task data at the task's end. 003 F.2 speaks: \"each client "
     'store a certain number of data points from each task".',
     "classification": "the paper's text speaks",
-    "action": "none: ours follows F.2; the replay draw (uniform without replacement, min(B, "
-    "stored)) is the same rule on both sides",
+    "action": "none: ours follows F.2. The replay draw (uniform without replacement, min(B, "
+    "stored)) is the same rule on both sides: the third row measures it",
   },
 ]
 
@@ -544,11 +616,15 @@ def main(argv=None):
     result["setup"] = fot_code_note(inventory) + " " + result["setup"]
     return result
 
+  def add_args(ap):
+    ap.add_argument("--er_draws", type=int, default=400, help="ER rows: steps per side")
+
   pc.rows_main(
     "benchmarks/parity_continual.py",
     __doc__.splitlines()[0],
     ROWS,
     argv,
+    add_args=add_args,
     extra_refs=("fot",),
     finish=finish,
   )

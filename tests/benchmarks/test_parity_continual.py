@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_proj.algorithms import losses
 
@@ -67,3 +68,12 @@ def test_fot_code_inventory_sees_a_trainer_and_the_algo_choices(tmp_path):
   (tmp_path / "ewc.py").write_text("class EWCTrainer:\n  def ewc_loss(self):\n    pass\n")
   inv = parity.fot_code_inventory(tmp_path)
   assert inv["definitions"] == ["ewc.py:1: EWCTrainer", "ewc.py:2: ewc_loss"]
+
+
+def test_which_replayed_reads_the_example_from_the_step_loss():
+  batch_ce = np.array([0.5, 1.0, 2.0])
+  stored_ce = np.array([0.1, 0.7, 3.0])
+  for j in range(3):
+    assert parity.which_replayed((batch_ce.sum() + stored_ce[j]) / 4, batch_ce, stored_ce) == j
+  with pytest.raises(ValueError, match="not identifiable"):
+    parity.which_replayed(batch_ce.sum() / 4 + 0.1, batch_ce, stored_ce)
