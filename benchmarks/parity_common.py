@@ -23,7 +23,7 @@ Pieces:
   the gradient the optimiser received (:func:`grad_stash` as the optimiser).
 * :func:`compare`, :func:`float32_tolerance`, :func:`write_results`: the verdict and the files
   under ``benchmarks/results/parity/``.
-* :data:`SUITE`: every parity benchmark with its result file, the two older ones included.
+* :data:`SUITE`: every parity benchmark with its result file, the older ones included.
 """
 
 from __future__ import annotations
@@ -79,7 +79,21 @@ REFERENCES: dict[str, Reference] = {
     "44dd5551071969eb354ee2ed091a9ba36c1d5b08",
     "codes/FedDF-code/pcode/aggregation/noise_knowledge_transfer.py",
   ),
+  # The continual baselines (benchmarks/parity_continual.py). The FOT code holds no EWC or ER
+  # (docs/parity.md, "EWC and ER"): it is checked for that, and the rows run the closest public
+  # code: the EWC its MLP derives from, and mammoth's ER. Its HEAD (f343e36) differs from 6adce7c
+  # only in README.md; 6adce7c is the commit benchmarks/parity_fot_basis.py read.
+  "fot": Reference(
+    "duygunuryldz/Federated_Orthogonal_Training",
+    "6adce7c78d8d8ccf182a53730d9ba6962e427821",
+    "trainer/mnist_trainer.py",
+  ),
+  "ewc": Reference("kuc2477/pytorch-ewc", "4afaa6666d6b4f1a91a110caf69e7b77f049dc08", "model.py"),
+  "er": Reference("aimagelab/mammoth", "e75a491c69fd729edeb01431afb753d9157d9a81", "models/er.py"),
 }
+
+# References whose rows benchmarks/parity_continual.py runs ("fot" is read by both).
+CONTINUAL = ("ewc", "er")
 
 COMMIT_FILE = ".parity_commit"
 
@@ -426,6 +440,66 @@ def write_results(result: dict, out_dir: Path = RESULTS) -> tuple[Path, Path]:
   return js, md
 
 
+def rows_main(
+  script: str,
+  description: str,
+  rows: dict,
+  argv=None,
+  *,
+  add_args=None,
+  extra_refs: tuple[str, ...] = (),
+  finish=None,
+) -> None:
+  """The command line of a rows benchmark (parity_methods.py, parity_continual.py).
+
+  Parses ``--refs_dir``, ``--methods`` (of ``rows``), ``--seed``, ``--classes``, ``--out`` and what
+  ``add_args(parser)`` adds; checks torch and every checkout (``extra_refs`` too) before anything
+  runs; then per method runs ``rows[m](checkout, args)``, lets ``finish(m, result, checkouts)``
+  amend the result, and writes it (:func:`write_results`).
+  """
+  import argparse
+  import sys
+
+  ap = argparse.ArgumentParser(description=description, allow_abbrev=False)
+  ap.add_argument("--refs_dir", required=True, help="folder holding the reference checkouts")
+  ap.add_argument("--methods", default=",".join(rows))
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--classes", type=int, default=5)
+  if add_args is not None:
+    add_args(ap)
+  ap.add_argument("--out", default=str(RESULTS))
+  args = ap.parse_args(argv)
+  methods = args.methods.split(",")
+  unknown = [m for m in methods if m not in rows]
+  if unknown:
+    ap.error(f"no parity rows for {unknown}; choose from {', '.join(rows)}")
+  try:
+    import torch
+    import torch.nn  # noqa: F401  (a half-installed torch imports as an empty namespace)
+  except ImportError:
+    ap.error("torch is not installed: pip install -e .[parity] (CPU build suffices)")
+  torch.set_num_threads(1)
+  # All checked first.
+  repos = {m: reference_checkout(m, args.refs_dir) for m in (*extra_refs, *methods)}
+  command = f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])
+  for m in methods:
+    torch.manual_seed(args.seed)
+    result = rows[m](repos[m], args)
+    ref = REFERENCES[m]
+    result = {
+      "method": m,
+      "reference": {"repo": ref.repo, "commit": ref.commit},
+      "command": command,
+      "commit": our_commit(),
+      "torch": torch.__version__,
+      **result,
+    }
+    if finish is not None:
+      result = finish(m, result, repos)
+    js, md = write_results(result, Path(args.out))
+    print(md.read_text())
+
+
 class SuiteEntry(NamedTuple):
   """A parity benchmark of the suite and the result file docs/parity.md reads."""
 
@@ -438,5 +512,10 @@ SUITE = (
   SuiteEntry("fedproj", "benchmarks/parity_fedproj.py", "parity_code.json"),
   SuiteEntry("fot", "benchmarks/parity_fot_basis.py", "fot_basis.json"),
   SuiteEntry("gpm", "benchmarks/parity_gpm_basis.py", "gpm_basis.json"),
-  *(SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json") for m in REFERENCES),
+  *(
+    SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json")
+    for m in REFERENCES
+    if m not in ("fot", *CONTINUAL)
+  ),
+  *(SuiteEntry(m, "benchmarks/parity_continual.py", f"{m}.json") for m in CONTINUAL),
 )

@@ -24,7 +24,6 @@ Writes ``benchmarks/results/parity/<method>.json`` and ``.md``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import sys
@@ -342,9 +341,12 @@ FEDGKD_FINDINGS = [
 ]
 
 
+def dense_shapes(params: dict) -> list[tuple[int, ...]]:
+  return [np.asarray(params[k]["kernel"]).shape for k in pc.dense_layers(params)]
+
+
 def setup_text(inp) -> str:
-  params = inp.variables["params"]
-  widths = [np.asarray(params[k]["kernel"]).shape for k in pc.dense_layers(params)]
+  widths = dense_shapes(inp.variables["params"])
   return (
     f"Inputs: our `mlp` with Dense layers {widths}, batch {len(inp.y)} (Gaussian inputs, labels "
     "covering every class), weights from our initialiser; local and reference models at different "
@@ -1055,44 +1057,14 @@ ROWS = {
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-  ap.add_argument("--refs_dir", required=True, help="folder holding the reference checkouts")
-  ap.add_argument("--methods", default=",".join(ROWS))
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--classes", type=int, default=5)
-  ap.add_argument(
-    "--fedrcl_noise", type=float, default=0.8, help="FedRCL rows: noise around the class centres"
+  def add_args(ap):
+    ap.add_argument(
+      "--fedrcl_noise", type=float, default=0.8, help="FedRCL rows: noise around the class centres"
+    )
+
+  pc.rows_main(
+    "benchmarks/parity_methods.py", __doc__.splitlines()[0], ROWS, argv, add_args=add_args
   )
-  ap.add_argument("--out", default=str(pc.RESULTS))
-  args = ap.parse_args(argv)
-  methods = args.methods.split(",")
-  unknown = [m for m in methods if m not in ROWS]
-  if unknown:
-    ap.error(f"no parity rows for {unknown}; choose from {', '.join(ROWS)}")
-  try:
-    import torch
-    import torch.nn  # noqa: F401  (a half-installed torch imports as an empty namespace)
-  except ImportError:
-    ap.error("torch is not installed: pip install -e .[parity] (CPU build suffices)")
-  torch.set_num_threads(1)
-  repos = {m: pc.reference_checkout(m, args.refs_dir) for m in methods}  # all checked first
-  command = "python benchmarks/parity_methods.py " + " ".join(
-    argv if argv is not None else sys.argv[1:]
-  )
-  for m in methods:
-    torch.manual_seed(args.seed)
-    result = ROWS[m](repos[m], args)
-    ref = pc.REFERENCES[m]
-    result = {
-      "method": m,
-      "reference": {"repo": ref.repo, "commit": ref.commit},
-      "command": command,
-      "commit": pc.our_commit(),
-      "torch": torch.__version__,
-      **result,
-    }
-    js, md = pc.write_results(result, Path(args.out))
-    print(md.read_text())
 
 
 if __name__ == "__main__":
