@@ -7,7 +7,9 @@ swings from the one before (mean and largest |final - previous| over every run, 
 the mean over the last k evaluations (k = 1 is v1's final accuracy), the largest paired sd over
 the budget's claimed orderings on the v1 pre-registered seeds. Protocol v2's k
 (``protocol.LATE_EVALS``) and each replication's ``power_sd`` (claims.py) were read off these
-tables before any v2 run. Then the power calculation of each declared replication.
+tables before any v2 run. For the continual claims, the paired sd of each claimed ordering on ACC
+and FGT, which their replications score as v1 did. Then the power calculation of each declared
+replication.
 """
 
 from __future__ import annotations
@@ -75,6 +77,31 @@ def rows(results: Path) -> list[str]:
   return out
 
 
+def continual_rows(results: Path) -> list[str]:
+  """For each continual claim's cpu budget: every claimed ordering's paired sd on the v1 seeds
+  that both methods have, on the claim's own metrics (the replication scores ACC and FGT as v1).
+  Pairs are taken whatever code each side ran: this sizes the replication, it is no verdict."""
+  out = []
+  for claim in claims.CLAIMS.values():
+    directory = results / claim.name / "cpu"
+    if claim.kind != "continual" or not directory.is_dir():
+      continue
+    found, _, _ = report.load_results(directory)
+    found, _ = report.split_diverged(found)
+    seeds = claim.budgets["cpu"].declared
+    for o in claim.orderings:
+      a = {s: r["metrics"][o.metric] for s, r in found.get(o.better, {}).items() if s in seeds}
+      b = {s: r["metrics"][o.metric] for s, r in found.get(o.worse, {}).items() if s in seeds}
+      common = sorted(a.keys() & b.keys())
+      diffs = [a[s] - b[s] for s in common]
+      sd = f"{statistics.stdev(diffs):.2f}" if len(diffs) >= 2 else "—"
+      mean = f"{statistics.mean(diffs):+.2f}" if diffs else "—"
+      out.append(
+        f"| {claim.name} | {o.better} > {o.worse} | {o.metric} | {len(diffs)} | {mean} | {sd} |"
+      )
+  return out
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--results", default=str(run.DEFAULT_RESULTS))
@@ -85,6 +112,10 @@ def main(argv=None) -> int:
   )
   print("|---|---|---|---|---|---|---|---|---|---|")
   print("\n".join(rows(Path(args.results))))
+  print()
+  print("| claim (cpu) | ordering | metric | pairs | mean (better - worse) | paired sd |")
+  print("|---|---|---|---|---|---|")
+  print("\n".join(continual_rows(Path(args.results))))
   for claim in claims.CLAIMS.values():
     for budget, b in claim.budgets.items():
       if b.v2 is not None:

@@ -68,7 +68,7 @@ def parse_args(argv) -> argparse.Namespace:
     default="v1",
     choices=("v1", "v2"),
     help=f"v2: the budget's confirmatory replication, its declared seeds from "
-    f"{protocol.V2_FIRST_SEED} scored on {protocol.V2_METRIC} "
+    f"{protocol.V2_FIRST_SEED} scored on {protocol.V2_METRIC} (continual claims: ACC and FGT) "
     '(docs/reproduction.md, "Protocol v2"); with --power, its plan (default: v1)',
   )
   p.add_argument(

@@ -84,15 +84,20 @@ class Replication(NamedTuple):
     seeds: the seed count from the power calculation (``protocol.plan`` of ``protocol.v2_view``);
       the seeds are ``protocol.V2_FIRST_SEED`` on.
     power_sd: the largest paired sd (points) of v1's results at this budget under
-      ``protocol.V2_METRIC``.
+      ``protocol.V2_METRIC``, or metric -> that sd where ``metrics`` names several.
     power_source: the v1 results it was measured on.
     effect_metric: the paper's metric whose gaps are the power calculation's effects.
+    metrics: the metrics the replication scores; None: ``protocol.V2_METRIC``, every ordering
+      once on it. A continual claim's ACC and FGT are means over all tasks' accuracies at the end
+      of training, not one evaluation of a curve that swings, so its replication scores its own
+      orderings on them, as v1 (docs/reproduction.md, "Protocol v2").
   """
 
   seeds: int
-  power_sd: float
+  power_sd: float | Mapping[str, float]
   power_source: str
   effect_metric: str = "test_accuracy"
+  metrics: tuple[str, ...] | None = None
 
 
 class Ordering(NamedTuple):

@@ -26,7 +26,7 @@ v1 verdicts stay as they are; seeds from :data:`V2_FIRST_SEED` on never enter th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from scipy import stats as sps
@@ -116,20 +116,30 @@ def v2_view(claim, budget: str):
   if b.v2 is None:
     raise ValueError(f"claim {claim.name} budget {budget} declares no protocol v2 replication")
   at, r = claim.at(budget), b.v2
-  pairs = dict.fromkeys((o.better, o.worse) for o in at.orderings)
+  metrics = v2_metrics(r)
+  sd = dict(r.power_sd) if isinstance(r.power_sd, Mapping) else dict.fromkeys(metrics, r.power_sd)
   view = b._replace(
-    seeds=r.seeds,
-    first_seed=V2_FIRST_SEED,
-    power_sd={V2_METRIC: r.power_sd},
-    power_source=r.power_source,
-    v2=None,
+    seeds=r.seeds, first_seed=V2_FIRST_SEED, power_sd=sd, power_source=r.power_source, v2=None
   )
+  if r.metrics is not None:  # the claim's own orderings on its own metrics (a continual claim)
+    return at._replace(
+      metrics=metrics,
+      orderings=tuple(o for o in at.orderings if o.metric in metrics),
+      paper={m: {k: v[k] for k in metrics if k in v} for m, v in at.paper.items()},
+      budgets={**claim.budgets, budget: view},
+    )
+  pairs = dict.fromkeys((o.better, o.worse) for o in at.orderings)
   return at._replace(
     metrics=(V2_METRIC,),
     orderings=tuple(Ordering(a, w, V2_METRIC) for a, w in pairs),
     paper={m: {V2_METRIC: v[r.effect_metric]} for m, v in at.paper.items() if r.effect_metric in v},
     budgets={**claim.budgets, budget: view},
   )
+
+
+def v2_metrics(replication) -> tuple[str, ...]:
+  """The metrics a :class:`~fedjax_proj.reproduce.claims.Replication` scores."""
+  return tuple(replication.metrics) if replication.metrics is not None else (V2_METRIC,)
 
 
 def late_mean(curve: Sequence[dict], key: str = "test_accuracy", k: int = LATE_EVALS) -> float:

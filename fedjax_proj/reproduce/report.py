@@ -794,12 +794,18 @@ def v2_section(claim: Claim, budget: str, found: dict, equivalent=()) -> list[st
     return []
   view = protocol.v2_view(claim, budget)
   seeds = view.budgets[budget].declared
+  if b.v2.metrics is None:
+    metric = (
+      f"the metric `{protocol.V2_METRIC}` is the mean test accuracy over the last "
+      f"{protocol.LATE_EVALS} evaluations"
+    )
+  else:
+    metric = "the metrics " + ", ".join(f"`{m}`" for m in b.v2.metrics) + " as in v1"
   lines = [
     f"#### Protocol v2: confirmatory replication on seeds {seeds[0]}..{seeds[-1]}",
     "",
-    f'Declared before any of its runs (docs/reproduction.md, "Protocol v2"): the metric '
-    f"`{protocol.V2_METRIC}` is the mean test accuracy over the last {protocol.LATE_EVALS} "
-    f"evaluations; {len(seeds)} seeds from the power calculation on v1's paired sd "
+    f'Declared before any of its runs (docs/reproduction.md, "Protocol v2"): {metric}; '
+    f"{len(seeds)} seeds from the power calculation on v1's paired sd "
     f"{b.v2.power_sd} ({b.v2.power_source}). Command: `python -m fedjax_proj.reproduce "
     f"{claim.name} --budget={budget} --protocol=v2 --report`.",
     "",
