@@ -60,6 +60,7 @@ SLOW = (
   "tests/algorithms/continual/test_continual.py::test_ewc_keeps_each_clients_fisher",
   "tests/algorithms/test_conformance.py::test_vmap_scan_equals_sequential",
   "tests/algorithms/test_conformance.py::test_learns_on_real_mnist",
+  "tests/configs/test_presets_fot.py::test_every_pmnist_method_beats_chance_on_real_mnist",
   "tests/algorithms/sequential/test_sfedkd.py::test_vmapped_and_unrolled_teacher_forward_agree",
   "tests/benchmarks/test_accuracy.py",
   "tests/benchmarks/test_distillation_effect.py",

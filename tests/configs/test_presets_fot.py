@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_proj.data.sources.resolve import find_shared_data
 from tests.paper_table import check_table, read_tables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,11 @@ split_cifar100 = importlib.import_module("fedjax_proj.configs.split_cifar100")
 
 ENTRY = {"pmnist": pmnist, "split_cifar100": split_cifar100}
 METHODS = ("fl", "ewc", "er", "gpm", "fot")
-MNIST_DIR = Path(os.environ.get("FEDJAX_MNIST_DIR", REPO.parent.parent / "shared/data/mnist"))
+# ../shared/data/mnist beside the checkout (find_shared_data), unless $FEDJAX_MNIST_DIR names one.
+_SHARED = find_shared_data()
+MNIST_DIR = Path(
+  os.environ.get("FEDJAX_MNIST_DIR") or (_SHARED / "mnist" if _SHARED else "/nonexistent")
+)
 
 
 def _model(name: str, c):
