@@ -111,9 +111,12 @@ class TinyBackbone(nn.Module):
     return None, nn.relu(nn.Dense(16)(h))
 
 
-def tiny_continual(method: str, backbone: nn.Module | None = None, **hparams):
-  """A continual method on 2 permuted tasks of fake 6x6 MNIST, 4 clients, a multi-head model:
-  (bench, method, compiled round, task evaluator, initial variables)."""
+def tiny_continual(
+  method: str, backbone: nn.Module | None = None, client_chunk: int | None = None, **hparams
+):
+  """A continual method on 2 permuted tasks of fake 6x6 MNIST, 4 clients, a multi-head model, on
+  a ``vmap_scan`` executor with the run's ``client_chunk``: (bench, method, compiled round, task
+  evaluator, initial variables)."""
   from fedjax_proj.algorithms.base import make_round
   from fedjax_proj.core.executor import Executor
   from fedjax_proj.data.continual import input_transform, permuted_mnist, task_model
@@ -125,7 +128,7 @@ def tiny_continual(method: str, backbone: nn.Module | None = None, **hparams):
   normalize = normalizer(0.0, 255.0)
   sample = normalize(jnp.asarray(bench.images[:2]))
   variables = model.init(jax.random.key(0), sample)
-  executor = Executor("vmap_scan", make_batch_fn(normalize))
+  executor = Executor("vmap_scan", make_batch_fn(normalize), client_chunk=client_chunk)
   cm = build_continual_method(
     method,
     model,

@@ -157,10 +157,17 @@ HPARAM_RANGES: dict[str, ranges.Interval] = {
     ),
     ranges.AT_LEAST_ONE,
   ),
-  **dict.fromkeys(("distill_epochs", "topk_neg", "buffer_per_task", "client_chunk"), ranges.COUNT),
+  **dict.fromkeys(("distill_epochs", "topk_neg", "buffer_per_task"), ranges.COUNT),
   **dict.fromkeys(("projection_prob", "decay"), ranges.FRACTION),
 }
 DEFAULT_HPARAM_RANGE = ranges.NON_NEGATIVE
+# Hyperparameters a method no longer takes because a run setting does their job, with the fix an
+# error names: (method, key) -> what to pass instead.
+MOVED_HPARAMS = {
+  # The run's chunk bounds every pass over the clients, FOT's end-of-task GPSE pass included
+  # (Executor.client_chunks).
+  ("fot", "client_chunk"): "--client_chunk=N (the run's chunk, which bounds FOT's GPSE pass too)",
+}
 
 
 def hparam_range(name: str, key: str) -> ranges.Interval:
@@ -386,6 +393,9 @@ def check_hparams(
     return
   accepted = f"{name} accepts: {describe_hparams(name)}"
   unknown = sorted(set(given) - set(declared))
+  moved = [f"{k}: pass {MOVED_HPARAMS[name, k]}" for k in unknown if (name, k) in MOVED_HPARAMS]
+  if moved:
+    raise ValueError(f"{flag}: {name} no longer takes {'; '.join(moved)}.")
   if unknown:
     raise ValueError(
       f"{flag}: unknown key(s) {', '.join(unknown)} for --method={name}; {accepted}."

@@ -39,7 +39,7 @@ import ml_collections
 from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, methods
 from fedjax_proj.configs import common
 from fedjax_proj.core import ranges
-from fedjax_proj.training.config import check_fields
+from fedjax_proj.training.config import check_client_chunk_flag, check_fields
 
 PRESETS = ("paper", "paper_code", "cpu", "smoke")
 # FOT's threshold rules (fedjax_proj/algorithms/continual/gpse.py, THRESHOLD_RULES; docs/fot.md).
@@ -79,6 +79,9 @@ def get_config(preset: str = "paper") -> ml_collections.ConfigDict:
   c.train_per_task = 0
   c.test_per_task = 0
   c.strategy = "auto"
+  # Clients per chunk of every pass over the clients (the rounds, and the end-of-task pass: FOT's
+  # GPSE sketches), as in the FL entry points: auto, none or a number (a memory bound only).
+  c.client_chunk = "auto"
   c.eval_batch_size = 1000
   c.eval_every = 0
   # The end-of-task pass (GPSE, Fisher, ...) is inference only: larger batches, fewer updates.
@@ -179,6 +182,8 @@ HELP = {
   "train_per_task": "training examples per task (0: all)",
   "test_per_task": "test examples per task (0: all)",
   "strategy": "how a round is executed (auto picks the fastest for the model and backend)",
+  "client_chunk": "clients per chunk of the rounds (streaming aggregation) and of the end-of-task "
+  "pass (FOT's GPSE sketches): auto, none or an integer",
   "eval_batch_size": "batch size of evaluation",
   "eval_every": "also evaluate the current task every k rounds (0: only at the end of each task)",
   "end_task_batch_size": "batch size of the end-of-task pass (GPM/FOT bases, EWC Fisher, ER)",
@@ -227,6 +232,7 @@ def resolve(
   c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
   # Every number finite and in range, before any data is loaded.
   check_fields(c, FIELD_RANGES)
+  check_client_chunk_flag(c)
   check_hparams(c.method, c.method_kwargs, flag="--method_kwargs")
   return c
 

@@ -108,11 +108,14 @@ class Executor:
     Each chunk's outputs are reduced where they are produced (inside the chunk's jitted program
     for the one-program strategy) and the next chunk runs only when the caller asks for it, so a
     caller that folds the reductions as they come keeps one chunk's outputs alive at a time.
-    ``chunk=None``: all clients in one chunk with the one-program strategy, one client per chunk
-    with the host loops (which run one client after another anyway).
+    ``chunk=None``: the executor's :attr:`client_chunk` (the run's ``--client_chunk``, which
+    bounds every pass over the clients, the rounds and the continual methods' end-of-task passes
+    alike); without one, all clients in one chunk with the one-program strategy, one client per
+    chunk with the host loops (which run one client after another anyway).
     """
     if chunk is not None:
       check_client_chunk(chunk)
+    chunk = chunk or self.client_chunk
     engine = self.clients(program)
 
     def run_chunk(shared, client_inputs, images, labels, idx, mask, keys):

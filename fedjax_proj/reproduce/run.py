@@ -168,6 +168,15 @@ ADDED_FIELDS = {
   # FedProj's lmem_global metric, logged every round before it became a switch; claims keep it.
   "lmem_global": True,
 }
+# Config fields added to one method family's entry points after its results were first recorded,
+# where other families had them all along (and their results' fingerprints hold them): family ->
+# {field: the value every earlier run of the family computed with}, left out of the fingerprint of
+# that family's configs at that value, as ADDED_FIELDS.
+ADDED_FAMILY_FIELDS = {
+  # The continual entry points take --client_chunk since it bounds FOT's end-of-task GPSE pass;
+  # before, every continual run planned its execution with "auto" (training/placement.py).
+  "continual": {"client_chunk": "auto"},
+}
 # Method hyperparameters added after results were first recorded, with the value every earlier run
 # of that method computed with: left out of the fingerprint at that value, as ADDED_FIELDS.
 ADDED_HPARAMS = {
@@ -194,11 +203,24 @@ DEFAULT_ONLY_FIELDS = (
 )
 
 
+def _added_fields(method: str | None) -> dict[str, Any]:
+  """:data:`ADDED_FIELDS`, with :data:`ADDED_FAMILY_FIELDS` of ``method``'s family."""
+  from fedjax_proj.algorithms.registry import methods
+
+  family = {
+    k: v
+    for fam, fields in ADDED_FAMILY_FIELDS.items()
+    if method in methods((fam,))
+    for k, v in fields.items()
+  }
+  return {**ADDED_FIELDS, **family}
+
+
 def canonical(config: dict[str, Any]) -> dict[str, Any]:
   """What a config computes: the preset's ``method_defaults`` for the run's method folded into
   ``method_kwargs`` (the other methods' defaults dropped), :data:`DEFAULT_ONLY_FIELDS` dropped,
-  and :data:`ADDED_FIELDS`, :data:`ADDED_HPARAMS` and :data:`ADDED_MODEL_KWARGS` at their earlier
-  value left out."""
+  and :data:`ADDED_FIELDS`, :data:`ADDED_FAMILY_FIELDS`, :data:`ADDED_HPARAMS` and
+  :data:`ADDED_MODEL_KWARGS` at their earlier value left out."""
   c = {k: v for k, v in config.items() if k not in DEFAULT_ONLY_FIELDS}
   defaults = c.pop("method_defaults", None)
   if defaults is not None:
@@ -223,7 +245,8 @@ def canonical(config: dict[str, Any]) -> dict[str, Any]:
       c["model_kwargs"] = kept
     else:  # those runs recorded no model_kwargs at all
       del c["model_kwargs"]
-  return {k: v for k, v in c.items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+  added = _added_fields(method)
+  return {k: v for k, v in c.items() if k not in added or v != added[k]}
 
 
 def fingerprint(config: dict[str, Any], deviations: tuple[str, ...] | list[str] = ()) -> str:

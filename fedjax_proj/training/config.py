@@ -154,6 +154,14 @@ def check_fields(c, field_ranges: dict[str, ranges.Interval] | None = None) -> N
         ranges.check_number(f"--{field}", number, interval)
 
 
+def check_client_chunk_flag(c) -> None:
+  """``--client_chunk`` is auto, none or a positive integer (every entry point's runs read it,
+  :func:`fedjax_proj.training.placement.plan_execution`)."""
+  chunk = str(c.get("client_chunk", "auto")).lower()
+  if chunk not in ("auto", "none") and not (chunk.isdigit() and int(chunk) >= 1):
+    raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
+
+
 def validate_config(c: ml_collections.ConfigDict) -> None:
   """Rejects invalid settings with an error naming the fix, before any compute."""
   if c.method not in registry.methods():
@@ -193,9 +201,7 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"Unknown --server_optimizer {c.server_optimizer!r}; choose one of {SERVER_OPTIMIZERS}."
     )
-  chunk = str(c.get("client_chunk", "auto")).lower()
-  if chunk not in ("auto", "none") and not (chunk.isdigit() and int(chunk) >= 1):
-    raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
+  check_client_chunk_flag(c)
   if c.public_data and looks_like_path(c.public_data) and not Path(c.public_data).exists():
     raise ValueError(
       f"--public_data={c.public_data} does not exist; pass an existing npz file or image folder, "

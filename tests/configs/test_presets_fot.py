@@ -241,6 +241,21 @@ def test_threshold_rule_follows_the_text_and_paper_code_follows_the_authors(caps
     assert message in capsys.readouterr().err
 
 
+def test_client_chunk_is_the_runs_flag_not_fots(capsys):
+  """The run's --client_chunk bounds FOT's GPSE pass (Executor.client_chunks): a chunk given to
+  FOT itself, or a bad chunk, is refused naming the flag, before any data is loaded."""
+  parse = functools.partial(pmnist.parse, description="test", get_config_fn=pmnist.get_config)
+  assert parse(["--method=fot", "--output_dir=unused"]).client_chunk == "auto"
+  assert parse(["--method=fot", "--output_dir=unused", "--client_chunk=4"]).client_chunk == "4"
+  for flags, message in (
+    (["--method_kwargs=client_chunk=4"], "fot no longer takes client_chunk: pass --client_chunk"),
+    (["--client_chunk=0"], "--client_chunk must be auto, none or a positive integer, got '0'"),
+  ):
+    with pytest.raises(SystemExit):
+      parse(["--method=fot", "--output_dir=unused", *flags])
+    assert message in capsys.readouterr().err
+
+
 def test_fot_claim_budgets_take_the_energy_rule_by_default():
   # claims.py pins ε, its increment and the sketch width but not the rule: the budgets resolve it
   # from the entry point's paper preset, and their fingerprint changes with it (earlier results,

@@ -79,6 +79,24 @@ def test_client_chunks_reduce_each_chunk_and_cover_every_client(setup, strategy,
   assert sum(sums) == float(np.sum(y[: 3 + 9 + 14 + 6]))
 
 
+@pytest.mark.parametrize("strategy", ["vmap_scan", "sequential"])
+def test_client_chunks_default_to_the_runs_chunk(setup, strategy):
+  x, y, _, fd, _ = setup
+  rd = helpers.round_data(fd, x, y)
+  keys = jax.random.split(jax.random.key(0), 4)
+  executor = Executor(strategy, BATCH_FN, client_chunk=3)
+
+  def counts(chunk=None):
+    # Each chunk's reduction is its client count: the chunk sizes, in order.
+    run = executor.client_chunks(
+      _label_sum_program(), lambda out: out["s"].shape[0] * jnp.ones((), jnp.int32), chunk
+    )
+    return [int(n) for n in run({}, {}, rd.images, rd.labels, rd.idx, rd.mask, keys)]
+
+  assert counts() == [3, 1]  # the run's chunk bounds a pass that names none
+  assert counts(2) == [2, 2]  # a caller's own chunk wins
+
+
 def test_a_chunk_the_run_chose_yields_to_a_method_that_cannot_stream(setup):
   x, y, model, fd, variables = setup
   streaming = fedavg(model, helpers.sgd())

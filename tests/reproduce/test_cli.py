@@ -485,6 +485,16 @@ def test_added_field_at_its_default_keeps_old_fingerprints():
   assert run.fingerprint({**old, "rounds": 9}) != run.fingerprint(old)
 
 
+def test_a_field_added_to_one_family_keeps_only_that_familys_old_fingerprints():
+  # The continual entry points took --client_chunk after their results were recorded; the FL ones
+  # had it all along, so their fingerprints keep it.
+  continual = {"method": "fot", "rounds_per_task": 20}
+  assert run.fingerprint({**continual, "client_chunk": "auto"}) == run.fingerprint(continual)
+  assert run.fingerprint({**continual, "client_chunk": "4"}) != run.fingerprint(continual)
+  fl = {"method": "fedavg", "rounds": 8}
+  assert run.fingerprint({**fl, "client_chunk": "auto"}) != run.fingerprint(fl)
+
+
 def test_every_committed_result_is_current():
   """A config field added, renamed or re-defaulted without keeping what committed results computed
   turns them stale: the runner would rerun hours of runs, and the docs' tables would show results

@@ -25,9 +25,10 @@ import jax.numpy as jnp
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
-from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.fedavg import client_metrics, from_weighted_sums, weighted_sums
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import ClientEngine
+from fedjax_proj.core.rounds import StreamingAggregate
 from fedjax_proj.core.types import Array, Model, PyTree, RoundData
 
 # end_task(state, round_data_of_all_clients, key, task) -> (state, metrics); a client pass it runs
@@ -74,6 +75,28 @@ def task_of(rd: RoundData) -> Array:
   return jnp.asarray(rd.extra["task"], jnp.int32)
 
 
+def mean_aggregate(update: Callable[[PyTree, dict], PyTree]) -> StreamingAggregate:
+  """The continual methods' aggregate: the n_k-weighted mean of the clients' variables, then
+  ``update(state, averaged) -> state``, with the client metrics' weighted means.
+
+  A :class:`~fedjax_proj.core.rounds.StreamingAggregate`, so the run's ``--client_chunk`` runs a
+  round's clients in chunks (docs/performance.md); all clients at once it computes the mean as it
+  always did (``direct``), and in chunks the same up to float summation order.
+  """
+
+  def direct(state, rd, outputs, key):
+    del key
+    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
+    return update(state, averaged), client_metrics(outputs, rd)
+
+  def finish(state, rd, sums, key):
+    del rd, key
+    averaged, metrics = from_weighted_sums(sums, state.variables)
+    return update(state, averaged), metrics
+
+  return StreamingAggregate(lambda state, rd, out: weighted_sums(out, rd), finish, direct=direct)
+
+
 def task_algorithm(name, init_method, broadcast_extra, program):
   """A FedAvg-shaped algorithm (n_k-weighted average) that carries method state."""
 
@@ -90,12 +113,10 @@ def task_algorithm(name, init_method, broadcast_extra, program):
       shared.update(more)
     return shared, client_inputs
 
-  def aggregate(state, rd, outputs, key):
-    del key
-    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    return ContinualState(state.round + 1, averaged, state.method), client_metrics(outputs, rd)
+  def update(state, averaged):
+    return ContinualState(state.round + 1, averaged, state.method)
 
-  return FederatedAlgorithm(name, init, broadcast, program, aggregate)
+  return FederatedAlgorithm(name, init, broadcast, program, mean_aggregate(update))
 
 
 def run_all_clients(engine: ClientEngine, shared, rd: RoundData, key, client_inputs=None):

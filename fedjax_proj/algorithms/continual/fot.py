@@ -19,8 +19,9 @@ tasks, stored zero-padded as [d, d] so the round compiles once:
 
 Sketch width s = ``sketch_multiplier`` x d (docs/methods.md "FOT": 5 for CIFAR, 1 for the MNIST
 MLP; the authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
-``conv_sketch_multiplier``). ``client_chunk`` bounds how many clients' [d, s] sketches are in
-memory at once during GPSE (all clients by default).
+``conv_sketch_multiplier``). The run's chunk (``--client_chunk``, the executor's
+:attr:`~fedjax_proj.core.executor.Executor.client_chunk`) bounds how many clients' [d, s] sketches
+are in memory at once during GPSE, as it bounds the rounds' clients (all clients without one).
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ import optax
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.continual import gpse
-from fedjax_proj.algorithms.continual.base import ContinualMethod, task_loss
-from fedjax_proj.algorithms.fedavg import client_metrics
+from fedjax_proj.algorithms.continual.base import ContinualMethod, mean_aggregate, task_loss
 from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
@@ -65,7 +65,6 @@ def fot(
   mu: float = 1.0,
   sketch_multiplier: float = 5.0,
   conv_sketch_multiplier: float | None = None,
-  client_chunk: int = 0,
   dp_clip: float = 0.0,
   dp_noise: float = 0.0,
   max_exact_svd: int = 2_000_000,
@@ -79,7 +78,8 @@ def fot(
     model: a multi-head model (``apply(..., task=t)``).
     optimizer: client optimiser (the paper: SGD 0.01).
     executor: the run's executor, which runs the end-of-task GPSE sketch pass over the clients
-      (the same one the run builds its rounds on).
+      (the same one the run builds its rounds on), its chunk at a time
+      (:meth:`Executor.client_chunks`).
     variables: initial variables (their shapes locate the projected layers).
     sample_x: a normalised input batch (shape only).
     eps: initial threshold ε_0.
@@ -87,8 +87,6 @@ def fot(
     mu: server step on the projected update.
     sketch_multiplier: s = multiplier x d for dense layers.
     conv_sketch_multiplier: the same for conv layers (default: ``sketch_multiplier``).
-    client_chunk: clients per GPSE chunk (0 = the executor's default: all at once with
-      ``vmap_scan``, one at a time with host-looped strategies; :meth:`Executor.client_chunks`).
     dp_clip: Frobenius clip L of each client sketch (0 = off; paper Appendix H uses 1).
     dp_noise: std of the Gaussian noise added to each clipped client sketch (0 = off).
     max_exact_svd: matrices with more entries use the randomized range finder.
@@ -134,17 +132,15 @@ def fot(
     del key
     return {"variables": state.variables, "task": jnp.asarray(rd.extra["task"], jnp.int32)}, {}
 
-  def aggregate(state, rd, outputs, key):
-    del key
-    averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
+  def fed_project(state, averaged):
     params = state.variables["params"]
     delta = tree_lib.tree_sub(params, averaged["params"])
     delta = gpse.fed_project(delta, specs, state.bases)
     new_params = tree_lib.tree_sub(params, tree_lib.tree_scale(mu, delta))
     variables = {**averaged, "params": new_params}
-    return state._replace(round=state.round + 1, variables=variables), client_metrics(outputs, rd)
+    return state._replace(round=state.round + 1, variables=variables)
 
-  algorithm = FederatedAlgorithm("fot", init, broadcast, program, aggregate)
+  algorithm = FederatedAlgorithm("fot", init, broadcast, program, mean_aggregate(fed_project))
 
   # ---- GPSE -------------------------------------------------------------------------------
   def g_init(shared, client_input, key):
@@ -177,9 +173,7 @@ def fot(
     return tree_lib.sum_clients(out["a"]), (out["ratio"], out["r_sq"], out["x_sq"]), out["n"]
 
   # The GPSE client pass: only one chunk's [d, s] sketches are alive besides the running sum.
-  sketch_pass = executor.client_chunks(
-    ClientProgram(g_init, g_step, g_final), sum_sketches, client_chunk or None
-  )
+  sketch_pass = executor.client_chunks(ClientProgram(g_init, g_step, g_final), sum_sketches)
 
   def client_sketches(state: FOTState, rd: RoundData, key, task: int):
     """Σ_k A_k per layer (on the device) and the clients' scalars [C] on the host: ratios,

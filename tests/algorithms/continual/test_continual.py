@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.continual import (
   input_transform,
   permuted_mnist,
@@ -19,11 +20,13 @@ from fedjax_proj.data.continual import (
   task_model,
   task_partition,
 )
+from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.sources import ArrayDataset
 from fedjax_proj.models import mlp
 from fedjax_proj.training.continual import (
   TaskSchedule,
   acc_fgt,
+  task_round_data,
   train_continual,
 )
 from fedjax_proj.training.session import RunIO
@@ -125,6 +128,24 @@ def test_task_loop_runs_every_method(method, conv, tmp_path):
   # Round functions compile once for every task (the task id is traced).
   if hasattr(round_fn, "_cache_size"):
     assert round_fn._cache_size() == 1
+
+
+@pytest.mark.parametrize("method", ["fot", "ewc"])
+def test_the_runs_chunk_streams_the_task_round(method):
+  """--client_chunk runs a continual round's clients in chunks (the methods' aggregates stream):
+  the same round as all clients at once, up to float summation order."""
+  bench, whole, whole_round, _, variables = helpers.tiny_continual(method)
+  _, chunked, chunked_round, _, _ = helpers.tiny_continual(method, client_chunk=2)
+  fed = FederatedData(task_partition(bench, 0, 4, iid=True, seed=0), 16, 1)
+  rd = task_round_data(bench.images, bench.labels, fed, np.arange(3, dtype=np.int32), 0, 0, 0)
+  key = jax.random.key(0)
+  a, ma = whole_round(whole.algorithm.init(variables, key), rd, key)
+  b, mb = chunked_round(chunked.algorithm.init(variables, key), rd, key)  # chunks of 2 and 1
+  np.testing.assert_allclose(
+    tree_lib.tree_ravel(a.variables), tree_lib.tree_ravel(b.variables), atol=1e-6
+  )
+  assert set(ma) == set(mb)
+  np.testing.assert_allclose(ma["train_loss"], mb["train_loss"], rtol=1e-5)
 
 
 def test_unknown_method_fails_with_choices():

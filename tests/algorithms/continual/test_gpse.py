@@ -127,12 +127,11 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
   method = fot(
     model,
     optax.sgd(0.1),
-    Executor(strategy, batch_fn),
+    Executor(strategy, batch_fn, client_chunk=3),  # the GPSE pass in chunks of the run's chunk
     variables=v,
     sample_x=rd.images[:2],
     eps=0.97,
     sketch_multiplier=2.0,
-    client_chunk=3,
     sketch_dist=dist,
   )
   state = method.algorithm.init(v, jax.random.key(0))
@@ -149,6 +148,44 @@ def test_gpse_basis_is_orthonormal_and_spans_planted_subspace(strategy, dist):
   state2, m2 = method.end_task(state, rd, jax.random.key(2), 1)
   assert m2[f"rho/{key}"] < 0.05
   assert int(state2.ranks[key]) - r <= 2
+
+
+class _ChunkSpy(Executor):
+  """An executor recording the size of every chunk its ``client_chunks`` passes run."""
+
+  def client_chunks(self, program, reduce, chunk=None):
+    sizes = self.__dict__.setdefault("sizes", [])
+    # The chunk's client count leaves the chunk's program beside its reduction.
+    run = super().client_chunks(program, lambda out: (reduce(out), out["n"].shape[0]), chunk)
+
+    def spied(*args):
+      for value, size in run(*args):
+        sizes.append(int(size))
+        yield value
+
+    return spied
+
+
+def test_gpse_pass_runs_in_the_runs_chunks_with_the_basis_of_one_chunk():
+  import optax
+
+  model, v, batch_fn, rd, _ = _planted_setup(clients=7)
+  bases = {}
+  for chunk in (None, 3):
+    executor = _ChunkSpy("vmap_scan", batch_fn, client_chunk=chunk)
+    method = fot(model, optax.sgd(0.1), executor, variables=v, sample_x=rd.images[:2], eps=0.97)
+    state = method.algorithm.init(v, jax.random.key(0))
+    state, _ = method.end_task(state, rd, jax.random.key(1), 0)
+    # ceil(7 / 3) = 3 chunks with the run's chunk of 3; one chunk of all 7 without one.
+    assert executor.sizes == ([7] if chunk is None else [3, 3, 1])
+    key = "backbone/Dense_0"
+    r = int(state.ranks[key])
+    bases[chunk] = np.asarray(state.bases[key])[:, :r]
+  whole, chunked = bases[None], bases[3]
+  assert whole.shape == chunked.shape and whole.shape[1] >= 3
+  # The same subspace (the sums differ in float summation order only): principal angles ~0.
+  cosines = np.linalg.svd(whole.T @ chunked, compute_uv=False)
+  np.testing.assert_allclose(cosines, 1.0, atol=1e-5)
 
 
 def test_fedproject_aggregate_is_orthogonal_to_bases_dense_and_conv():
