@@ -56,7 +56,7 @@ def test_plot_labels_axes_one_legend_integer_rounds_and_a_title(tmp_path):
   assert fig._suptitle.get_text() == "fedavg: 3 runs"
 
 
-# One metrics.jsonl line of each shape the library writes (training/loop.py, training/continual.py
+# One metrics.jsonl line of each shape the library writes (training/loop.py, training/task_rounds.py
 # and the methods' diagnostics); plotting must read all of them.
 SHAPES = {
   "fedavg": {"train_loss": 1.0, "test_accuracy": 0.3, "round_seconds": 0.1},

@@ -707,7 +707,7 @@ def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
 
 def plot_task_accuracy(claim: Claim, found: dict, directory: Path) -> list[str]:
   """A continual claim's figure, ``accuracy.png``: after each task t, the mean test accuracy over
-  tasks 0..t (ACC of fedjax_proj/training/continual.py had the run stopped there) per method,
+  tasks 0..t (ACC, fedjax_proj/training/task_rounds.acc_fgt, had the run stopped there) per method,
   mean over seeds with a min-max band, from each result's accuracy matrix a[i, t] (row: the task
   evaluated, column: after which task). Results without the matrix are left out."""
   curves = {}
