@@ -54,7 +54,8 @@ class Executor:
     unroll: ``lax.scan`` unroll factor over local steps (one-program strategy).
     mesh: the ``"clients"`` mesh the client axis is sharded over (one-program strategy only), or
       None. The chunked round pins each chunk to it; the run places each round's inputs on it.
-    client_chunk: clients per chunk of streaming aggregation, or None: all clients at once.
+    client_chunk: clients per chunk of streaming aggregation, or None: all clients at once; it
+      also bounds the passes :meth:`client_chunks` runs (FOT's end-of-task GPSE sketches).
     chunk_optional: the chunk is a memory bound the run chose (``auto``), not one the user asked
       for: a method whose aggregate cannot stream runs all clients at once instead of failing.
   """
