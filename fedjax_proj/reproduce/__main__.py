@@ -10,7 +10,7 @@
     python -m fedjax_proj.reproduce --list
 
 Runs go seed by seed (seed 0 of every method, then seed 1, ...), so an interrupted claim still has
-comparable pairs. ``--seeds`` defaults to the budget's pre-registered seeds 0..n-1 (claims.py,
+comparable pairs. ``--seeds`` defaults to the budget's pre-registered seeds 0..n-1 (claims/,
 chosen by the power calculation ``--power`` prints); more seeds are exploratory. A run whose
 result file exists with the same resolved config is skipped; one from another config is reported
 as stale and rerun only with ``--rerun_stale``; a corrupt one is reported as corrupt, kept aside

@@ -237,7 +237,7 @@ def test_threshold_rule_follows_the_text_and_paper_code_follows_the_authors(caps
 
 
 def test_fot_claim_budgets_take_the_energy_rule_by_default():
-  # claims.py pins ε, its increment and the sketch width but not the rule: the budgets resolve it
+  # claims/ pins ε, its increment and the sketch width but not the rule: the budgets resolve it
   # from the entry point's paper preset, and their fingerprint changes with it (earlier results,
   # made with the authors' rule, turn stale instead of pairing with new ones).
   from fedjax_proj.reproduce import claims
