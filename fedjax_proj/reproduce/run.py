@@ -123,10 +123,10 @@ def resolve_config(
     config = entry.resolve(claim.preset_of(budget), fields, kwargs, **claim.entry_kwargs)
   except ValueError as e:
     raise ValueError(
-      f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims.py."
+      f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims/."
     ) from e
   if "lmem_global" not in fields and "lmem_global" in config:
-    # The reports plot it (report.py, lmem_vs_accuracy.png and the diagnostics table).
+    # The reports plot it (report/, lmem_vs_accuracy.png and the diagnostics table).
     config.lmem_global = True
   out = config.to_dict()
   for field in RUN_FIELDS:  # set by the runner; not part of what a run computes
@@ -231,7 +231,7 @@ def fingerprint(config: dict[str, Any], deviations: tuple[str, ...] | list[str] 
   deviations of arithmetic or data (:func:`arithmetic_deviations`, :func:`data_deviations`) when
   it has any: a result's ``fingerprint`` says what it computed, while ``status`` and the report
   compare the config's alone (a deviating run is the budget's run, labelled and paired only with
-  runs of the same deviations, report.py)."""
+  runs of the same deviations, report/)."""
   content: dict[str, Any] = canonical(config)
   if deviations:
     content = {"config": content, "deviations": sorted(deviations)}
@@ -307,10 +307,16 @@ def status(path: Path, fp: str) -> str:
 
 # Files whose content decides what a run computes: the package (less the report side of the
 # reproduce tool, which only reads results) and the entry points. Their hash is a result's code
-# fingerprint; two results pair only when it is equal (or recorded as equivalent, report.py).
+# fingerprint; two results pair only when it is equal (or recorded as equivalent, report/).
 # Paths relative to the package.
 REPORT_ONLY = (
-  "reproduce/report.py",
+  "reproduce/report/__init__.py",
+  "reproduce/report/results.py",
+  "reproduce/report/verdicts.py",
+  "reproduce/report/tables.py",
+  "reproduce/report/figures.py",
+  "reproduce/report/timing.py",
+  "reproduce/report/writer.py",
   "reproduce/stats.py",
   "reproduce/protocol.py",
   "reproduce/__main__.py",
