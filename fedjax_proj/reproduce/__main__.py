@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
@@ -203,6 +204,17 @@ def data_root(args, claim: claims_lib.Claim) -> Path:
   return root or Path(".")
 
 
+class PlannedRun(NamedTuple):
+  """One (method, seed) run of a claim's queue, as planned before any run starts."""
+
+  method: str
+  seed: int
+  config: dict  # the config it runs here (planned_config), {data} placeholders kept
+  deviations: list[str]  # its deviations from the budget on this machine
+  path: Path  # its result file
+  state: run.RunState  # its result file's state when planned
+
+
 def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
   """The config a run uses on this machine and its deviations from the budget
   (run.public_fallback: the paper's public set when TFDS cannot give it; run.data_deviations: a
@@ -253,29 +265,36 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
 
 
 def queue_summary(
-  plan: list, queue: list, recorded: dict, rerun_stale: bool, n_jobs: int = 1, continuing: int = 0
+  plan: list[PlannedRun],
+  queue: list[PlannedRun],
+  recorded: dict,
+  rerun_stale: bool,
+  n_jobs: int = 1,
+  continuing: int = 0,
 ) -> str:
   """One line before the first run: what is done, what will run (``continuing`` of it from a
   stopped attempt's checkpoint), what is left alone, and how long the queue takes in one process
   at the mean wall time each method's results recorded (their machines' load included: the
   results' ``load_average``; a continued run counted whole)."""
   counts: dict[str, int] = {}
-  for *_, state in plan:
-    counts[state] = counts.get(state, 0) + 1
-  parts = [f"{counts.get('done', 0)} done", f"{len(queue)} to run"]
+  for p in plan:
+    counts[p.state] = counts.get(p.state, 0) + 1
+  parts = [f"{counts.get(run.RunState.DONE, 0)} done", f"{len(queue)} to run"]
   if continuing:
     parts[-1] += f" ({continuing} continuing from a checkpoint)"
-  parts += [f"{counts[s]} {s}" for s in ("missing", "corrupt") if counts.get(s)]
-  if counts.get("stale"):
+  parts += [
+    f"{counts[s]} {s}" for s in (run.RunState.MISSING, run.RunState.CORRUPT) if counts.get(s)
+  ]
+  if counts.get(run.RunState.STALE):
     parts.append(
-      f"{counts['stale']} stale"
+      f"{counts[run.RunState.STALE]} stale"
       + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
     )
-  queued = {p[0] for p in queue}
+  queued = {p.method for p in queue}
   means = ", ".join(
     f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
   )
-  line = f"queue: {', '.join(parts)}; {report.eta([p[0] for p in queue], recorded, n_jobs)}"
+  line = f"queue: {', '.join(parts)}; {report.eta([p.method for p in queue], recorded, n_jobs)}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
 
@@ -303,8 +322,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       fp = run.fingerprint(config)
       expected[f"{method}-seed{seed}"] = fp
       path = run.result_path(results, claim.name, budget, method, seed)
-      plan.append((method, seed, config, deviations, path, run.status(path, fp)))
-  for note in sorted({d for p in plan for d in p[3]}):
+      plan.append(PlannedRun(method, seed, config, deviations, path, run.status(path, fp)))
+  for note in sorted({d for p in plan for d in p.deviations}):
     # Results record {data} (machine-independent); this machine's folder is what the user has.
     print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
   if claim.kind == "image":  # every run's config is valid before the first one starts
@@ -312,13 +331,14 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
 
     from fedjax_proj.training.config import validate_config
 
-    for _, _, config, _, _, _ in plan:
-      validate_config(ml_collections.ConfigDict(run.substitute_data(config, root)))
+    for p in plan:
+      validate_config(ml_collections.ConfigDict(run.substitute_data(p.config, root)))
+  rerun = (run.RunState.MISSING, run.RunState.CORRUPT)
   queue = [
-    p for p in plan if p[5] in ("missing", "corrupt") or (p[5] == "stale" and args.rerun_stale)
+    p for p in plan if p.state in rerun or (p.state == run.RunState.STALE and args.rerun_stale)
   ]
   if claim.kind == "nlp" and not args.no_run:  # the queue's text data is here before a run starts
-    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p[2], root)))
+    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p.config, root)))
     if missing:
       raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")
   recorded = report.recorded_seconds(
@@ -326,23 +346,21 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   )
   if not args.job_worker:  # a worker's parent prints the queue and its progress
     code = run.code_fingerprint()
-    continuing = sum(
-      run.resumable(path.with_suffix(".work"), claim, expected[f"{m}-seed{k}"], code)[0] is not None
-      for m, k, _, _, path, _ in queue
-    )
+    work = {p.path.with_suffix(".work"): expected[f"{p.method}-seed{p.seed}"] for p in queue}
+    continuing = sum(run.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
     print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs, continuing), flush=True)
   parallel = args.jobs > 1 and not args.no_run
   ran = 0
   signals.clear_stop_request()
   for method, seed, config, deviations, path, state in plan:
     tag = f"{claim.name} {budget} {method} seed {seed}"
-    if state == "done":
+    if state == run.RunState.DONE:
       print(f"skip {tag}: done with the same config ({path})", flush=True)
       continue
-    if state == "corrupt":
+    if state == run.RunState.CORRUPT:
       _, why = run.read_result(path)
       print(f"corrupt {tag}: {path} ({why}); kept as {path.name}.corrupt and rerun", flush=True)
-    if state == "stale" and not args.rerun_stale:
+    if state == run.RunState.STALE and not args.rerun_stale:
       print(f"stale {tag}: {path} is from another config; rerun with --rerun_stale", flush=True)
       continue
     if args.no_run:
@@ -395,7 +413,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     ran += 1
     recorded.setdefault(method, []).append(result["wall_seconds"])
     if not args.job_worker:
-      left = [m for m, *_ in queue[ran:]]
+      left = [p.method for p in queue[ran:]]
       print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
   if parallel and queue:
     failed = run_in_jobs(args, claim, budget, root, results, queue, recorded)
@@ -413,7 +431,7 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
   """Runs ``queue`` in ``args.jobs`` pinned worker processes (:mod:`.jobs`), relaying their
   lines and the queue's progress; returns the failures (the workers' FAILED lines). A worker
   stopped by a signal stops the parent as a single runner's stop request does."""
-  left = {f"{claim.name} {budget} {m} seed {s}": (m, path) for m, s, _, _, path, _ in queue}
+  left = {f"{claim.name} {budget} {p.method} seed {p.seed}": (p.method, p.path) for p in queue}
   failed, lock = [], threading.Lock()
 
   def on_line(k: int, line: str) -> None:

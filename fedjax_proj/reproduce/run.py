@@ -15,6 +15,7 @@ on the next attempt when its config and code are unchanged (:func:`resumable`).
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import hashlib
 import json
@@ -32,6 +33,15 @@ import numpy as np
 from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
 from fedjax_proj.training.rundir import checkpoint_rounds
+
+try:
+  from enum import StrEnum
+except ImportError:  # Python 3.10: a str mixin that prints and formats as its value, as StrEnum
+
+  class StrEnum(str, enum.Enum):
+    __str__ = str.__str__
+    __format__ = str.__format__
+
 
 # The folder holding the package: a source checkout's root, or site-packages when installed.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -294,15 +304,25 @@ def read_result(path: Path) -> tuple[dict | None, str | None]:
   return (None, problem) if problem else (result, None)
 
 
-def status(path: Path, fp: str) -> str:
+class RunState(StrEnum):
+  """The state of a planned run's result file (:func:`status`); a ``str``, so it prints and
+  compares as its value."""
+
+  DONE = "done"  # a valid result of the planned config
+  STALE = "stale"  # a valid result of another config: kept, rerun only with rerun_stale
+  CORRUPT = "corrupt"  # unreadable, or failing check_result: kept aside and rerun
+  MISSING = "missing"  # no result file
+
+
+def status(path: Path, fp: str) -> RunState:
   """``done`` (a valid result of the config with fingerprint ``fp``), ``stale`` (a valid result
   of another config), ``corrupt`` (unreadable, or failing :func:`check_result`) or ``missing``."""
   if not path.is_file():
-    return "missing"
+    return RunState.MISSING
   result, _ = read_result(path)
   if result is None:
-    return "corrupt"
-  return "done" if fingerprint(result["config"]) == fp else "stale"
+    return RunState.CORRUPT
+  return RunState.DONE if fingerprint(result["config"]) == fp else RunState.STALE
 
 
 # Files whose content decides what a run computes: the package (less the report side of the
@@ -730,12 +750,12 @@ def run_one(
   try:
     fp = fingerprint(config)
     state = status(path, fp)
-    if state == "done":  # another process finished it while this one waited in its queue
+    if state == RunState.DONE:  # another process finished it while this one waited in its queue
       raise RunLocked(f"{path.name} was finished by another process meanwhile")
     failed = path.with_suffix(".failed")
     if attempt is not None and _failed_in(failed, attempt):
       raise RunLocked(f"{path.name} failed in another job of this command; a rerun retries it")
-    if state == "corrupt":
+    if state == RunState.CORRUPT:
       path.replace(path.with_suffix(".json.corrupt"))
     if on_start is not None:  # the run is this process's now (the runner announces it)
       on_start()
