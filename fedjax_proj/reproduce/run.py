@@ -10,6 +10,10 @@ with ``rerun_stale``) or ``missing``. Result files:
 ``<results>/<claim>/<budget>/<method>-seed<k>.json`` (docs/reproduction.md, "Results"). A run that
 stops before its result (a signal, a crash, a killed process) continues from its newest checkpoint
 on the next attempt when its config and code are unchanged (:func:`resumable`).
+
+The runner of each kind of claim is in :mod:`.runners`, what a result records of its code and
+machine in :mod:`.provenance`; their names imported ``as`` themselves below are re-exported here
+(callers use ``run.<name>``).
 """
 
 from __future__ import annotations
@@ -22,16 +26,33 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
+from fedjax_proj.reproduce.provenance import DATA_RECORD as DATA_RECORD
+from fedjax_proj.reproduce.provenance import FULL_FLOAT32 as FULL_FLOAT32
+from fedjax_proj.reproduce.provenance import (
+  REPO_ROOT,
+  arithmetic_deviations,
+  code_fingerprint,
+  data_deviations,
+  git_commit,
+  in_checkout,
+  machine_info,
+)
+from fedjax_proj.reproduce.provenance import REPORT_ONLY as REPORT_ONLY
+from fedjax_proj.reproduce.provenance import code_files as code_files
+from fedjax_proj.reproduce.provenance import local_backend as local_backend
+from fedjax_proj.reproduce.runners import CURVE_KEYS as CURVE_KEYS
+from fedjax_proj.reproduce.runners import RUNNERS, Diverged, _read_curve, load_entry
+from fedjax_proj.reproduce.runners import TINY_TRAIN as TINY_TRAIN
+from fedjax_proj.reproduce.runners import TINY_WIDTH as TINY_WIDTH
+from fedjax_proj.reproduce.runners import _run_continual as _run_continual
+from fedjax_proj.reproduce.runners import _run_image as _run_image
+from fedjax_proj.reproduce.runners import _run_pilot as _run_pilot
+from fedjax_proj.reproduce.runners import tiny as tiny
 from fedjax_proj.training.rundir import checkpoint_rounds
 
 try:
@@ -41,16 +62,6 @@ except ImportError:  # Python 3.10: a str mixin that prints and formats as its v
   class StrEnum(str, enum.Enum):
     __str__ = str.__str__
     __format__ = str.__format__
-
-
-# The folder holding the package: a source checkout's root, or site-packages when installed.
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def in_checkout(root: Path = REPO_ROOT) -> bool:
-  """Whether the package runs from a source checkout (``root`` holds pyproject.toml, docs/ and
-  benchmarks/ beside it), not from an installed copy."""
-  return all((root / p).exists() for p in ("pyproject.toml", "docs", "benchmarks"))
 
 
 # Where results go without --results (docs/reproduction.md, "Results"; argued in docs/design.md,
@@ -70,28 +81,6 @@ RUN_FIELDS = (
   "checkpoint_every",
   "keep_checkpoints",
 )
-# Per-round keys kept in the curve (when the method logs them).
-CURVE_KEYS = (
-  "round",
-  "test_accuracy",
-  "test_loss",
-  "train_loss",
-  "round_seconds",
-  "lmem_global",
-  "lmem_before",
-  "lmem_after",
-  "projected_fraction",
-  "mean_cos",
-  "global_accuracy",
-  "client_accuracy_all_data",
-  "task",
-)
-
-
-def load_entry(claim: Claim) -> ModuleType:
-  """The config module of the claim's entry point: ``experiments/<name>.py`` runs
-  ``fedjax_proj/configs/<name>.py``, whose presets and ``resolve`` the claim uses."""
-  return for_entry(claim.entry)
 
 
 def default_data_root() -> Path:
@@ -263,14 +252,6 @@ def result_path(results: Path, claim: str, budget: str, method: str, seed: int) 
 REQUIRED_KEYS = ("claim", "budget", "method", "seed", "metrics", "curve", "config")
 
 
-class Diverged(FloatingPointError):
-  """A run stopped on a non-finite loss or non-finite parameters (training/loop.py).
-
-  An outcome of the run, not a failure to retry (retrying until a run does not diverge would
-  choose results): the runner records it as a result with ``diverged`` and no metrics, and the
-  report names it (docs/reproduction.md, "Results": diverged runs)."""
-
-
 def check_result(result: Any) -> str | None:
   """Why ``result`` is not a usable result (missing keys, an empty curve, a metric that is not a
   number), or None when it is. A diverged result has no metrics and the curve up to its last
@@ -325,82 +306,6 @@ def status(path: Path, fp: str) -> RunState:
   return RunState.DONE if fingerprint(result["config"]) == fp else RunState.STALE
 
 
-# Files whose content decides what a run computes: the package (less the report side of the
-# reproduce tool, which only reads results) and the entry points. Their hash is a result's code
-# fingerprint; two results pair only when it is equal (or recorded as equivalent, report/).
-# Paths relative to the package.
-REPORT_ONLY = (
-  "reproduce/report/__init__.py",
-  "reproduce/report/results.py",
-  "reproduce/report/verdicts.py",
-  "reproduce/report/tables.py",
-  "reproduce/report/figures.py",
-  "reproduce/report/timing.py",
-  "reproduce/report/writer.py",
-  "reproduce/stats.py",
-  "reproduce/protocol.py",
-  "reproduce/__main__.py",
-  "reproduce/jobs.py",
-  "reproduce/docs_tables.py",
-  "plot.py",
-)
-
-
-def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
-  package = repo_root / "fedjax_proj"
-  files = [f for f in package.rglob("*.py") if f.relative_to(package).as_posix() not in REPORT_ONLY]
-  return sorted(files + list((repo_root / "experiments").glob("*.py")))
-
-
-def machine_info() -> dict:
-  """Where a run computed: JAX's backend and device kind, the cores this process may use and the
-  machine's. A result keeps it so a report can say which machine produced which numbers (the same
-  code computes in another reduction order on a GPU) and an ETA uses times from the same kind."""
-  import jax
-
-  return {
-    "backend": jax.default_backend(),
-    "device_kind": jax.devices()[0].device_kind,
-    "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-    "cpu_count": os.cpu_count(),
-    # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products
-    # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
-    "matmul_precision": jax.config.jax_default_matmul_precision or "default",
-  }
-
-
-# Precisions at which an accelerator computes float32 products in full float32 (JAX's names).
-FULL_FLOAT32 = ("float32", "highest", "F32_F32_F32")
-# Written beside data unpacked from a device pack (benchmarks/make_device_data.py): what the pack
-# holds, e.g. whether its public set is a lossy copy.
-DATA_RECORD = "DEVICE_DATA.json"
-
-
-def arithmetic_deviations(machine: dict) -> list[str]:
-  """A run's deviation of arithmetic from the budget's float32: matrix products and convolutions
-  at an accelerator's reduced default (TF32 on recent NVIDIA GPUs, bfloat16 passes on TPUs)
-  instead of full float32 (XLA:CPU has no reduced mode; JAX_DEFAULT_MATMUL_PRECISION=float32
-  pins it on an accelerator)."""
-  precision = str(machine.get("matmul_precision") or "default")
-  if machine.get("backend", "cpu") == "cpu" or precision in FULL_FLOAT32:
-    return []
-  return [
-    f"matmul precision: {precision} on {machine.get('device_kind')} (the accelerator's reduced "
-    "default, TF32 on recent NVIDIA GPUs), not float32"
-  ]
-
-
-def data_deviations(config: dict[str, Any], data_root: Path) -> list[str]:
-  """A run's deviation of data from the shared folder's: a config that reads a public set from a
-  data folder unpacked from a device pack whose public set is a lossy copy (other pixels than the
-  shared file's)."""
-  record = Path(data_root) / DATA_RECORD
-  if not config.get("public_data") or not record.is_file():
-    return []
-  about = str(json.loads(record.read_text()).get("about", ""))
-  return [f"public set: a lossy copy ({about})"] if "lossy" in about else []
-
-
 def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
   """What an NLP run's config reads that is not on this machine, each with where it was looked
   for and how to provide it (empty: all there). The claim runner checks every run's before the
@@ -439,166 +344,6 @@ def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
     elif public in text.TEXT_DATASETS:
       check(public, "", ("train",), "public set")
   return missing
-
-
-def local_backend() -> str:
-  """The backend a run here will most likely use, found without starting JAX (which would take
-  an accelerator's memory in a parent process): "gpu" where an NVIDIA device node exists, "tpu"
-  where an accel node exists, else "cpu". Only ETAs use it."""
-  if Path("/dev/nvidia0").exists():
-    return "gpu"
-  if Path("/dev/accel0").exists():
-    return "tpu"
-  return "cpu"
-
-
-def code_fingerprint(repo_root: Path = REPO_ROOT) -> str:
-  """SHA-256 (16 hex digits) over the paths and contents of :func:`code_files`."""
-  h = hashlib.sha256()
-  for f in code_files(repo_root):
-    h.update(f.relative_to(repo_root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-  return h.hexdigest()[:16]
-
-
-def git_commit(repo_root: Path = REPO_ROOT) -> str:
-  """HEAD of the checkout (``-dirty`` with tracked changes), or ``$FEDJAX_PROJ_GIT_COMMIT`` where
-  set: a copy of the tree whose git history is not its own (an accelerator's copy of the working
-  tree) names the commit it was copied at (docs/reproduction.md, "Running claims on a GPU"); the
-  code fingerprint beside it is computed from the files either way. An installed package has no
-  commit ("unknown"), even where its site-packages lies inside some git checkout."""
-  named = os.environ.get("FEDJAX_PROJ_GIT_COMMIT", "").strip()
-  if named:
-    return named
-  if not in_checkout(repo_root):
-    return "unknown"
-  try:
-    out = subprocess.run(
-      ["git", "-C", str(repo_root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-      ["git", "-C", str(repo_root), "status", "--porcelain", "--untracked-files=no"],
-      capture_output=True,
-      text=True,
-      check=True,
-    ).stdout.strip()
-    return out + ("-dirty" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-
-
-def _read_curve(metrics_file: Path) -> list[dict]:
-  curve = []
-  for line in metrics_file.read_text().splitlines():
-    record = json.loads(line)
-    kept = {k: record[k] for k in CURVE_KEYS if k in record}
-    if kept:
-      curve.append(kept)
-  return curve
-
-
-def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  import ml_collections
-
-  from fedjax_proj.training.experiment import run_experiment
-
-  c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
-  c.output_dir, c.progress = str(work), False
-  # About ten checkpoints a run (and one on SIGINT/SIGTERM): a stopped or killed run continues
-  # from the newest on the next attempt (run_one), losing at most a tenth of its rounds.
-  c.checkpoint_every, c.keep_checkpoints = max(1, c.rounds // 10), 2
-  from fedjax_proj.training.loop import NonFiniteError
-
-  try:
-    summary = run_experiment(c, log=log)
-  except NonFiniteError as e:
-    raise Diverged(str(e)) from e
-  curve = _read_curve(work / "metrics.jsonl")
-  metrics = {"test_accuracy": 100 * summary["final_test_accuracy"]}
-  evaluated = [r["test_accuracy"] for r in curve if "test_accuracy" in r]
-  if evaluated:  # 002 Table 3 reports the best accuracy over the (evaluated) rounds
-    metrics["best_test_accuracy"] = 100 * max(evaluated)
-  return metrics, curve
-
-
-def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  """Runs a continual claim in this process: the config module resolves ``config`` as its flags
-  would (``--preset=paper`` plus every field), checks it and runs it into ``work``."""
-  from fedjax_proj.training.loop import NonFiniteError
-
-  entry = load_entry(claim)
-  fields = {k: v for k, v in config.items() if k != "method_kwargs"}
-  c = entry.resolve("paper", fields, config["method_kwargs"])
-  c.output_dir = str(work)
-  entry.check_run(c)
-  try:
-    summary = entry.run(c)
-  except NonFiniteError as e:
-    raise Diverged(str(e)) from e
-  metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
-  # The accuracy matrix separates plasticity (its diagonal) from forgetting (the drop below it).
-  metrics["acc_matrix"] = summary["acc_matrix"]
-  return metrics, _read_curve(work / "metrics.jsonl")
-
-
-def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  entry = load_entry(claim)
-  history = entry.run_config(config)
-  metrics = {
-    "global_accuracy": 100 * history[-1]["global_accuracy"],
-    "client_accuracy": 100 * float(np.mean([h["client_accuracy_all_data"] for h in history])),
-  }
-  curve = [{k: h[k] for k in CURVE_KEYS if k in h} for h in history]
-  return metrics, curve
-
-
-RUNNERS = {
-  "image": _run_image,
-  "continual": _run_continual,
-  "pilot": _run_pilot,
-  "nlp": _run_image,  # experiments/nlp.py resolves to an image-runner config (token ids)
-}
-
-
-# The test hook of tests/reproduce/test_paper_first_round.py: fields :func:`tiny` shrinks. Only
-# data sizes, round and task counts, the number of clients and the model's width change; the
-# architecture, the method's hyperparameters and everything else stay as resolved, so a budget
-# that cannot run fails in CI.
-TINY_TRAIN = 600
-TINY_WIDTH = {
-  "resnet8": {"stem_features": 16, "stage_features": (16, 16, 16)},
-  "resnet10": {"stem_features": 16, "stage_features": (16, 16, 16, 16)},
-  "alexnet8": {"fc_features": 64},
-}
-
-
-def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
-  """``config`` shrunk to its first rounds on tiny data (two rounds for image claims: FedProj
-  skips its projection in round 0, so the second is its first projected round)."""
-  c = dict(config)
-  if claim.kind == "image":
-    c.update(rounds=2, local_epochs=1, eval_every=1, test_subset=0, eval_batch_size=100)
-    c["num_clients"] = min(c["num_clients"], 10)  # ExDir(2, .) needs 5+ to cover 10 classes
-    # A sequential chain keeps its clients per round (SFedKD's teachers come from them).
-    sequential = claim.entry.endswith("sequential.py")
-    c["clients_per_round"] = min(c["clients_per_round"], 10 if sequential else 2)
-    c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
-    if c.get("train_subset"):  # keep a held-out part where the budget has one
-      c["train_subset"] = TINY_TRAIN * 9 // 10
-  elif claim.kind == "nlp":
-    # The hub checkpoint cannot be fetched offline: a random-init tiny encoder of the same family
-    # (its loading is tested on a real checkpoint in tests/models/test_bert.py).
-    c.update(rounds=2, local_epochs=1, eval_every=1, num_clients=4, clients_per_round=2)
-    c.update(train_subset=0, test_subset=0, max_len=16, batch_size=8, eval_batch_size=100)
-    kwargs = {k: v for k, v in dict(c.get("model_kwargs", {})).items() if k != "checkpoint"}
-    c.update(checkpoint="", bert_size="tiny", model_kwargs={**kwargs, "size": "tiny"})
-    if c.get("public_size"):
-      c.update(public_size=32, memory_size=min(c.get("memory_size", 32), 32))
-  elif claim.kind == "continual":
-    c.update(num_clients=4, clients_per_round=2, rounds_per_task=1, local_epochs=1, num_tasks=2)
-    c.update(train_per_task=TINY_TRAIN, test_per_task=100, fl_later_rounds=0)
-  else:
-    c.update(rounds=1, pretrain_steps=min(c.get("pretrain_steps", 0), 5))
-  return c
 
 
 # Kinds whose runs checkpoint (training/loop.py) and so continue where a stopped attempt ended.

@@ -425,7 +425,7 @@ def test_the_code_fingerprint_leaves_out_exactly_the_report_side(tmp_path):
   package = run.REPO_ROOT / "fedjax_proj"
   names = {f.relative_to(run.REPO_ROOT).as_posix() for f in run.code_files()}
   assert {"fedjax_proj/reproduce/run.py", "fedjax_proj/configs/cifar10.py"} <= names
-  assert "fedjax_proj/reproduce/claims/fedproj.py" in names
+  assert {"fedjax_proj/reproduce/claims/fedproj.py", "fedjax_proj/reproduce/runners.py"} <= names
   assert "experiments/cifar10.py" in names
   assert not {f"fedjax_proj/{r}" for r in run.REPORT_ONLY} & names
   assert all((package / r).is_file() for r in run.REPORT_ONLY)  # no stale entry
