@@ -47,6 +47,7 @@ from fedjax_proj.reproduce.claims.common import (
 )
 from fedjax_proj.reproduce.claims.fedgkd import FEDGKD, FEDGKD_AGNEWS, FEDGKD_CPU, FEDGKD_METHODS
 from fedjax_proj.reproduce.claims.fedproj import (
+  CPU_METHOD_KW,
   DRIFT_METHODS,
   FEDPROJ_ABLATIONS,
   FEDPROJ_DIR03,
@@ -88,7 +89,6 @@ from fedjax_proj.reproduce.claims.presets import (
   CIFAR_CPU,
   CIFAR_DRIFT,
   CIFAR_SMOKE,
-  CPU_METHOD_KW,
   DISTILL,
   FEDPROJ_KW,
   IMAGE_METHOD_KW,

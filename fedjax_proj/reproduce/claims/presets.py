@@ -54,17 +54,6 @@ IMAGE_METHOD_KW = {
   **BASELINE_KW,
 }
 
-# The fedproj-cifar10 cpu budget's MOON keeps the layout all its v1 runs computed: the logits from
-# the encoder's features, the projection head feeding only the contrastive term. The paper and its
-# code put the output layer on the projection head, and the registry does so since the parity suite
-# found it (docs/parity.md, "MOON"); this budget pins the earlier layout so that its v1 verdicts
-# stand as computed (docs/reproduction.md, "MOON's layout at the cpu budget"). Every other budget
-# runs the paper's.
-CPU_METHOD_KW = {
-  **IMAGE_METHOD_KW,
-  "moon": {**IMAGE_METHOD_KW["moon"], "model_options": {"classifier_on_projection": False}},
-}
-
 # The cpu budget (docs/reproduction.md, "Results"): the FedAvg CNN on the full 50k CIFAR-10
 # training set, 20 clients under Dirichlet(0.3) (most clients hold 2-4 classes), 5 per round,
 # one local epoch of ~39 Adam steps over ~2,500 skewed examples each, so local models drift from
