@@ -10,7 +10,7 @@ MNIST subsets from the shared data), covering the round drivers a redesign touch
 round (``vmap_scan``), the host-looped one (``sequential``), the chunked round with streaming
 aggregation, the server-distillation host aggregate, the sequential-FL chain and the continual task
 loop with its end-of-task hooks. Together the runs train every method of every claim in
-``fedjax_proj/reproduce/claims.py`` (the NLP claims' methods are the image claims' ones; their
+``fedjax_proj/reproduce/claims/`` (the NLP claims' methods are the image claims' ones; their
 text pipeline is not covered), plus ``cifar10_cnn``: the CIFAR claims' own data path (the shared
 data's CIFAR-10 image folder and CIFAR-100 public npz, the ``cnn`` model) on a few hundred images,
 and ``pilot_iris``: the Iris pilot's script. Each takes seconds. Every run is pinned to one CPU:

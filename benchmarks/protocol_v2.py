@@ -6,7 +6,7 @@ For every claim x budget with v1 results on curves of test accuracy: how far the
 swings from the one before (mean and largest |final - previous| over every run, points), and, for
 the mean over the last k evaluations (k = 1 is v1's final accuracy), the largest paired sd over
 the budget's claimed orderings on the v1 pre-registered seeds. Protocol v2's k
-(``protocol.LATE_EVALS``) and each replication's ``power_sd`` (claims.py) were read off these
+(``protocol.LATE_EVALS``) and each replication's ``power_sd`` (claims/) were read off these
 tables before any v2 run. For the continual claims, the paired sd of each claimed ordering on ACC
 and FGT, which their replications score as v1 did. Then the power calculation of each declared
 replication.

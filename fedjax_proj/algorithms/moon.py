@@ -39,7 +39,7 @@ from fedjax_proj.core.types import Array, Batch, Model, PyTree
 # (Sec. 3.2: R_w is "the network before the output layer"), and the official code computes the
 # logits from the projection as well; docs/parity.md ("MOON") has the finding. Runs before the
 # fix computed the logits from the encoder's features: the claims keep them as the
-# ``moon-prehead`` ablation (fedjax_proj/reproduce/claims.py).
+# ``moon-prehead`` ablation (fedjax_proj/reproduce/claims/).
 MODEL_KWARGS = {"projection_dim": 256, "classifier_on_projection": True}
 
 

@@ -1,6 +1,6 @@
 """The pre-registered protocol: seed counts from a power calculation, Holm-corrected verdicts.
 
-Before a claim × budget runs, its seed count n is declared in claims.py (``Budget.seeds``) from
+Before a claim × budget runs, its seed count n is declared in claims/ (``Budget.seeds``) from
 :func:`plan`: for every claimed ordering with a paper effect δ (the paper's difference between the
 two methods, signed to favour the claimed winner) and a paired sd σ measured at the budget
 (``Budget.power_sd``, per metric), the smallest n >= :data:`MIN_SEEDS` at which a two-sided paired

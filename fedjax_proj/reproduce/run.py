@@ -10,37 +10,58 @@ with ``rerun_stale``) or ``missing``. Result files:
 ``<results>/<claim>/<budget>/<method>-seed<k>.json`` (docs/reproduction.md, "Results"). A run that
 stops before its result (a signal, a crash, a killed process) continues from its newest checkpoint
 on the next attempt when its config and code are unchanged (:func:`resumable`).
+
+The runner of each kind of claim is in :mod:`.runners`, what a result records of its code and
+machine in :mod:`.provenance`; their names imported ``as`` themselves below are re-exported here
+(callers use ``run.<name>``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import hashlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
+from fedjax_proj.reproduce.provenance import DATA_RECORD as DATA_RECORD
+from fedjax_proj.reproduce.provenance import FULL_FLOAT32 as FULL_FLOAT32
+from fedjax_proj.reproduce.provenance import (
+  REPO_ROOT,
+  arithmetic_deviations,
+  code_fingerprint,
+  data_deviations,
+  git_commit,
+  in_checkout,
+  machine_info,
+)
+from fedjax_proj.reproduce.provenance import REPORT_ONLY as REPORT_ONLY
+from fedjax_proj.reproduce.provenance import code_files as code_files
+from fedjax_proj.reproduce.provenance import local_backend as local_backend
+from fedjax_proj.reproduce.runners import CURVE_KEYS as CURVE_KEYS
+from fedjax_proj.reproduce.runners import RUNNERS, Diverged, _read_curve, load_entry
+from fedjax_proj.reproduce.runners import TINY_TRAIN as TINY_TRAIN
+from fedjax_proj.reproduce.runners import TINY_WIDTH as TINY_WIDTH
+from fedjax_proj.reproduce.runners import _run_continual as _run_continual
+from fedjax_proj.reproduce.runners import _run_image as _run_image
+from fedjax_proj.reproduce.runners import _run_pilot as _run_pilot
+from fedjax_proj.reproduce.runners import tiny as tiny
 from fedjax_proj.training.rundir import checkpoint_rounds
 
-# The folder holding the package: a source checkout's root, or site-packages when installed.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+try:
+  from enum import StrEnum
+except ImportError:  # Python 3.10: a str mixin that prints and formats as its value, as StrEnum
 
-
-def in_checkout(root: Path = REPO_ROOT) -> bool:
-  """Whether the package runs from a source checkout (``root`` holds pyproject.toml, docs/ and
-  benchmarks/ beside it), not from an installed copy."""
-  return all((root / p).exists() for p in ("pyproject.toml", "docs", "benchmarks"))
+  class StrEnum(str, enum.Enum):
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 # Where results go without --results (docs/reproduction.md, "Results"; argued in docs/design.md,
@@ -60,28 +81,6 @@ RUN_FIELDS = (
   "checkpoint_every",
   "keep_checkpoints",
 )
-# Per-round keys kept in the curve (when the method logs them).
-CURVE_KEYS = (
-  "round",
-  "test_accuracy",
-  "test_loss",
-  "train_loss",
-  "round_seconds",
-  "lmem_global",
-  "lmem_before",
-  "lmem_after",
-  "projected_fraction",
-  "mean_cos",
-  "global_accuracy",
-  "client_accuracy_all_data",
-  "task",
-)
-
-
-def load_entry(claim: Claim) -> ModuleType:
-  """The config module of the claim's entry point: ``experiments/<name>.py`` runs
-  ``fedjax_proj/configs/<name>.py``, whose presets and ``resolve`` the claim uses."""
-  return for_entry(claim.entry)
 
 
 def default_data_root() -> Path:
@@ -123,10 +122,10 @@ def resolve_config(
     config = entry.resolve(claim.preset_of(budget), fields, kwargs, **claim.entry_kwargs)
   except ValueError as e:
     raise ValueError(
-      f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims.py."
+      f"{claim.name} {budget} {method}: {e} Fix the claim in fedjax_proj/reproduce/claims/."
     ) from e
   if "lmem_global" not in fields and "lmem_global" in config:
-    # The reports plot it (report.py, lmem_vs_accuracy.png and the diagnostics table).
+    # The reports plot it (report/, lmem_vs_accuracy.png and the diagnostics table).
     config.lmem_global = True
   out = config.to_dict()
   for field in RUN_FIELDS:  # set by the runner; not part of what a run computes
@@ -254,7 +253,7 @@ def fingerprint(config: dict[str, Any], deviations: tuple[str, ...] | list[str] 
   deviations of arithmetic or data (:func:`arithmetic_deviations`, :func:`data_deviations`) when
   it has any: a result's ``fingerprint`` says what it computed, while ``status`` and the report
   compare the config's alone (a deviating run is the budget's run, labelled and paired only with
-  runs of the same deviations, report.py)."""
+  runs of the same deviations, report/)."""
   content: dict[str, Any] = canonical(config)
   if deviations:
     content = {"config": content, "deviations": sorted(deviations)}
@@ -274,14 +273,6 @@ def result_path(results: Path, claim: str, budget: str, method: str, seed: int) 
 
 
 REQUIRED_KEYS = ("claim", "budget", "method", "seed", "metrics", "curve", "config")
-
-
-class Diverged(FloatingPointError):
-  """A run stopped on a non-finite loss or non-finite parameters (training/loop.py).
-
-  An outcome of the run, not a failure to retry (retrying until a run does not diverge would
-  choose results): the runner records it as a result with ``diverged`` and no metrics, and the
-  report names it (docs/reproduction.md, "Results": diverged runs)."""
 
 
 def check_result(result: Any) -> str | None:
@@ -317,85 +308,25 @@ def read_result(path: Path) -> tuple[dict | None, str | None]:
   return (None, problem) if problem else (result, None)
 
 
-def status(path: Path, fp: str) -> str:
+class RunState(StrEnum):
+  """The state of a planned run's result file (:func:`status`); a ``str``, so it prints and
+  compares as its value."""
+
+  DONE = "done"  # a valid result of the planned config
+  STALE = "stale"  # a valid result of another config: kept, rerun only with rerun_stale
+  CORRUPT = "corrupt"  # unreadable, or failing check_result: kept aside and rerun
+  MISSING = "missing"  # no result file
+
+
+def status(path: Path, fp: str) -> RunState:
   """``done`` (a valid result of the config with fingerprint ``fp``), ``stale`` (a valid result
   of another config), ``corrupt`` (unreadable, or failing :func:`check_result`) or ``missing``."""
   if not path.is_file():
-    return "missing"
+    return RunState.MISSING
   result, _ = read_result(path)
   if result is None:
-    return "corrupt"
-  return "done" if fingerprint(result["config"]) == fp else "stale"
-
-
-# Files whose content decides what a run computes: the package (less the report side of the
-# reproduce tool, which only reads results) and the entry points. Their hash is a result's code
-# fingerprint; two results pair only when it is equal (or recorded as equivalent, report.py).
-# Paths relative to the package.
-REPORT_ONLY = (
-  "reproduce/report.py",
-  "reproduce/stats.py",
-  "reproduce/protocol.py",
-  "reproduce/__main__.py",
-  "reproduce/jobs.py",
-  "reproduce/docs_tables.py",
-  "plot.py",
-)
-
-
-def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
-  package = repo_root / "fedjax_proj"
-  files = [f for f in package.rglob("*.py") if f.relative_to(package).as_posix() not in REPORT_ONLY]
-  return sorted(files + list((repo_root / "experiments").glob("*.py")))
-
-
-def machine_info() -> dict:
-  """Where a run computed: JAX's backend and device kind, the cores this process may use and the
-  machine's. A result keeps it so a report can say which machine produced which numbers (the same
-  code computes in another reduction order on a GPU) and an ETA uses times from the same kind."""
-  import jax
-
-  return {
-    "backend": jax.default_backend(),
-    "device_kind": jax.devices()[0].device_kind,
-    "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-    "cpu_count": os.cpu_count(),
-    # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products
-    # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
-    "matmul_precision": jax.config.jax_default_matmul_precision or "default",
-  }
-
-
-# Precisions at which an accelerator computes float32 products in full float32 (JAX's names).
-FULL_FLOAT32 = ("float32", "highest", "F32_F32_F32")
-# Written beside data unpacked from a device pack (benchmarks/make_device_data.py): what the pack
-# holds, e.g. whether its public set is a lossy copy.
-DATA_RECORD = "DEVICE_DATA.json"
-
-
-def arithmetic_deviations(machine: dict) -> list[str]:
-  """A run's deviation of arithmetic from the budget's float32: matrix products and convolutions
-  at an accelerator's reduced default (TF32 on recent NVIDIA GPUs, bfloat16 passes on TPUs)
-  instead of full float32 (XLA:CPU has no reduced mode; JAX_DEFAULT_MATMUL_PRECISION=float32
-  pins it on an accelerator)."""
-  precision = str(machine.get("matmul_precision") or "default")
-  if machine.get("backend", "cpu") == "cpu" or precision in FULL_FLOAT32:
-    return []
-  return [
-    f"matmul precision: {precision} on {machine.get('device_kind')} (the accelerator's reduced "
-    "default, TF32 on recent NVIDIA GPUs), not float32"
-  ]
-
-
-def data_deviations(config: dict[str, Any], data_root: Path) -> list[str]:
-  """A run's deviation of data from the shared folder's: a config that reads a public set from a
-  data folder unpacked from a device pack whose public set is a lossy copy (other pixels than the
-  shared file's)."""
-  record = Path(data_root) / DATA_RECORD
-  if not config.get("public_data") or not record.is_file():
-    return []
-  about = str(json.loads(record.read_text()).get("about", ""))
-  return [f"public set: a lossy copy ({about})"] if "lossy" in about else []
+    return RunState.CORRUPT
+  return RunState.DONE if fingerprint(result["config"]) == fp else RunState.STALE
 
 
 def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
@@ -436,166 +367,6 @@ def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
     elif public in text.TEXT_DATASETS:
       check(public, "", ("train",), "public set")
   return missing
-
-
-def local_backend() -> str:
-  """The backend a run here will most likely use, found without starting JAX (which would take
-  an accelerator's memory in a parent process): "gpu" where an NVIDIA device node exists, "tpu"
-  where an accel node exists, else "cpu". Only ETAs use it."""
-  if Path("/dev/nvidia0").exists():
-    return "gpu"
-  if Path("/dev/accel0").exists():
-    return "tpu"
-  return "cpu"
-
-
-def code_fingerprint(repo_root: Path = REPO_ROOT) -> str:
-  """SHA-256 (16 hex digits) over the paths and contents of :func:`code_files`."""
-  h = hashlib.sha256()
-  for f in code_files(repo_root):
-    h.update(f.relative_to(repo_root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-  return h.hexdigest()[:16]
-
-
-def git_commit(repo_root: Path = REPO_ROOT) -> str:
-  """HEAD of the checkout (``-dirty`` with tracked changes), or ``$FEDJAX_PROJ_GIT_COMMIT`` where
-  set: a copy of the tree whose git history is not its own (an accelerator's copy of the working
-  tree) names the commit it was copied at (docs/reproduction.md, "Running claims on a GPU"); the
-  code fingerprint beside it is computed from the files either way. An installed package has no
-  commit ("unknown"), even where its site-packages lies inside some git checkout."""
-  named = os.environ.get("FEDJAX_PROJ_GIT_COMMIT", "").strip()
-  if named:
-    return named
-  if not in_checkout(repo_root):
-    return "unknown"
-  try:
-    out = subprocess.run(
-      ["git", "-C", str(repo_root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-      ["git", "-C", str(repo_root), "status", "--porcelain", "--untracked-files=no"],
-      capture_output=True,
-      text=True,
-      check=True,
-    ).stdout.strip()
-    return out + ("-dirty" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-
-
-def _read_curve(metrics_file: Path) -> list[dict]:
-  curve = []
-  for line in metrics_file.read_text().splitlines():
-    record = json.loads(line)
-    kept = {k: record[k] for k in CURVE_KEYS if k in record}
-    if kept:
-      curve.append(kept)
-  return curve
-
-
-def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  import ml_collections
-
-  from fedjax_proj.training.experiment import run_experiment
-
-  c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
-  c.output_dir, c.progress = str(work), False
-  # About ten checkpoints a run (and one on SIGINT/SIGTERM): a stopped or killed run continues
-  # from the newest on the next attempt (run_one), losing at most a tenth of its rounds.
-  c.checkpoint_every, c.keep_checkpoints = max(1, c.rounds // 10), 2
-  from fedjax_proj.training.loop import NonFiniteError
-
-  try:
-    summary = run_experiment(c, log=log)
-  except NonFiniteError as e:
-    raise Diverged(str(e)) from e
-  curve = _read_curve(work / "metrics.jsonl")
-  metrics = {"test_accuracy": 100 * summary["final_test_accuracy"]}
-  evaluated = [r["test_accuracy"] for r in curve if "test_accuracy" in r]
-  if evaluated:  # 002 Table 3 reports the best accuracy over the (evaluated) rounds
-    metrics["best_test_accuracy"] = 100 * max(evaluated)
-  return metrics, curve
-
-
-def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  """Runs a continual claim in this process: the config module resolves ``config`` as its flags
-  would (``--preset=paper`` plus every field), checks it and runs it into ``work``."""
-  from fedjax_proj.training.loop import NonFiniteError
-
-  entry = load_entry(claim)
-  fields = {k: v for k, v in config.items() if k != "method_kwargs"}
-  c = entry.resolve("paper", fields, config["method_kwargs"])
-  c.output_dir = str(work)
-  entry.check_run(c)
-  try:
-    summary = entry.run(c)
-  except NonFiniteError as e:
-    raise Diverged(str(e)) from e
-  metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
-  # The accuracy matrix separates plasticity (its diagonal) from forgetting (the drop below it).
-  metrics["acc_matrix"] = summary["acc_matrix"]
-  return metrics, _read_curve(work / "metrics.jsonl")
-
-
-def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  entry = load_entry(claim)
-  history = entry.run_config(config)
-  metrics = {
-    "global_accuracy": 100 * history[-1]["global_accuracy"],
-    "client_accuracy": 100 * float(np.mean([h["client_accuracy_all_data"] for h in history])),
-  }
-  curve = [{k: h[k] for k in CURVE_KEYS if k in h} for h in history]
-  return metrics, curve
-
-
-RUNNERS = {
-  "image": _run_image,
-  "continual": _run_continual,
-  "pilot": _run_pilot,
-  "nlp": _run_image,  # experiments/nlp.py resolves to an image-runner config (token ids)
-}
-
-
-# The test hook of tests/reproduce/test_paper_first_round.py: fields :func:`tiny` shrinks. Only
-# data sizes, round and task counts, the number of clients and the model's width change; the
-# architecture, the method's hyperparameters and everything else stay as resolved, so a budget
-# that cannot run fails in CI.
-TINY_TRAIN = 600
-TINY_WIDTH = {
-  "resnet8": {"stem_features": 16, "stage_features": (16, 16, 16)},
-  "resnet10": {"stem_features": 16, "stage_features": (16, 16, 16, 16)},
-  "alexnet8": {"fc_features": 64},
-}
-
-
-def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
-  """``config`` shrunk to its first rounds on tiny data (two rounds for image claims: FedProj
-  skips its projection in round 0, so the second is its first projected round)."""
-  c = dict(config)
-  if claim.kind == "image":
-    c.update(rounds=2, local_epochs=1, eval_every=1, test_subset=0, eval_batch_size=100)
-    c["num_clients"] = min(c["num_clients"], 10)  # ExDir(2, .) needs 5+ to cover 10 classes
-    # A sequential chain keeps its clients per round (SFedKD's teachers come from them).
-    sequential = claim.entry.endswith("sequential.py")
-    c["clients_per_round"] = min(c["clients_per_round"], 10 if sequential else 2)
-    c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
-    if c.get("train_subset"):  # keep a held-out part where the budget has one
-      c["train_subset"] = TINY_TRAIN * 9 // 10
-  elif claim.kind == "nlp":
-    # The hub checkpoint cannot be fetched offline: a random-init tiny encoder of the same family
-    # (its loading is tested on a real checkpoint in tests/models/test_bert.py).
-    c.update(rounds=2, local_epochs=1, eval_every=1, num_clients=4, clients_per_round=2)
-    c.update(train_subset=0, test_subset=0, max_len=16, batch_size=8, eval_batch_size=100)
-    kwargs = {k: v for k, v in dict(c.get("model_kwargs", {})).items() if k != "checkpoint"}
-    c.update(checkpoint="", bert_size="tiny", model_kwargs={**kwargs, "size": "tiny"})
-    if c.get("public_size"):
-      c.update(public_size=32, memory_size=min(c.get("memory_size", 32), 32))
-  elif claim.kind == "continual":
-    c.update(num_clients=4, clients_per_round=2, rounds_per_task=1, local_epochs=1, num_tasks=2)
-    c.update(train_per_task=TINY_TRAIN, test_per_task=100, fl_later_rounds=0)
-  else:
-    c.update(rounds=1, pretrain_steps=min(c.get("pretrain_steps", 0), 5))
-  return c
 
 
 # Kinds whose runs checkpoint (training/loop.py) and so continue where a stopped attempt ended.
@@ -729,13 +500,41 @@ def run_one(
   failed (raised, other than a stop request) leaves ``<method>-seed<k>.failed`` with it, and
   another worker of the same command leaves that run alone (:class:`RunLocked`), so a failing run
   is tried once per command and listed once; a later command retries it.
+
+  The phases: :func:`_lock_run`, :func:`_claim_run` and :func:`_prepare_work` (lock, re-check,
+  resume), :func:`_execute` (the entry point's run), :func:`_result_record` and
+  :func:`_write_result` (record, write).
   """
-  from filelock import FileLock, Timeout
-
-  from fedjax_proj.training.signals import TrainingInterrupted
-
   config = config or resolve_config(claim, budget, method, seed, data_root)
   path = result_path(results, claim.name, budget, method, seed)
+  lock = _lock_run(path)
+  try:
+    fp = fingerprint(config)
+    failed = _claim_run(path, fp, attempt)
+    if on_start is not None:  # the run is this process's now (the runner announces it)
+      on_start()
+    work = path.with_suffix(".work")
+    code = code_fingerprint()  # of the source files as the run starts
+    earlier = _prepare_work(work, claim, fp, code, log)
+    start = time.time()
+    metrics, curve, diverged = _execute(
+      claim, config, data_root, work, earlier, start, failed, attempt, log
+    )
+    result = _result_record(
+      claim, budget, method, seed, config, data_root, deviations, code, earlier, start,
+      metrics, curve, diverged,
+    )  # fmt: skip
+    _write_result(path, result, work, failed, lock)
+    return result
+  finally:
+    lock.release()
+
+
+def _lock_run(path: Path):
+  """Takes the run's lock ``<method>-seed<k>.lock`` without waiting; returns the held
+  ``filelock.FileLock``. Raises :class:`RunLocked` where another process holds it."""
+  from filelock import FileLock, Timeout
+
   path.parent.mkdir(parents=True, exist_ok=True)
   lock = FileLock(str(path.with_suffix(".lock")))
   try:
@@ -744,106 +543,159 @@ def run_one(
     raise RunLocked(
       f"{path.name} is being run by another process (lock {path.with_suffix('.lock')}); left to it"
     ) from None
-  try:
-    fp = fingerprint(config)
-    state = status(path, fp)
-    if state == "done":  # another process finished it while this one waited in its queue
-      raise RunLocked(f"{path.name} was finished by another process meanwhile")
-    failed = path.with_suffix(".failed")
-    if attempt is not None and _failed_in(failed, attempt):
-      raise RunLocked(f"{path.name} failed in another job of this command; a rerun retries it")
-    if state == "corrupt":
-      path.replace(path.with_suffix(".json.corrupt"))
-    if on_start is not None:  # the run is this process's now (the runner announces it)
-      on_start()
-    work = path.with_suffix(".work")
-    code = code_fingerprint()  # of the source files as the run starts
-    earlier, why_not = resumable(work, claim, fp, code)
-    if earlier is None:
-      if why_not:
-        log(f"{path.stem}: a stopped attempt is not continued, {why_not}; starting afresh")
-      shutil.rmtree(work, ignore_errors=True)
-      work.mkdir(parents=True, exist_ok=True)
-      earlier = {"fingerprint": fp, "code": code, "seconds": 0.0, "sessions": 0}
-      _write_resume_record(work, earlier, None)  # a killed attempt (no handler ran) resumes too
-    else:
-      log(
-        f"resuming {path.stem} from its checkpoint after round {earlier['round']} in {work} "
-        f"(same config and code; {earlier['seconds']:.0f} s spent in {earlier['sessions']} "
-        "earlier session(s))"
-      )
-    start = time.time()
-    diverged = None
-    runner_config = substitute_data(config, data_root)
-    if earlier.get("round"):
-      runner_config["resume"] = True  # a RUN_FIELD: the same computation, continued
-    try:
-      metrics, curve = RUNNERS[claim.kind](claim, runner_config, work, log)
-    except Diverged as e:
-      # Recorded, never retried (docs/reproduction.md, "Results"). The curve up to the last finite
-      # round is what the run logged before it stopped.
-      logged = work / "metrics.jsonl"
-      metrics, curve = {}, _read_curve(logged) if logged.is_file() else []
-      diverged = {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
-    except BaseException as e:
-      # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,
-      # with the time spent, so the result's wall_seconds counts every session.
-      _write_resume_record(work, earlier, time.time() - start)
-      if isinstance(e, TrainingInterrupted):
-        # A stop request: the round loop saved a checkpoint after its round. The loop's message
-        # names an entry point's --resume flag; here the same command continues it.
-        after = f" after round {e.round}" if e.round else ""
-        raise TrainingInterrupted(
-          f"{signal.Signals(e.signum).name} received: {path.stem} stopped{after}; run the same "
-          "command again to continue it from its newest checkpoint",
-          e.round,
-          e.signum,
-          e.saved,
-        ) from e
-      if attempt is not None and isinstance(e, Exception):
-        with contextlib.suppress(OSError):  # written under the run lock: no other job starts it
-          failed.write_text(json.dumps({"attempt": attempt, "error": f"{type(e).__name__}: {e}"}))
-      raise
-    # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
-    detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
-    commit = git_commit()
-    machine = machine_info()
-    deviations = list(  # the planned ones (the runner's queue) already hold the data's
-      dict.fromkeys(
-        [*(deviations or []), *data_deviations(config, data_root), *arithmetic_deviations(machine)]
-      )
-    )
-    result = {
-      "claim": claim.name,
-      "budget": budget,
-      "method": method,
-      "seed": seed,
-      "metrics": metrics,
-      "curve": curve,
-      "detail": detail,
-      "wall_seconds": earlier["seconds"] + time.time() - start,  # every session of the run
-      "fingerprint": fingerprint(config, deviations),
-      "config": config,
-      "deviations": deviations,
-      "git_commit": commit,
-      "code": {"git_commit": commit, "fingerprint": code},
-      "load_average": list(os.getloadavg()),
-      "machine": machine,
-      **({"diverged": diverged} if diverged else {}),
-      **({"resumed_from_round": earlier["round"]} if earlier.get("round") else {}),
-      "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    problem = check_result(result)
-    if problem:
-      raise RuntimeError(f"{claim.name} {budget} {method} seed {seed}: invalid result ({problem})")
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    tmp.replace(path)
+  return lock
+
+
+def _claim_run(path: Path, fp: str, attempt: str | None) -> Path:
+  """Under the lock, checks that the run is still due: not finished by another process meanwhile,
+  not failed in another job of the same ``attempt`` (either: :class:`RunLocked`); keeps a corrupt
+  result aside as ``<name>.json.corrupt``. Returns the run's ``.failed`` marker path."""
+  state = status(path, fp)
+  if state == RunState.DONE:  # another process finished it while this one waited in its queue
+    raise RunLocked(f"{path.name} was finished by another process meanwhile")
+  failed = path.with_suffix(".failed")
+  if attempt is not None and _failed_in(failed, attempt):
+    raise RunLocked(f"{path.name} failed in another job of this command; a rerun retries it")
+  if state == RunState.CORRUPT:
+    path.replace(path.with_suffix(".json.corrupt"))
+  return failed
+
+
+def _prepare_work(work: Path, claim: Claim, fp: str, code: str, log) -> dict:
+  """The work folder of a run about to start: a stopped attempt's checkpoints continued where
+  :func:`resumable` allows (logged), else the folder cleared and a fresh resume record written.
+  Returns the attempt record (``fingerprint``, ``code``, ``seconds`` and ``sessions`` so far, and
+  ``round`` when continuing)."""
+  earlier, why_not = resumable(work, claim, fp, code)
+  if earlier is None:
+    if why_not:
+      log(f"{work.stem}: a stopped attempt is not continued, {why_not}; starting afresh")
     shutil.rmtree(work, ignore_errors=True)
-    failed.unlink(missing_ok=True)
-    # Removed while still held: a process that opened it before finds the result done once it
-    # gets the lock, and a later one makes a new file. A finished run leaves no empty .lock.
-    Path(lock.lock_file).unlink(missing_ok=True)
-    return result
-  finally:
-    lock.release()
+    work.mkdir(parents=True, exist_ok=True)
+    earlier = {"fingerprint": fp, "code": code, "seconds": 0.0, "sessions": 0}
+    _write_resume_record(work, earlier, None)  # a killed attempt (no handler ran) resumes too
+  else:
+    log(
+      f"resuming {work.stem} from its checkpoint after round {earlier['round']} in {work} "
+      f"(same config and code; {earlier['seconds']:.0f} s spent in {earlier['sessions']} "
+      "earlier session(s))"
+    )
+  return earlier
+
+
+def _execute(
+  claim: Claim,
+  config: dict,
+  data_root: Path,
+  work: Path,
+  earlier: dict,
+  start: float,
+  failed: Path,
+  attempt: str | None,
+  log,
+) -> tuple[dict, list[dict], dict | None]:
+  """Runs the claim's entry point (:data:`RUNNERS`) in ``work``; returns (metrics, curve,
+  diverged), ``diverged`` None unless the run diverged (then no metrics and the curve it logged).
+
+  A run that stops (a signal, a crash) keeps its checkpoints and the time spent for the next
+  attempt; a stop request is re-raised naming the command that continues it, and a failure under
+  ``attempt`` leaves the ``failed`` marker."""
+  from fedjax_proj.training.signals import TrainingInterrupted
+
+  runner_config = substitute_data(config, data_root)
+  if earlier.get("round"):
+    runner_config["resume"] = True  # a RUN_FIELD: the same computation, continued
+  try:
+    metrics, curve = RUNNERS[claim.kind](claim, runner_config, work, log)
+  except Diverged as e:
+    # Recorded, never retried (docs/reproduction.md, "Results"). The curve up to the last finite
+    # round is what the run logged before it stopped.
+    logged = work / "metrics.jsonl"
+    curve = _read_curve(logged) if logged.is_file() else []
+    return {}, curve, {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
+  except BaseException as e:
+    # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,
+    # with the time spent, so the result's wall_seconds counts every session.
+    _write_resume_record(work, earlier, time.time() - start)
+    if isinstance(e, TrainingInterrupted):
+      # A stop request: the round loop saved a checkpoint after its round. The loop's message
+      # names an entry point's --resume flag; here the same command continues it.
+      after = f" after round {e.round}" if e.round else ""
+      raise TrainingInterrupted(
+        f"{signal.Signals(e.signum).name} received: {work.stem} stopped{after}; run the same "
+        "command again to continue it from its newest checkpoint",
+        e.round,
+        e.signum,
+        e.saved,
+      ) from e
+    if attempt is not None and isinstance(e, Exception):
+      with contextlib.suppress(OSError):  # written under the run lock: no other job starts it
+        failed.write_text(json.dumps({"attempt": attempt, "error": f"{type(e).__name__}: {e}"}))
+    raise
+  return metrics, curve, None
+
+
+def _result_record(
+  claim: Claim,
+  budget: str,
+  method: str,
+  seed: int,
+  config: dict,
+  data_root: Path,
+  deviations: list[str] | None,
+  code: str,
+  earlier: dict,
+  start: float,
+  metrics: dict,
+  curve: list[dict],
+  diverged: dict | None,
+) -> dict:
+  """The result of a finished (or diverged) run: its metrics, curve, config, deviations, code,
+  machine and time over every session; checked by :func:`check_result` (a RuntimeError names
+  what is invalid)."""
+  # What a runner returns beyond the claim's metrics (e.g. the continual accuracy matrix).
+  detail = {k: metrics.pop(k) for k in list(metrics) if k not in claim.metrics}
+  commit = git_commit()
+  machine = machine_info()
+  deviations = list(  # the planned ones (the runner's queue) already hold the data's
+    dict.fromkeys(
+      [*(deviations or []), *data_deviations(config, data_root), *arithmetic_deviations(machine)]
+    )
+  )
+  result = {
+    "claim": claim.name,
+    "budget": budget,
+    "method": method,
+    "seed": seed,
+    "metrics": metrics,
+    "curve": curve,
+    "detail": detail,
+    "wall_seconds": earlier["seconds"] + time.time() - start,  # every session of the run
+    "fingerprint": fingerprint(config, deviations),
+    "config": config,
+    "deviations": deviations,
+    "git_commit": commit,
+    "code": {"git_commit": commit, "fingerprint": code},
+    "load_average": list(os.getloadavg()),
+    "machine": machine,
+    **({"diverged": diverged} if diverged else {}),
+    **({"resumed_from_round": earlier["round"]} if earlier.get("round") else {}),
+    "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+  }
+  problem = check_result(result)
+  if problem:
+    raise RuntimeError(f"{claim.name} {budget} {method} seed {seed}: invalid result ({problem})")
+  return result
+
+
+def _write_result(path: Path, result: dict, work: Path, failed: Path, lock) -> None:
+  """Writes ``result`` to ``path`` atomically, then clears the run's work folder, its ``.failed``
+  marker and its lock file (the lock itself is released by the caller)."""
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+  tmp.replace(path)
+  shutil.rmtree(work, ignore_errors=True)
+  failed.unlink(missing_ok=True)
+  # Removed while still held: a process that opened it before finds the result done once it
+  # gets the lock, and a later one makes a new file. A finished run leaves no empty .lock.
+  Path(lock.lock_file).unlink(missing_ok=True)

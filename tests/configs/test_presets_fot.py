@@ -257,7 +257,7 @@ def test_client_chunk_is_the_runs_flag_not_fots(capsys):
 
 
 def test_fot_claim_budgets_take_the_energy_rule_by_default():
-  # claims.py pins ε, its increment and the sketch width but not the rule: the budgets resolve it
+  # claims/ pins ε, its increment and the sketch width but not the rule: the budgets resolve it
   # from the entry point's paper preset, and their fingerprint changes with it (earlier results,
   # made with the authors' rule, turn stale instead of pairing with new ones).
   from fedjax_proj.reproduce import claims

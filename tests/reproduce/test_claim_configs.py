@@ -420,27 +420,33 @@ def test_moon_runs_the_papers_layout_and_the_cpu_budget_keeps_its_v1_layout():
 
 def test_the_code_fingerprint_leaves_out_exactly_the_report_side(tmp_path):
   """The code fingerprint covers what decides a run's numbers and nothing that only reads or draws
-  results: editing fedjax_proj/plot.py or reproduce/report.py keeps it, editing the runner, a
-  config module or an entry point changes it."""
+  results: editing fedjax_proj/plot.py or any file of reproduce/report/ (every one of them listed)
+  keeps it, editing the runner, a claim module, a config module or an entry point changes it."""
   package = run.REPO_ROOT / "fedjax_proj"
   names = {f.relative_to(run.REPO_ROOT).as_posix() for f in run.code_files()}
   assert {"fedjax_proj/reproduce/run.py", "fedjax_proj/configs/cifar10.py"} <= names
+  assert {"fedjax_proj/reproduce/claims/fedproj.py", "fedjax_proj/reproduce/runners.py"} <= names
   assert "experiments/cifar10.py" in names
   assert not {f"fedjax_proj/{r}" for r in run.REPORT_ONLY} & names
   assert all((package / r).is_file() for r in run.REPORT_ONLY)  # no stale entry
+  # A file added to the report package is report-side too, so it must be listed.
+  report_files = {f"reproduce/report/{f.name}" for f in (package / "reproduce/report").glob("*.py")}
+  assert len(report_files) > 1
+  assert report_files <= set(run.REPORT_ONLY)
 
   root = tmp_path / "repo"
-  for rel in ("plot.py", "reproduce/report.py", "reproduce/run.py", "configs/cifar10.py"):
+  code_side = ("reproduce/run.py", "reproduce/claims/fedproj.py", "configs/cifar10.py")
+  for rel in (*run.REPORT_ONLY, *code_side):
     (root / "fedjax_proj" / rel).parent.mkdir(parents=True, exist_ok=True)
     (root / "fedjax_proj" / rel).write_text("x = 1\n")
   (root / "experiments").mkdir()
   (root / "experiments" / "cifar10.py").write_text("x = 1\n")
   before = run.code_fingerprint(root)
-  for rel in ("fedjax_proj/plot.py", "fedjax_proj/reproduce/report.py"):
-    (root / rel).write_text("x = 2\n")
+  for rel in run.REPORT_ONLY:
+    (root / "fedjax_proj" / rel).write_text("x = 2\n")
     assert run.code_fingerprint(root) == before, rel
-  for rel in ("fedjax_proj/reproduce/run.py", "fedjax_proj/configs/cifar10.py"):
-    (root / rel).write_text("x = 2\n")
+  for rel in code_side:
+    (root / "fedjax_proj" / rel).write_text("x = 2\n")
     assert run.code_fingerprint(root) != before, rel
     before = run.code_fingerprint(root)
   (root / "experiments" / "cifar10.py").write_text("x = 2\n")

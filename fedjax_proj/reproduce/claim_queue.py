@@ -1,0 +1,254 @@
+"""A claim's queue (``python -m fedjax_proj.reproduce``): every (method, seed) run planned with the
+state of its result file (:class:`PlannedRun`), the queue's summary and ETA, and the runs, in this
+process seed by seed or in ``--jobs`` pinned workers (:mod:`.jobs`). See :mod:`.__main__` and
+docs/reproduction.md, "Results"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import NamedTuple
+
+from fedjax_proj.reproduce import claims as claims_lib
+from fedjax_proj.reproduce import jobs, report, run, sweep
+from fedjax_proj.training import signals
+from fedjax_proj.training.signals import TrainingInterrupted
+
+
+class PlannedRun(NamedTuple):
+  """One (method, seed) run of a claim's queue, as planned before any run starts."""
+
+  method: str
+  seed: int
+  config: dict  # the config it runs here (planned_config), {data} placeholders kept
+  deviations: list[str]  # its deviations from the budget on this machine
+  path: Path  # its result file
+  state: run.RunState  # its result file's state when planned
+
+
+def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
+  """The config a run uses on this machine and its deviations from the budget
+  (run.public_fallback: the paper's public set when TFDS cannot give it; run.data_deviations: a
+  lossy public set in a device pack). The run adds any of arithmetic (run.run_one)."""
+  config = sweep.config_for(claim, budget, method, seed, root)
+  config, deviations = run.public_fallback(config, root, claims_lib.PUBLIC)
+  return config, deviations + run.data_deviations(config, root)
+
+
+def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, root: Path) -> dict:
+  """{stem: fingerprint of today's config} for every result file in ``directory``, so a report
+  after running some methods or seeds still counts the others that are current."""
+  out = {}
+  for path in sorted(directory.glob("*-seed*.json")):
+    method, _, seed = path.stem.rpartition("-seed")
+    if method in claim.runnable and seed.isdigit():
+      out[path.stem] = run.fingerprint(planned_config(claim, budget, method, int(seed), root)[0])
+  return out
+
+
+def queue_summary(
+  plan: list[PlannedRun],
+  queue: list[PlannedRun],
+  recorded: dict,
+  rerun_stale: bool,
+  n_jobs: int = 1,
+  continuing: int = 0,
+) -> str:
+  """One line before the first run: what is done, what will run (``continuing`` of it from a
+  stopped attempt's checkpoint), what is left alone, and how long the queue takes in one process
+  at the mean wall time each method's results recorded (their machines' load included: the
+  results' ``load_average``; a continued run counted whole)."""
+  counts: dict[str, int] = {}
+  for p in plan:
+    counts[p.state] = counts.get(p.state, 0) + 1
+  parts = [f"{counts.get(run.RunState.DONE, 0)} done", f"{len(queue)} to run"]
+  if continuing:
+    parts[-1] += f" ({continuing} continuing from a checkpoint)"
+  parts += [
+    f"{counts[s]} {s}" for s in (run.RunState.MISSING, run.RunState.CORRUPT) if counts.get(s)
+  ]
+  if counts.get(run.RunState.STALE):
+    parts.append(
+      f"{counts[run.RunState.STALE]} stale"
+      + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
+    )
+  queued = {p.method for p in queue}
+  means = ", ".join(
+    f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
+  )
+  line = f"queue: {', '.join(parts)}; {report.eta([p.method for p in queue], recorded, n_jobs)}"
+  return line + (f" (mean per run: {means})" if means and queue else "")
+
+
+class RunsFailed(RuntimeError):
+  """Some (method, seed) runs of a claim raised; the others ran to the end."""
+
+  def __init__(self, failures: list[str], expected: dict):
+    self.expected = expected
+    super().__init__(
+      f"{len(failures)} run(s) failed (no result written; rerun the command to retry them):\n  "
+      + "\n  ".join(failures)
+    )
+
+
+def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: Path) -> dict:
+  """Runs the missing (method, seed) pairs seed by seed; returns {stem: fingerprint}.
+
+  A run that raises is reported and skipped, and the remaining runs go on; at the end
+  :class:`RunsFailed` lists every failure (the command then exits 1).
+  """
+  plan, expected, failed = [], {}, []
+  for seed in args.seed_list:
+    for method in args.method_list:
+      config, deviations = planned_config(claim, budget, method, seed, root)
+      fp = run.fingerprint(config)
+      expected[f"{method}-seed{seed}"] = fp
+      path = run.result_path(results, claim.name, budget, method, seed)
+      plan.append(PlannedRun(method, seed, config, deviations, path, run.status(path, fp)))
+  for note in sorted({d for p in plan for d in p.deviations}):
+    # Results record {data} (machine-independent); this machine's folder is what the user has.
+    print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
+  if claim.kind == "image":  # every run's config is valid before the first one starts
+    import ml_collections
+
+    from fedjax_proj.training.config import validate_config
+
+    for p in plan:
+      validate_config(ml_collections.ConfigDict(run.substitute_data(p.config, root)))
+  rerun = (run.RunState.MISSING, run.RunState.CORRUPT)
+  queue = [
+    p for p in plan if p.state in rerun or (p.state == run.RunState.STALE and args.rerun_stale)
+  ]
+  if claim.kind == "nlp" and not args.no_run:  # the queue's text data is here before a run starts
+    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p.config, root)))
+    if missing:
+      raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")
+  recorded = report.recorded_seconds(
+    run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
+  )
+  if not args.job_worker:  # a worker's parent prints the queue and its progress
+    code = run.code_fingerprint()
+    work = {p.path.with_suffix(".work"): expected[f"{p.method}-seed{p.seed}"] for p in queue}
+    continuing = sum(run.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
+    print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs, continuing), flush=True)
+  parallel = args.jobs > 1 and not args.no_run
+  ran = 0
+  signals.clear_stop_request()
+  for method, seed, config, deviations, path, state in plan:
+    tag = f"{claim.name} {budget} {method} seed {seed}"
+    if state == run.RunState.DONE:
+      print(f"skip {tag}: done with the same config ({path})", flush=True)
+      continue
+    if state == run.RunState.CORRUPT:
+      _, why = run.read_result(path)
+      print(f"corrupt {tag}: {path} ({why}); kept as {path.name}.corrupt and rerun", flush=True)
+    if state == run.RunState.STALE and not args.rerun_stale:
+      print(f"stale {tag}: {path} is from another config; rerun with --rerun_stale", flush=True)
+      continue
+    if args.no_run:
+      print(f"{state} {tag}", flush=True)
+      continue
+    if parallel:  # the workers run it
+      continue
+    signum = signals.stop_requested()
+    if signum is not None:  # caught in the previous run's last round, which then finished
+      name = signal.Signals(signum).name
+      print(f"stopped before {tag}: {name} arrived as the previous run ended", flush=True)
+      raise TrainingInterrupted(f"{name} received; {tag} not started", 0, signum, True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+      result = run.run_one(
+        claim,
+        budget,
+        method,
+        seed,
+        results=results,
+        data_root=root,
+        config=config,
+        deviations=deviations,
+        on_start=lambda tag=tag, state=state: print(f"run {tag} ({state})", flush=True),
+        attempt=args.job_attempt or None,
+      )
+    except run.RunLocked as e:  # another process runs it: leave it alone, not a failure
+      print(f"locked {tag}: {e}", flush=True)
+      continue
+    except TrainingInterrupted as e:
+      # A stop request (SIGTERM from a scheduler or `kill`) stops the queue, not just this run:
+      # the next run would start only to be killed too. The run saved a checkpoint after its
+      # round: a rerun of the command continues it from there (run.resumable).
+      print(f"stopped {tag}: {e}", flush=True)
+      raise
+    except Exception as e:  # noqa: BLE001 - one failed run must not cost the queued ones
+      # An hours-long queue of runs goes on past a run that fails (a crash, missing data; a
+      # diverging loss is an outcome, recorded as a diverged result); the failures are listed
+      # at the end and make the command exit 1. No result file is written, so a rerun retries
+      # exactly the failed runs.
+      failed.append(f"{tag}: {type(e).__name__}: {e}")
+      print(f"FAILED {tag}: {type(e).__name__}: {e}", flush=True)
+      traceback.print_exc()
+      continue
+    summary = ", ".join(f"{k}={v:.2f}" for k, v in result["metrics"].items())
+    if result.get("diverged"):
+      d = result["diverged"]
+      summary = f"DIVERGED after round {d['last_finite_round']} ({d['error']}), recorded"
+    print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
+    ran += 1
+    recorded.setdefault(method, []).append(result["wall_seconds"])
+    if not args.job_worker:
+      left = [p.method for p in queue[ran:]]
+      print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
+  if parallel and queue:
+    failed = run_in_jobs(args, claim, budget, root, results, queue, recorded)
+  if failed:
+    raise RunsFailed(failed, expected)
+  return expected
+
+
+# Worker lines the parent has printed itself (the plan's statuses) or that only say a run was
+# left to another worker.
+_QUIET = ("skip ", "stale ", "corrupt ", "deviation: ", "locked ")
+
+
+def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, recorded) -> list:
+  """Runs ``queue`` in ``args.jobs`` pinned worker processes (:mod:`.jobs`), relaying their
+  lines and the queue's progress; returns the failures (the workers' FAILED lines). A worker
+  stopped by a signal stops the parent as a single runner's stop request does."""
+  left = {f"{claim.name} {budget} {p.method} seed {p.seed}": (p.method, p.path) for p in queue}
+  failed, lock = [], threading.Lock()
+
+  def on_line(k: int, line: str) -> None:
+    with lock:
+      if line.startswith(_QUIET):
+        return
+      print(f"[job {k}] {line}", flush=True)
+      if line.startswith("FAILED "):
+        failed.append(line[len("FAILED ") :])
+      if line.startswith("done "):
+        method, path = left.pop(line[len("done ") :].split(":", 1)[0], (None, None))
+        result = run.read_result(path)[0] if path is not None else None
+        if result is not None:  # its time sharpens the estimate, as in one process
+          recorded.setdefault(method, []).append(float(result["wall_seconds"]))
+        done = len(queue) - len(left)
+        eta = report.eta([m for m, _ in left.values()], recorded, args.jobs)
+        print(f"queue: {done} of {len(queue)} run; {eta}", flush=True)
+
+  attempt = f"{os.getpid()}-{time.time_ns()}"  # one name per command: a failing run runs once
+  argv = jobs.worker_argv(args, claim.name, budget, root, results, attempt)
+  print(f"starting {args.jobs} jobs, cores {jobs.core_shares(args.jobs)}", flush=True)
+  # In this process's working directory: relative --results/--data mean the same, and the
+  # workers import fedjax_proj as this process did (installed, $PYTHONPATH or the directory).
+  codes = jobs.run_workers(argv, args.jobs, on_line)
+  # A worker stopped by a signal exits 128+n (a run's stop request) or -n (killed by it).
+  stopped = [-c if c < 0 else c - 128 for c in codes if c < 0 or c > 128]
+  if stopped:
+    raise TrainingInterrupted(
+      f"{len(stopped)} of {len(codes)} job(s) stopped by a signal", 0, stopped[0], False
+    )
+  odd = [f"job {k} exited with {c}" for k, c in enumerate(codes) if c not in (0, 1)]
+  if any(c == 1 for c in codes) and not failed:
+    odd.append("a job exited with 1 (its lines above say why)")
+  return failed + odd

@@ -1,0 +1,127 @@
+"""FedGKD's claims (paper 002): CIFAR-10 at alpha = 0.1 and AG News."""
+
+from __future__ import annotations
+
+from fedjax_proj.reproduce.claims.common import Budget, Claim, Ordering, Replication
+from fedjax_proj.reproduce.claims.fedproj import FEDPROJ_SD, FEDPROJ_SD_SOURCE
+from fedjax_proj.reproduce.claims.presets import CIFAR_CPU, IMAGE_METHOD_KW, NLP_SMOKE
+
+# --- FedGKD (paper 002: CIFAR-10, alpha = 0.1) --------------------------------------------------
+
+FEDGKD_METHODS = ("fedavg", "fedgkd", "fedgkd_vote")
+# The cpu budget on FedGKD's preset: the FedProj cpu budget's CNN and schedule at the paper's
+# Dir(0.1), on the paper's 90% training split (VOTE's server validation uses the other 10%).
+FEDGKD_CPU = {
+  **{k: v for k, v in CIFAR_CPU.items() if k not in ("public_data", "public_size", "memory_size")},
+  "partition": "dirichlet:0.1",
+  "train_subset": 45_000,
+  "model_kwargs": {},
+  "eval_every": 1,  # the best accuracy over the rounds (002 Table 3) needs every round
+}
+FEDGKD = Claim(
+  name="fedgkd-cifar10",
+  reference="002 Table 3 (tbl:table_compare, best accuracy over rounds) and Table 6 "
+  "(tbl:acc_straggler, round 100), CIFAR-10 alpha=0.1, 20 clients C=0.2",
+  preset="fedgkd_paper",
+  entry="experiments/cifar10.py",
+  kind="image",
+  methods=FEDGKD_METHODS,
+  headline="fedgkd",
+  metrics=("best_test_accuracy", "test_accuracy"),
+  # Table 3 is the best accuracy over the rounds (its α = 0.5 row equals Table 5's "Best" column);
+  # Table 6 gives the final (round 100) accuracy at α = 0.1.
+  paper={
+    "fedavg": {"best_test_accuracy": 69.22, "test_accuracy": 40.09},
+    "fedgkd": {"best_test_accuracy": 72.27, "test_accuracy": 64.84},
+    "fedgkd_vote": {"best_test_accuracy": 72.99, "test_accuracy": 64.87},
+  },
+  orderings=(
+    Ordering("fedgkd", "fedavg", "best_test_accuracy"),
+    Ordering("fedgkd_vote", "fedavg", "best_test_accuracy"),
+    Ordering("fedgkd", "fedavg", "test_accuracy"),
+    Ordering("fedgkd_vote", "fedavg", "test_accuracy"),
+  ),
+  budgets={
+    # The fedgkd_paper preset (002 Sec. 5): ResNet-8 with GroupNorm (16 channels per group), 45k
+    # training images, 20 clients C = 0.2, 100 rounds x 20 local epochs, SGD 0.05; buffer M = 5
+    # (002 Table 7: M = 5 gives Table 3's 72.27 at α = 0.1), VOTE's server-side validation.
+    # Evaluated every round: Table 3 is the best accuracy over the rounds.
+    "paper": Budget(
+      {"data_dir": "{data}/cifar10", "eval_every": 1},
+      seeds=10,
+      power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
+      power_source=FEDPROJ_SD_SOURCE + ", borrowed (no FedGKD run exists)",
+    ),
+    "cpu": Budget(
+      FEDGKD_CPU,
+      IMAGE_METHOD_KW,
+      "the fedproj-cifar10 cpu budget (CNN, 8 rounds x 1 local epoch, Adam) at the paper's "
+      "stronger skew Dir(0.1) on the paper's 45k training split",
+      seeds=10,
+      power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
+      power_source=FEDPROJ_SD_SOURCE + ", borrowed (no FedGKD run exists)",
+      # Protocol v2: one metric for both of the paper's tables (Table 6's final accuracy, Table 3's
+      # best over rounds), with Table 3's smaller gaps as the effects.
+      v2=Replication(
+        7,
+        1.83,
+        "fedgkd-cifar10 cpu v1 results, seeds 0-9 (commits 942681b, 0f1cb09)",
+        effect_metric="best_test_accuracy",
+      ),
+    ),
+    "smoke": Budget(
+      {
+        **FEDGKD_CPU,
+        "num_clients": 10,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "train_subset": 2000,
+        "test_subset": 500,
+        "eval_every": 1,
+      },
+      IMAGE_METHOD_KW,
+      "wiring only",
+    ),
+  },
+)
+
+
+FEDGKD_AGNEWS = Claim(
+  name="fedgkd-agnews",
+  reference="002 NLP table (DistilBERT, 4 participants a round, 10 rounds), AG News alpha=0.1",
+  preset="fedgkd_paper",
+  entry="experiments/nlp.py",
+  kind="nlp",
+  methods=("fedavg", "fedgkd"),
+  headline="fedgkd",
+  metrics=("test_accuracy",),
+  paper={"fedavg": {"test_accuracy": 89.19}, "fedgkd": {"test_accuracy": 89.60}},
+  orderings=(Ordering("fedgkd", "fedavg", "test_accuracy"),),
+  budgets={
+    # The fedgkd_paper preset's fields (002 Sec. 5), pinned.
+    "paper": Budget(
+      dict(
+        checkpoint="distilbert-base-uncased",
+        bert_size="distilbert",
+        num_clients=20,
+        clients_per_round=4,
+        rounds=10,
+        local_epochs=1,
+        optimizer="adam",
+        lr=1e-5,
+        weight_decay=0.0,
+        batch_size=64,
+        partition="dirichlet:0.1",
+        train_subset=60_000,
+        public_data="",
+        public_size=0,
+      ),  # fmt: skip
+      {"fedgkd": {"method_kwargs": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0}}},
+    ),
+    "smoke": Budget(
+      {**NLP_SMOKE, "partition": "dirichlet:0.1", "public_data": "", "public_size": 0},
+      note="wiring only",
+    ),
+  },
+  entry_kwargs={"task": "ag_news"},
+)

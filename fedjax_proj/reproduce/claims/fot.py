@@ -1,0 +1,151 @@
+"""FOT's claims (paper 003, Table 1): permuted MNIST, non-IID and IID."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, _beats
+
+# --- FOT on permuted MNIST (paper 003, Table 1) -----------------------------------------------
+
+FOT_METHODS = ("fl", "ewc", "er", "gpm", "fot")
+FOT_METHOD_KW = {
+  # 003 F.2/F.4: per-client Fishers, λ = 40 on PMNIST, the Fisher as F.2 describes it (not
+  # rescaled; the max-normalised Fisher is the ``ewc-maxnorm`` ablation).
+  "ewc": {"method_kwargs": {"lam": 40.0, "fisher": "client", "normalize": False}},
+  # F.4: 125 stored examples among 125 clients, i.e. one per client per task.
+  "er": {"method_kwargs": {"buffer_per_task": 1}},
+  # F.4 gives no GPM threshold. 0.95 on every layer, pre-registered; GPM's own PMNIST code uses
+  # 0.95 only for the first layer and 0.99 for the others (docs/fot.md, "GPM+FL").
+  "gpm": {"method_kwargs": {"threshold": 0.95}},
+}
+# Measured on FOT at ε 0.90 (the ablation below) and EWC with its max-normalised Fisher against the
+# others, the only FOT runs there were when the protocol was set.
+FOT_SD = {"acc": 0.94, "fgt": 0.7}
+FOT_SD_SOURCE = "fot-pmnist-noniid cpu results (1-5 seeds per method, commits up to c96894d)"
+# 003 Table 9: FOT's ε, 0.96 non-IID and 0.94 IID (the headline uses the paper's).
+FOT_EPS = {False: 0.96, True: 0.94}
+FOT_ABLATIONS = {
+  # Every FOT result before the threshold rule became a setting ran the authors' rule, which
+  # fills the layers' input spaces (docs/fot.md, "The threshold rule"); the claim's FOT follows
+  # the paper's text (the energy rule), and those results are this ablation's.
+  "fot-authors-rule": Ablation(
+    "fot",
+    {"threshold_rule": "authors"},
+    "the authors' code's threshold rule instead of the paper's text (docs/fot.md)",
+  ),
+  # Chosen after ε 0.96 lost to FL at the cpu budget, under the authors' rule: an ablation, never
+  # the headline.
+  "fot-eps0.90": Ablation(
+    "fot",
+    {"eps": 0.90, "threshold_rule": "authors"},
+    "ε 0.90 instead of the paper's (chosen after seeing results), with the authors' rule",
+  ),
+  "ewc-maxnorm": Ablation(
+    "ewc", {"normalize": True}, "EWC's Fisher scaled to max 1 (not in 003 F.2)"
+  ),
+}
+PMNIST_CPU = dict(
+  data_dir="{data}/mnist",
+  num_clients=125,
+  clients_per_round=16,
+  rounds_per_task=20,
+  local_epochs=3,
+  batch_size=64,
+  lr=0.05,
+  momentum=0.0,
+  num_tasks=10,
+  train_per_task=30000,
+  test_per_task=2000,
+  weight_decay=1e-5,
+  fl_later_rounds=0,
+  ewc_normalize=False,
+  # The paper's network (003 F.3), as experiments/pmnist.py's presets build it.
+  hidden="400,400,400",
+  dropout="0.2,0.5,0.5",
+  heads="single",
+  eval_every=0,
+)
+
+
+def _fot(iid: bool, paper: Mapping[str, tuple[float, float]], seeds: int) -> Claim:
+  split = "iid" if iid else "noniid"
+  method_kw = {
+    **FOT_METHOD_KW,
+    "fot": {
+      "method_kwargs": {
+        "eps": FOT_EPS[iid],
+        "eps_inc": 0.0,
+        "sketch_multiplier": 1.0,
+        "threshold_rule": "energy",  # the paper's text (docs/fot.md, "The threshold rule")
+      }
+    },
+  }
+  smoke = {
+    **PMNIST_CPU,
+    "iid": iid,
+    "num_clients": 10,
+    "clients_per_round": 5,
+    "rounds_per_task": 2,
+    "local_epochs": 1,
+    "num_tasks": 3,
+    "train_per_task": 1000,
+    "test_per_task": 300,
+    "hidden": "64,64",
+    "dropout": "0.2,0.5",
+  }
+  return Claim(
+    name=f"fot-pmnist-{split}",
+    reference=f"003 Table 1, PMNIST {'IID' if iid else 'non-IID'} (ACC and FGT, %)",
+    preset="paper",
+    entry="experiments/pmnist.py",
+    kind="continual",
+    methods=FOT_METHODS,
+    headline="fot",
+    metrics=("acc", "fgt"),
+    paper={m: {"acc": a, "fgt": f} for m, (a, f) in paper.items()},
+    orderings=_beats("fot", FOT_METHODS[:-1], ("acc", "fgt")),
+    budgets={
+      "paper": Budget(
+        {"iid": iid, "data_dir": "{data}/mnist"},
+        power_sd=FOT_SD,
+        seeds=seeds,
+        power_source=FOT_SD_SOURCE + ", borrowed (no paper-budget run exists)",
+      ),
+      "cpu": Budget(
+        {**PMNIST_CPU, "iid": iid},
+        method_kw,
+        "experiments/pmnist.py's measured cpu budget (docs/fot.md), pinned: 10 tasks, 20 rounds "
+        "per task of 3 local epochs, so the shared network drifts to each new permutation",
+        seeds=seeds,
+        power_sd=FOT_SD,
+        power_source=FOT_SD_SOURCE + ("" if not iid else ", borrowed for IID"),
+      ),
+      "smoke": Budget(smoke, method_kw, "wiring only"),
+    },
+    ablations=FOT_ABLATIONS,
+  )
+
+
+FOT_NONIID = _fot(
+  False,
+  {
+    "fl": (80.06, 9.21),
+    "ewc": (81.14, 10.78),
+    "er": (82.77, 9.32),
+    "gpm": (72.17, 22.6),
+    "fot": (85.21, 1.97),
+  },
+  seeds=6,
+)
+FOT_IID = _fot(
+  True,
+  {
+    "fl": (85.68, 8.29),
+    "ewc": (86.74, 8.84),
+    "er": (88.61, 6.62),
+    "gpm": (88.27, 6.88),
+    "fot": (90.35, 1.75),
+  },
+  seeds=8,
+)

@@ -1,0 +1,90 @@
+"""How long runs take: the wall seconds a budget's results recorded, the queue's ETA, and the
+report's line on what the verdicts still lack and its time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedjax_proj.reproduce import protocol, run
+from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce.report.results import _seed_ranges, backend_of
+
+
+def recorded_seconds(directory: Path, backend: str | None = None) -> dict[str, list[float]]:
+  """{method: wall seconds of every valid result in ``directory``}, stale ones included (same
+  budget, older config or code): what the runs of this budget took where they ran. With
+  ``backend``, only results that ran on it (a GPU run's seconds say nothing of a CPU's)."""
+  out: dict[str, list[float]] = {}
+  for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
+    result, _ = run.read_result(path)
+    if result is not None and backend is not None and backend_of(result) != backend:
+      continue
+    if result is not None and isinstance(result.get("wall_seconds"), int | float):
+      out.setdefault(result["method"], []).append(float(result["wall_seconds"]))
+  return out
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 90:
+    return f"{seconds:.0f} s"
+  return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -> str:
+  """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
+  method, in one process and, with ``n_jobs`` > 1, spread over that many (assumed to share the
+  runs evenly); methods never recorded are named, not guessed."""
+  if not methods:
+    return "nothing left"
+  known = [m for m in methods if recorded.get(m)]
+  unknown = sorted({m for m in methods if not recorded.get(m)})
+  total = sum(sum(recorded[m]) / len(recorded[m]) for m in known)
+  parts = []
+  if known:
+    spread = f"about {_duration(total / n_jobs)} with {n_jobs} jobs, " if n_jobs > 1 else ""
+    parts.append(
+      f"{spread or 'about '}{_duration(total)} in one process for {len(known)} run(s) at this "
+      "budget's recorded times"
+    )
+  if unknown:
+    parts.append(
+      f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
+      # Timing a step of every method as the entry points do would load the data and compile
+      # each method's round: minutes before a queue is even listed. One seed's runs time them.
+      + ("" if known else ": no estimate; run one seed (--seeds=0) to get one")
+    )
+  return "; ".join(parts)
+
+
+def completion_lines(
+  claim: Claim, found: dict, budget: str, diverged: dict | None = None
+) -> list[str]:
+  """What the verdicts still lack: the pre-registered (method, seed) runs without a current
+  result (a diverged one is an outcome, not missing), and their time at the mean wall time this
+  budget's CPU results recorded."""
+  b = claim.budgets.get(budget)
+  if b is None:
+    return []
+  done = {m: {**found.get(m, {}), **(diverged or {}).get(m, {})} for m in claim.at(budget).methods}
+  missing = {m: [s for s in b.declared if s not in done[m]] for m in claim.at(budget).methods}
+  missing = {m: s for m, s in missing.items() if s}
+  if not missing:
+    return []
+  # The docs' estimate is for a CPU machine: a GPU run's seconds would understate it many times.
+  recorded = {
+    m: [
+      float(r["wall_seconds"])
+      for r in rs.values()
+      if "wall_seconds" in r and backend_of(r) == "cpu"
+    ]
+    for m, rs in found.items()
+  }
+  queue = [m for m, seeds in missing.items() for _ in seeds]
+  runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
+  v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
+  return [
+    f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
+    f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}` runs them: "
+    f"{eta(queue, recorded)}.",
+    "",
+  ]
