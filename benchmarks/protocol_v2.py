@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 
 from fedjax_proj.reproduce import claims, protocol, report, run, stats  # noqa: E402
 
-BUDGETS = ("cpu", "drift")
+BUDGETS = ("cpu", "drift", "mnist")
 
 
 def _late(result: dict, k: int) -> float | None:

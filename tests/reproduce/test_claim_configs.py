@@ -125,6 +125,20 @@ def test_v2_view_scores_each_v1_ordering_once_on_seeds_no_v1_verdict_uses():
           protocol.v2_view(claim, budget)
 
 
+def test_a_continual_replication_scores_the_claims_own_orderings_on_acc_and_fgt():
+  for claim in (claims.FOT_NONIID, claims.FOT_IID):
+    r = claim.budgets["cpu"].v2
+    view = protocol.v2_view(claim, "cpu")
+    assert r.metrics == ("acc", "fgt") and view.metrics == ("acc", "fgt")
+    # Every v1 ordering once, on its own metric (FGT lower is better), none on the late mean.
+    assert view.orderings == claim.orderings and len(view.orderings) == 8
+    assert view.budgets["cpu"].power_sd == dict(r.power_sd)
+    assert protocol.paper_effect(view, "fot", "gpm", "fgt", True) == pytest.approx(
+      claim.paper["gpm"]["fgt"] - claim.paper["fot"]["fgt"]
+    )
+    assert view.budgets["cpu"].declared[0] == protocol.V2_FIRST_SEED
+
+
 def test_late_mean_is_the_mean_of_the_last_evaluations_and_refuses_short_curves():
   curve = [{"round": 1, "train_loss": 1.0}] + [
     {"round": r, "test_accuracy": a} for r, a in ((2, 0.1), (4, 0.3), (6, 0.2), (8, 0.4))
