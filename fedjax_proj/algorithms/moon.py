@@ -37,9 +37,9 @@ from fedjax_proj.core.types import Array, Batch, Model, PyTree
 
 # The paper's network is a base encoder, a projection head and an output layer, in that order
 # (Sec. 3.2: R_w is "the network before the output layer"), and the official code computes the
-# logits from the projection as well; docs/parity.md ("MOON") has the finding. Runs before the
-# fix computed the logits from the encoder's features: the claims keep them as the
-# ``moon-prehead`` ablation (fedjax_proj/reproduce/claims/).
+# logits from the projection as well (docs/parity.md, "What the rows found", MOON). Runs before the
+# fix computed the logits from the encoder's features; fedproj-cifar10's cpu budget keeps that
+# layout for its v1 verdicts (fedjax_proj/reproduce/claims/fedproj.py).
 MODEL_KWARGS = {"projection_dim": 256, "classifier_on_projection": True}
 
 

@@ -183,8 +183,9 @@ ADDED_HPARAMS = {
   ("fot", "threshold_rule"): "authors",
 }
 # Model options a method's runs built without recording them, with the value they built: left out
-# of the fingerprint at that value, as ADDED_FIELDS. MOON's runs before the parity fix (docs/
-# parity.md, "MOON") computed the logits from the encoder's features and recorded no model_kwargs.
+# of the fingerprint at that value, as ADDED_FIELDS. MOON's runs before the parity fix
+# (docs/parity.md, "What the rows found", MOON) computed the logits from the encoder's features
+# and recorded no model_kwargs.
 ADDED_MODEL_KWARGS = {
   ("moon", "projection_dim"): 256,
   ("moon", "classifier_on_projection"): False,

@@ -22,8 +22,9 @@ from fedjax_proj.reproduce.claims.presets import (
 # The fedproj-cifar10 cpu budget's MOON keeps the layout all its v1 runs computed: the logits from
 # the encoder's features, the projection head feeding only the contrastive term. The paper and its
 # code put the output layer on the projection head, and the registry does so since the parity suite
-# found it (docs/parity.md, "MOON"); this budget pins the earlier layout so that its v1 verdicts
-# stand as computed (docs/reproduction.md, "MOON's layout at the cpu budget"). Every other budget
+# found it (docs/parity.md, "What the rows found", MOON); this budget pins the earlier layout so
+# that its v1 verdicts stand as computed (MOON's layout,
+# docs/reproduction.md, "What the cpu-budget results say"). Every other budget
 # runs the paper's.
 CPU_METHOD_KW = {
   **IMAGE_METHOD_KW,
