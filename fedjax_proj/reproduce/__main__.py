@@ -150,11 +150,14 @@ def parse_args(argv) -> argparse.Namespace:
         f"claim {claim.name} budget {args.budget} declares no protocol v2 replication; those "
         f"that do: {', '.join(with_v2)}"
       )
-    declared = (
-      protocol.v2_view(claim, args.budget).budgets[args.budget].declared
-      if args.protocol == "v2"
-      else b.declared
-    )
+    try:
+      declared = (
+        protocol.v2_view(claim, args.budget).budgets[args.budget].declared
+        if args.protocol == "v2"
+        else b.declared
+      )
+    except ValueError as e:  # a replication declared with an unusable seed count
+      p.error(f"{e} (fedjax_proj/reproduce/claims/)")
     if args.seeds is not None and not _csv(args.seeds):  # given but empty: not the default
       p.error(
         f"--seeds={args.seeds} lists no seed; list them, e.g. --seeds=0,1,2, or leave the flag "

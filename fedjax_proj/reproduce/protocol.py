@@ -116,6 +116,11 @@ def v2_view(claim, budget: str):
   if b.v2 is None:
     raise ValueError(f"claim {claim.name} budget {budget} declares no protocol v2 replication")
   at, r = claim.at(budget), b.v2
+  if not MIN_SEEDS <= r.seeds <= V2_MAX_SEEDS:
+    raise ValueError(
+      f"claim {claim.name} budget {budget} declares a replication of {r.seeds} seeds; declare "
+      f"{MIN_SEEDS}..{V2_MAX_SEEDS}, the count `--protocol=v2 --power` recommends"
+    )
   metrics = v2_metrics(r)
   sd = dict(r.power_sd) if isinstance(r.power_sd, Mapping) else dict.fromkeys(metrics, r.power_sd)
   view = b._replace(

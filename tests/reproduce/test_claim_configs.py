@@ -137,6 +137,12 @@ def test_a_continual_replication_scores_the_claims_own_orderings_on_acc_and_fgt(
       claim.paper["gpm"]["fgt"] - claim.paper["fot"]["fgt"]
     )
     assert view.budgets["cpu"].declared[0] == protocol.V2_FIRST_SEED
+  # A replication without a usable seed count is refused by name, not an empty-sequence crash.
+  bad = claims.FOT_IID._replace(
+    budgets={"cpu": claims.FOT_IID.budgets["cpu"]._replace(v2=r._replace(seeds=0))}
+  )
+  with pytest.raises(ValueError, match="declares a replication of 0 seeds; declare 3..20"):
+    protocol.v2_view(bad, "cpu")
 
 
 def test_late_mean_is_the_mean_of_the_last_evaluations_and_refuses_short_curves():
