@@ -137,9 +137,20 @@ def run(args) -> dict:
   records: list = []
   instrument_gpm(records)
   t0 = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="continual_subspace_") as work:
-    metrics, _ = run_lib._run_continual(claim, config, Path(work), print)
-    lines = [json.loads(x) for x in (Path(work) / "metrics.jsonl").read_text().splitlines()]
+  if args.work:
+    # A long run (the paper budget) keeps its checkpoints there and continues from them when the
+    # same command runs again: the entry point's --resume, which refuses a different config.
+    work = Path(args.work)
+    if (work / "metrics.jsonl").is_file():
+      config["resume"] = True
+      deviations["resumed"] = True
+    work.mkdir(parents=True, exist_ok=True)
+    metrics, _ = run_lib._run_continual(claim, config, work, print)
+    lines = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+  else:
+    with tempfile.TemporaryDirectory(prefix="continual_subspace_") as tmp:
+      metrics, _ = run_lib._run_continual(claim, config, Path(tmp), print)
+      lines = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
   wall = time.perf_counter() - t0
   ends = [x for x in lines if "task_end" in x]
   acc = metrics["acc_matrix"]
@@ -252,7 +263,15 @@ def main(argv=None) -> int:
   ap.add_argument("--label", default="", help="suffix of the output name (e.g. authors-rule)")
   ap.add_argument("--data", default="", help="shared data root (default: the runner's)")
   ap.add_argument("--out", default=str(HERE / "results" / "continual_subspace"))
+  ap.add_argument(
+    "--work",
+    default="",
+    help="keep the run's folder here and continue it from its checkpoints when run again "
+    "(default: a temporary folder; FOT only, as GPM+FL's bases are recorded in memory)",
+  )
   args = ap.parse_args(argv)
+  if args.work and args.method != "fot":
+    ap.error("--work continues FOT runs only: GPM+FL's per-task bases are recorded in memory")
   if args.num_tasks < 0:
     ap.error(f"--num_tasks must be >= 0, got {args.num_tasks}")
   result = run(args)
