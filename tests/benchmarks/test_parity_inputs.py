@@ -174,6 +174,13 @@ def test_summary_verdict_rule():
   assert out["fedavg"]["verdict"] == "within seed noise"
   assert out["fedproj"]["verdict"] == "differ"
   assert out["fedavg"]["wall_ratio_authors_over_ours"] == pytest.approx(2.0)
+  # Runs recorded before CPU time was measured give no CPU ratio; with it, the ratio of the sums.
+  assert out["fedavg"]["cpu_ratio_authors_over_ours"] is None
+  for s in seeds:
+    runs[("fedavg", "ours", s)]["cpu_seconds"] = 1.0 + s
+    runs[("fedavg", "authors", s)]["cpu_seconds"] = 0.5
+  out = parity.summarize(runs, seeds, (1, 3), ["fedavg", "fedproj"])
+  assert out["fedavg"]["cpu_ratio_authors_over_ours"] == pytest.approx(1.5 / 6.0)
 
 
 def test_torch_cnn_reproduces_the_flax_logits():
