@@ -88,6 +88,13 @@ REFERENCES: dict[str, Reference] = {
     "6adce7c78d8d8ccf182a53730d9ba6962e427821",
     "trainer/mnist_trainer.py",
   ),
+  # The FedProj authors' code, read by benchmarks/parity_fedproj.py and benchmarks/cpu_step.py
+  # through --authors_repo (a folder anywhere, so its commit is checked, not its location).
+  "fedproj": Reference(
+    "Abhijit4-debug/FedProj_Neurips",
+    "93d98175ae97fecc0fc74b6eb41b2a8cb3561848",
+    "src/client/client_fedproj.py",
+  ),
   "ewc": Reference("kuc2477/pytorch-ewc", "4afaa6666d6b4f1a91a110caf69e7b77f049dc08", "model.py"),
   "er": Reference("aimagelab/mammoth", "e75a491c69fd729edeb01431afb753d9157d9a81", "models/er.py"),
 }
@@ -104,6 +111,18 @@ def checkout_instructions(key: str, path: Path) -> str:
     f"git clone https://github.com/{ref.repo} {path} && git -C {path} checkout {ref.commit} "
     f"(or extract `git archive {ref.commit}` there and write the commit to {path}/{COMMIT_FILE})"
   )
+
+
+def checkout_commit(path: Path) -> str | None:
+  """The commit of a reference folder: a git checkout's HEAD, else an extracted archive's
+  ``.parity_commit``, else None (unknown)."""
+  if (path / ".git").exists():
+    return subprocess.run(
+      ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+  if (path / COMMIT_FILE).is_file():
+    return (path / COMMIT_FILE).read_text().strip()
+  return None
 
 
 def reference_checkout(key: str, refs_dir: str | Path) -> Path:
@@ -124,13 +143,7 @@ def reference_checkout(key: str, refs_dir: str | Path) -> Path:
       f"{path} has no {ref.marker}: get {ref.repo} at {ref.commit[:12]} with "
       + checkout_instructions(key, path)
     )
-  commit = None
-  if (path / ".git").exists():
-    commit = subprocess.run(
-      ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-  elif (path / COMMIT_FILE).is_file():
-    commit = (path / COMMIT_FILE).read_text().strip()
+  commit = checkout_commit(path)
   if commit != ref.commit:
     raise ValueError(
       f"{path} is at commit {commit or 'unknown'}, the suite pins {ref.commit}: "
@@ -515,7 +528,7 @@ SUITE = (
   *(
     SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json")
     for m in REFERENCES
-    if m not in ("fot", *CONTINUAL)
+    if m not in ("fedproj", "fot", *CONTINUAL)
   ),
   *(SuiteEntry(m, "benchmarks/parity_continual.py", f"{m}.json") for m in CONTINUAL),
 )

@@ -59,7 +59,11 @@ if str(HERE) not in sys.path:
   sys.path.append(str(HERE))
 
 # The suite's shared harness (docs/parity.md).
-from parity_common import load_definitions  # noqa: E402
+from parity_common import (  # noqa: E402
+  REFERENCES,
+  checkout_commit,
+  load_definitions,  # noqa: E402
+)
 from parity_common import our_commit as _commit  # noqa: E402
 
 # The code's projection window (main_fedproj.py lines 209-212) over its 100 rounds.
@@ -684,6 +688,14 @@ def main(argv=None):
       f"--authors_repo={repo} has no src/client/client_fedproj.py; clone "
       "Abhijit4-debug/FedProj_Neurips there."
     )
+  authors_commit = checkout_commit(repo)
+  if authors_commit != REFERENCES["fedproj"].commit:
+    # Recorded either way; the pinned commit is the one docs/parity.md's row names.
+    print(
+      f"note: {repo} is at commit {authors_commit or 'unknown'}, the suite pins "
+      f"{REFERENCES['fedproj'].commit[:12]}; the result records it",
+      file=sys.stderr,
+    )
   try:
     import torch
     import torch.nn  # noqa: F401  (a half-installed torch imports as an empty namespace)
@@ -701,6 +713,7 @@ def main(argv=None):
     "command": "python benchmarks/parity_fedproj.py "
     + " ".join(argv if argv is not None else sys.argv[1:]),
     "commit": _commit(),
+    "authors_commit": authors_commit,
     "defects": args.defects,
     "seeds": seeds,
     "proj_rounds": list(window),

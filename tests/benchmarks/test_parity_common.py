@@ -129,10 +129,19 @@ def test_load_definitions_runs_only_the_named_definitions(pc, tmp_path):
     pc.load_definitions(src, ("absent",), {})
 
 
+def test_checkout_commit_reads_git_or_the_archive_marker(pc, tmp_path):
+  """A reference folder's commit: an archive's marker file, else unknown (None), never a guess."""
+  assert pc.checkout_commit(tmp_path) is None
+  (tmp_path / pc.COMMIT_FILE).write_text(pc.REFERENCES["fedproj"].commit + "\n")
+  assert pc.checkout_commit(tmp_path) == pc.REFERENCES["fedproj"].commit
+
+
 def test_suite_lists_every_reference_and_the_older_benchmarks(pc):
   methods = [e.method for e in pc.SUITE]
   assert methods[:3] == ["fedproj", "fot", "gpm"]
-  # Every reference has its rows; the FOT code's ("fot") are the continual ones.
-  assert set(methods[3:]) == set(pc.REFERENCES) - {"fot"} and set(pc.CONTINUAL) <= set(methods)
+  # Every reference has its rows; the FOT code's ("fot") are the continual ones, the FedProj
+  # authors' code ("fedproj") runs in parity_fedproj.py, listed first.
+  assert set(methods[3:]) == set(pc.REFERENCES) - {"fot", "fedproj"}
+  assert set(pc.CONTINUAL) <= set(methods) and methods.count("fedproj") == 1
   for entry in pc.SUITE:
     assert (ROOT / entry.script).is_file()
