@@ -309,7 +309,8 @@ class ClientEngine:
   """Runs a :class:`ClientProgram` over the sampled clients with a fixed strategy.
 
   Jitted pieces are built once per engine, so later rounds never recompile (as long as shapes stay
-  fixed, which the data layout guarantees).
+  fixed, which the data layout guarantees); the host-looped strategies build one step per
+  combination of the program's :attr:`ClientProgram.static_shared` values, on first use.
 
   Args:
     program: the per-client program.
