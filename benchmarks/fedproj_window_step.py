@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 
 import jax
@@ -149,7 +150,8 @@ def main():
     print(f"{k}: {v:.3f}")
   payload = {
     "args": vars(args),
-    "command": "JAX_PLATFORMS=cpu taskset -c 0 python benchmarks/fedproj_window_step.py",
+    "argv": sys.argv,
+    "cpus": sorted(os.sched_getaffinity(0)),
     "header": header(),
     "steps_per_client": int(np.asarray(rd.mask).any(-1).sum(-1).max()),
     "cpu_seconds_per_client_phase": cpu,
