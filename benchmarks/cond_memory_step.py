@@ -7,7 +7,8 @@ CIFAR-shaped images, computed (a) inline with a select on a traced flag and (b) 
 of ``lax.cond`` on it. Prints CPU and wall seconds per step (mean of 5, after one warm-up call),
 twice in alternating order. Why: on XLA:CPU a conditional's branches are nested computations, and
 convolutions there ran ~12x slower than inline (docs/fedproj.md, "What runs where"), which is why
-``fedproj(memory_cond=None)`` selects instead on CPU.
+``fedproj(memory_cond=None)`` selects instead on CPU in the one-program round (the host loops skip
+the memory pass outside the window with a step of its own: benchmarks/fedproj_window_step.py).
 """
 
 from __future__ import annotations

@@ -64,12 +64,22 @@ class ClientProgram(NamedTuple):
       (unmasked) steps this round, int32: E·ceil(n_k/B) for E local epochs, so per-epoch
       schedules (the local learning-rate step schedule, algorithms/client.py) know where each of
       the client's own epochs ends although the step axis is padded to the largest client.
+    static_shared: keys of ``shared`` (then a dict) whose values are round-level scalars, bool or
+      integer, on which ``step`` may specialise. The host-looped strategies (``sequential``,
+      ``vmap_stepwise``) read them on the host once per :meth:`ClientEngine.run` (one transfer),
+      hand them to ``step`` as Python scalars (:func:`specialize`) and build one jitted step per
+      distinct combination, cached for the engine's life: each combination compiles once. The
+      one-program strategy passes them traced, like every other leaf. So ``step`` handles both:
+      a Python branch when the value is a Python scalar, else ``lax.cond`` or a select (e.g.
+      FedProj's projection window, algorithms/distillation/fedproj.py). Declare only values with
+      few distinct values (flags, phases), never per-client ones: ``shared`` is never batched.
   """
 
   init: Callable[..., PyTree]
   step: Callable[[PyTree, PyTree, Batch, Array], PyTree]
   final: Callable[[PyTree], PyTree]
   round_steps: bool = False
+  static_shared: tuple[str, ...] = ()
 
 
 # The host-looped strategy whose client loop runs one client at a time (the pre-run step timing).
@@ -166,6 +176,53 @@ def choose_strategy(
   return buckets[-1][1]
 
 
+def static_values(program: ClientProgram, shared: PyTree) -> tuple:
+  """The values of ``program.static_shared`` in ``shared`` as Python scalars, read in one host
+  transfer; ``()`` when the program declares none.
+
+  Raises:
+    ValueError: ``shared`` is not a dict holding every declared key, or a value is not a bool or
+      integer scalar.
+  """
+  names = tuple(program.static_shared)
+  if not names:
+    return ()
+  if not isinstance(shared, dict) or any(n not in shared for n in names):
+    have = sorted(shared) if isinstance(shared, dict) else type(shared).__name__
+    raise ValueError(
+      f"The client program declares static_shared={names}, but the broadcast's shared value has "
+      f"{have}: return a dict holding every declared key, or drop it from static_shared."
+    )
+  values = jax.device_get([shared[n] for n in names])
+  out = []
+  for name, value in zip(names, values):
+    value = np.asarray(value)
+    if value.shape != () or not (value.dtype == bool or np.issubdtype(value.dtype, np.integer)):
+      raise ValueError(
+        f"static_shared value {name!r} must be a bool or integer scalar (one compiled step per "
+        f"distinct value), got dtype {value.dtype} and shape {value.shape}; declare only "
+        "round-level flags or phases."
+      )
+    out.append(value.item())
+  return tuple(out)
+
+
+def specialize(program: ClientProgram, values: tuple) -> ClientProgram:
+  """``program`` whose ``step`` sees ``shared[name]`` as the Python scalar ``values[i]`` for the
+  i-th name of ``static_shared`` (what the host-looped strategies jit once per combination)."""
+  names = tuple(program.static_shared)
+  if len(values) != len(names):
+    raise ValueError(f"specialize needs one value per static_shared name {names}, got {values}.")
+  if not names:
+    return program
+  fixed = dict(zip(names, values))
+
+  def step(shared, state, batch, key):
+    return program.step({**shared, **fixed}, state, batch, key)
+
+  return program._replace(step=step)
+
+
 def _split_client_key(key: Array) -> tuple[Array, Array]:
   init_key, step_key = jax.random.split(key)
   return init_key, step_key
@@ -252,7 +309,8 @@ class ClientEngine:
   """Runs a :class:`ClientProgram` over the sampled clients with a fixed strategy.
 
   Jitted pieces are built once per engine, so later rounds never recompile (as long as shapes stay
-  fixed, which the data layout guarantees).
+  fixed, which the data layout guarantees); the host-looped strategies build one step per
+  combination of the program's :attr:`ClientProgram.static_shared` values, on first use.
 
   Args:
     program: the per-client program.
@@ -271,26 +329,42 @@ class ClientEngine:
     self.strategy = strategy
     self.unroll = unroll
     self.traceable = one_program(strategy)
+    # One jitted step per combination of the program's static_shared values (host-looped only).
+    self._steps: dict[tuple, Callable[..., PyTree]] = {}
     p = program
     if strategy == "vmap_stepwise":
       self._init = jax.jit(
         jax.vmap(lambda sh, ci, k, m: _init_client(p, sh, ci, k, m), in_axes=(None, 0, 0, 0))
       )
-      step = lambda sh, st, im, lb, i, m, s, k: _masked_step(
-        p, batch_fn, sh, st, im, lb, i, m, s, k
-      )
-      self._step = jax.jit(
-        jax.vmap(step, in_axes=(None, 0, None, None, 0, 0, None, 0)), donate_argnums=1
-      )
       self._final = jax.jit(jax.vmap(p.final))
     elif strategy == "sequential":
       self._init = jax.jit(lambda sh, ci, k, m: _init_client(p, sh, ci, k, m))
-      self._step = jax.jit(
-        lambda sh, st, im, lb, i, m, s, k: _masked_step(p, batch_fn, sh, st, im, lb, i, m, s, k),
-        donate_argnums=1,
-      )
       self._final = jax.jit(p.final)
       self._index = jax.jit(tree_lib.index_clients)
+
+  def _jit_step(self, program: ClientProgram) -> Callable[..., PyTree]:
+    batch_fn = self.batch_fn
+    step = lambda sh, st, im, lb, i, m, s, k: _masked_step(  # noqa: E731
+      program, batch_fn, sh, st, im, lb, i, m, s, k
+    )
+    if self.strategy == "vmap_stepwise":
+      step = jax.vmap(step, in_axes=(None, 0, None, None, 0, 0, None, 0))
+    return jax.jit(step, donate_argnums=1)
+
+  def step_for(self, shared: PyTree) -> Callable[..., PyTree]:
+    """The jitted step a host-looped strategy runs for this round's ``shared``: the one of its
+    :attr:`ClientProgram.static_shared` values, built on first use and cached."""
+    if self.traceable:
+      raise ValueError(f"strategy {self.strategy!r} runs one traced program, not jitted steps.")
+    values = static_values(self.program, shared)
+    if values not in self._steps:
+      self._steps[values] = self._jit_step(specialize(self.program, values))
+    return self._steps[values]
+
+  @property
+  def step_variants(self) -> dict[tuple, Callable[..., PyTree]]:
+    """The jitted steps built so far, by their ``static_shared`` values (host-looped only)."""
+    return dict(self._steps)
 
   def run(self, shared, client_inputs, images, labels, idx, mask, keys) -> PyTree:
     """Runs every sampled client; returns outputs stacked over the client axis."""
@@ -307,6 +381,7 @@ class ClientEngine:
         keys,
         unroll=self.unroll,
       )
+    step = self.step_for(shared)
     host_mask = np.asarray(mask)
     active = host_mask.any(axis=-1)  # [C, S]
     split = jax.vmap(_split_client_key)(keys)
@@ -314,14 +389,14 @@ class ClientEngine:
     if self.strategy == "vmap_stepwise":
       state = self._init(shared, client_inputs, init_keys, mask)
       for s in np.flatnonzero(active.any(axis=0)):
-        state = self._step(shared, state, images, labels, idx[:, s], mask[:, s], int(s), step_keys)
+        state = step(shared, state, images, labels, idx[:, s], mask[:, s], int(s), step_keys)
       return self._final(state)
     host_idx = np.asarray(idx)
     outputs = []
     for c in range(host_idx.shape[0]):
       state = self._init(shared, self._index(client_inputs, c), init_keys[c], mask[c])
       for s in np.flatnonzero(active[c]):
-        state = self._step(
+        state = step(
           shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_keys[c]
         )
       outputs.append(self._final(state))

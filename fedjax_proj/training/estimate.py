@@ -57,7 +57,9 @@ def time_client_step(
   c = int(np.argmax(active.sum(axis=1)))
   k = min(max_steps, int(active[c].sum()))
   steps = np.flatnonzero(active[c])[:k]
-  engine = executor.host_looped().clients(algorithm.client)
+  # Round 1's broadcast lies outside FedProj's projection window, whose host-looped step skips the
+  # memory pass; without static_shared the step keeps every pass (a select), the in-window cost.
+  engine = executor.host_looped().clients(algorithm.client._replace(static_shared=()))
   one = tree_lib.index_clients(inputs, jnp.asarray([c]))
   keys = random_lib.client_keys(key, 1)
   sub_idx, sub_mask = idx[c : c + 1, steps], mask[c : c + 1, steps]

@@ -161,3 +161,59 @@ def test_auto_rule_buckets_and_forced_vmap_scan():
   assert pick(4, has_conv=True) == "vmap_scan"
   # Sharded rounds need the one-program round whatever the table says.
   assert pick(4, sharded=True) == "vmap_scan"
+
+
+def _flag_program(seen: list) -> engine_lib.ClientProgram:
+  """A client that sums its batches, doubled when the round-level flag ``double`` is on; its step
+  records the type of the flag it was traced with (a Python bool on the host loops)."""
+
+  def step(shared, state, batch, key):
+    del key
+    on = shared["double"]
+    seen.append(type(on))
+    scale = (2.0 if on else 1.0) if isinstance(on, bool) else jnp.where(on, 2.0, 1.0)
+    return state + scale * jnp.sum(batch.x * batch.mask[:, None]) + shared["bias"]
+
+  return engine_lib.ClientProgram(
+    init=lambda shared, client_input, key: jnp.zeros(()),
+    step=step,
+    final=lambda state: state,
+    static_shared=("double",),
+  )
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap_stepwise"])
+def test_host_loops_build_one_step_per_static_shared_value(setup, strategy):
+  """A program's ``static_shared`` flag reaches a host-looped step as a Python bool, one jitted
+  step per value, reused in later rounds; results equal the one-program round's traced flag."""
+  *_, rd = setup
+  keys = jax.random.split(jax.random.key(4), rd.idx.shape[0])
+  seen = []
+  engine = engine_lib.ClientEngine(_flag_program(seen), BATCH_FN, strategy)
+  got = {}
+  for flag in (True, False, True, False):
+    shared = {"double": jnp.asarray(flag), "bias": jnp.asarray(0.5)}
+    got[flag] = engine.run(shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys)
+    ref = engine_lib.run_vmap_scan(
+      _flag_program([]), BATCH_FN, shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys
+    )
+    np.testing.assert_allclose(got[flag], ref, rtol=1e-6)
+  assert not np.allclose(got[True], got[False])
+  assert set(engine.step_variants) == {(True,), (False,)}
+  assert all(step._cache_size() == 1 for step in engine.step_variants.values())
+  assert seen == [bool, bool]  # traced once per value, never again
+
+
+def test_static_shared_refuses_what_it_cannot_specialise_on(setup):
+  """A missing key, a float or a non-scalar value is refused before any step runs."""
+  *_, rd = setup
+  engine = engine_lib.ClientEngine(_flag_program([]), BATCH_FN, "sequential")
+  keys = jax.random.split(jax.random.key(4), rd.idx.shape[0])
+  run = lambda shared: engine.run(shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys)  # noqa: E731
+  with pytest.raises(ValueError, match="holding every declared key"):
+    run({"bias": jnp.asarray(0.5)})
+  with pytest.raises(ValueError, match="bool or integer scalar"):
+    run({"double": jnp.asarray(1.0), "bias": jnp.asarray(0.5)})
+  with pytest.raises(ValueError, match="bool or integer scalar"):
+    run({"double": jnp.asarray([True, False]), "bias": jnp.asarray(0.5)})
+  assert engine.step_variants == {}

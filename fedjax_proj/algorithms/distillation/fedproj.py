@@ -22,8 +22,10 @@ private label space, g_mem is the CE gradient on labelled public data (001, Alg.
 Steps 2-3 act only in rounds where the projection can act (an ensemble exists, or round 0 with
 ``round0="ce"``, and inside ``proj_rounds``); in the others the step is FedAvg's, as in the
 authors' code, and the client diagnostics (``mean_cos``, ``lmem_before``, ``lmem_after``) are NaN,
-logged as null. ``memory_cond=True`` also skips their work there (a ``lax.cond``); on XLA:CPU a
-conditional's convolutions run about 12x slower, so there the step computes them and selects
+logged as null. Their work is skipped there too: the host-looped strategies (``sequential``,
+``vmap_stepwise``) pick a step program without the memory pass per round on the host; the
+one-program round does so with ``memory_cond=True`` (a ``lax.cond``), which is off on XLA:CPU,
+where a conditional's convolutions run about 12x slower, so there it computes them and selects
 (docs/fedproj.md, "What runs where").
 
 Settings of the authors' code (``--preset=paper_code``; docs/fedproj.md, "Parity with the authors'
@@ -54,6 +56,9 @@ from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model, PyTree
 
 ROUND0_MODES = ("skip", "ce")
+# The broadcast's round-level flags that make up the projection window; the client declares them
+# static (ClientProgram.static_shared), so host-looped strategies pick the step program per round.
+WINDOW_FLAGS = ("use_memory", "round0_ce")
 MEMORY_ORDERS = ("cycle", "shuffle")
 
 
@@ -143,8 +148,11 @@ def projection_client(
 
   ``shared`` carries ``memory_images`` [M, ...] (raw), ``memory_logits`` [M, K],
   ``memory_labels`` [M], ``use_memory`` (bool: an ensemble exists) and ``round0_ce`` (bool).
-  ``memory_cond``: compute the memory gradient under ``lax.cond`` (only in rounds where the
-  projection can act) rather than on every step with a select.
+  ``memory_cond``: in a traced window flag (the one-program strategy), compute the memory
+  gradient under ``lax.cond`` (only in rounds where the projection can act) rather than on every
+  step with a select. The host-looped strategies get the window as a Python bool
+  (:data:`WINDOW_FLAGS` are ``static_shared``) and run a step without the memory pass outside it,
+  whatever ``memory_cond`` says.
   """
 
   def init_extra(shared, client_input, key):
@@ -179,11 +187,17 @@ def projection_client(
       nan = jnp.full((), jnp.nan, jnp.float32)
       return g_new, jnp.zeros((), bool), nan, nan
 
-    # The window is a round-level value of the broadcast, which the engine never batches over
-    # clients, so under vmap a cond stays a conditional (only one branch runs) rather than a
-    # select that computes both (tests/algorithms/distillation/test_fedproj.py checks the jaxpr).
+    # The window is a round-level value of the broadcast (WINDOW_FLAGS). The host-looped
+    # strategies hand it over as a Python bool (ClientProgram.static_shared) and jit one step per
+    # value, so outside the window the step has no memory pass at all. The one-program round
+    # traces it; the engine never batches the broadcast over clients, so under vmap a cond stays a
+    # conditional (only one branch runs) rather than a select that computes both
+    # (tests/algorithms/distillation/test_fedproj.py checks both programs).
     window = sh["use_memory"] | sh["round0_ce"]
-    branch = jax.lax.cond if memory_cond else _select
+    if isinstance(window, bool):
+      branch = _python_branch
+    else:
+      branch = jax.lax.cond if memory_cond else _select
     g, fired, cos, lmem = branch(window, with_memory, without_memory, g_new)
     active = window
     if projection_prob < 1.0:
@@ -218,7 +232,12 @@ def projection_client(
     init_extra=init_extra,
     transform_grads=transform_grads,
     finalize=finalize,
-  )
+  )._replace(static_shared=WINDOW_FLAGS)
+
+
+def _python_branch(pred: bool, true_fn, false_fn, operand):
+  """``lax.cond`` on a predicate the host already knows: only the taken branch is traced."""
+  return true_fn(operand) if pred else false_fn(operand)
 
 
 def _select(pred: Array, true_fn, false_fn, operand):
@@ -266,9 +285,11 @@ def fedproj(
   metric (001, C.4), one extra forward pass of the new global model on the memory per round; the
   claim runner turns it on for its reports (docs/fedproj.md, "What runs where").
   ``memory_cond`` skips the memory gradient's work in rounds where the projection cannot act
-  (None: on unless the backend is XLA:CPU, whose conditionals run convolutions about 12x slower
-  than inline code; module docstring). Either way the parameters are the same up to float
-  round-off.
+  in the one-program round (``vmap_scan``; None: on unless the backend is XLA:CPU, whose
+  conditionals run convolutions about 12x slower than inline code; module docstring). The
+  host-looped strategies skip it whatever ``memory_cond`` says: they run one jitted step per
+  window value, chosen on the host each round. Either way the parameters are the same up to
+  float round-off.
   """
   if divergence_anchor not in distill.ANCHORS:
     raise ValueError(

@@ -571,6 +571,95 @@ def test_memory_cond_stays_a_conditional_under_vmap_and_is_off_on_cpu(fp_setup):
   assert (" cond[" in traced[None]) == (jax.default_backend() != "cpu")
 
 
+class _CompileCounter:
+  """Counts XLA compilations (the backend-compile event) while active."""
+
+  def __enter__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def _listen(self, event, duration, **kwargs):
+    del duration, kwargs
+    self.count += event == "/jax/core/compile/backend_compile_duration"
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap_stepwise"])
+def test_host_looped_window_steps_equal_the_select_path(fp_setup, strategy):
+  """The host loops run a step without the memory pass outside the window (round 0: no ensemble;
+  round 2: past ``proj_rounds=(1, 2)``) and one with it inside (round 1). Parameters and
+  metrics equal the select path's (every step computes the memory gradient; no static_shared)
+  to float32 round-off, and round 2 compiles nothing: one step per window value."""
+  x, y, public, model, fd, _, variables = fp_setup
+  hp = {**_SETUP_HPARAMS, "distill_epochs": 0}
+  alg = fedproj.fedproj(model, optax.sgd(0.1), lambda z: z, **hp, proj_rounds=(1, 2))
+  select = alg._replace(client=alg.client._replace(static_shared=()))
+  out = {}
+  for name, a in (("skip", alg), ("select", select)):
+    round_fn = make_round(a, strategy, helpers.float_batch_fn())
+    state, metrics, compiles = a.init(variables, jax.random.key(0)), [], []
+    for r in range(3):
+      with _CompileCounter() as counter:
+        state, m = round_fn(state, _rd(fd, x, y, public, r), jax.random.key(10 + r))
+      metrics.append(m)
+      compiles.append(counter.count)
+    out[name] = state, metrics, compiles
+  (got, got_m, compiles), (ref, ref_m, _) = out["skip"], out["select"]
+  assert compiles[0] > 0 and compiles[1] > 0 and compiles[2] == 0, compiles
+  np.testing.assert_allclose(T.tree_ravel(got.variables), T.tree_ravel(ref.variables), atol=1e-5)
+  np.testing.assert_allclose(got.memory_logits, ref.memory_logits, atol=1e-5)
+  for r in range(3):
+    for k in ref_m[r]:
+      np.testing.assert_allclose(got_m[r][k], ref_m[r][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    inside = r == 1
+    assert (float(got_m[r]["projected_fraction"]) > 0.0) == inside, r
+    assert np.isnan(float(got_m[r]["mean_cos"])) != inside, r  # null outside the window
+
+
+def _count_primitive(fn, name: str, *args) -> int:
+  """Equations of primitive ``name`` in the traced ``fn(*args)``, nested jaxprs included."""
+
+  def walk(jx) -> int:
+    n = 0
+    for eqn in jx.eqns:
+      n += eqn.primitive.name == name
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        n += walk(sub)
+    return n
+
+  return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def test_out_of_window_host_step_has_no_memory_pass(fp_setup):
+  """The step the host loops jit for window flags (False, False) has exactly the matrix products
+  of FedAvg's step: no memory forward or backward. With the window on, and in the traced step
+  (select or cond), there are more."""
+  from fedjax_proj.algorithms import client as client_lib
+  from fedjax_proj.core import engine as engine_lib
+
+  x, y, public, model, fd, alg, variables = fp_setup
+  key = jax.random.key(0)
+  rd = _rd(fd, x, y, public, 0)
+  shared, _ = alg.broadcast(alg.init(variables, key), rd, key)
+  batch = helpers.float_batch_fn()(rd.images, rd.labels, rd.idx[0, 0], rd.mask[0, 0], key)
+
+  def matmuls(program):
+    state = program.init(shared, {}, key, 4)
+    return _count_primitive(lambda s: program.step(shared, s, batch, key), "dot_general", state)
+
+  fedavg_client = client_lib.local_training_client(
+    model, optax.sgd(0.1), client_lib.cross_entropy_loss(model)
+  )
+  plain = matmuls(fedavg_client)
+  assert alg.client.static_shared == fedproj.WINDOW_FLAGS == ("use_memory", "round0_ce")
+  assert matmuls(engine_lib.specialize(alg.client, (False, False))) == plain
+  assert matmuls(engine_lib.specialize(alg.client, (True, False))) > plain
+  assert matmuls(alg.client) > plain
+
+
 def test_lmem_global_is_logged_only_when_asked_and_changes_nothing_else(fp_setup):
   """The drift metric is the server's one forward pass that trains nothing: off by default, and
   turning it on adds the metric without touching the model or the memory."""
