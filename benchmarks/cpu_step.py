@@ -16,6 +16,9 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
   ``gemm_grad``, and oneDNN's through an FFI call, ``onednn_grad``, when the ``cpu-onednn`` extra
   is installed; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
   ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64.
+- ``pool``: the CNN's ReLU and 2x2 max pooling, forward and gradient, at its two activation
+  shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter)
+  and the same maximum as a reshape to the 2x2 windows and ``jnp.max``, against torch's.
 - ``cnn_step``: a FedAvg client step of the CNN (SGD with momentum, batch 64): our sequential
   strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla,
   gemm_grad and (when available) onednn_grad, against a torch loop step.
@@ -175,6 +178,45 @@ def conv_case(name, rounds, reps, impls):
       n: float(np.abs(v - truth).max() / scale)
       for n, v in (("xla", ref), ("gemm_grad", got), ("onednn_grad", mine), ("torch", theirs))
     }
+  return res
+
+
+POOLS = {"cnn.pool_0 b64": (64, 32, 32), "cnn.pool_1 b64": (64, 16, 64)}
+
+
+def pool_case(name, rounds, reps):
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+
+  b, h, c = POOLS[name]
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((b, h, h, c)), jnp.float32)
+
+  def window_max(x):  # non-overlapping 2x2 windows as axes 2 and 4
+    return jnp.max(x.reshape(b, h // 2, 2, h // 2, 2, c), axis=(2, 4))
+
+  pools = {
+    "flax max_pool": lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)),
+    "reshape max": window_max,
+  }
+  grads = {
+    n: jax.jit(jax.grad(lambda a, p=p: jnp.sum(p(nn.relu(a)) ** 2))) for n, p in pools.items()
+  }
+  fns = {f"ours {n}": (lambda f=f: f(a).block_until_ready()) for n, f in grads.items()}
+  at = torch.from_numpy(np.asarray(a).transpose(0, 3, 1, 2).copy()).requires_grad_()
+
+  def torch_run():
+    at.grad = None
+    torch.sum(torch.nn.functional.max_pool2d(torch.relu(at), 2) ** 2).backward()
+
+  fns["torch"] = torch_run
+  res = alternate(fns, rounds, reps)
+  ref = np.asarray(grads["flax max_pool"](a))
+  res["reshape_max_grad_equals_flax"] = bool(
+    np.array_equal(np.asarray(grads["reshape max"](a)), ref)
+  )
   return res
 
 
@@ -362,7 +404,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--authors_repo", default="", help="checkout of the FedProj authors' code")
   ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the lowest)")
-  ap.add_argument("--cases", default="conv,cnn_step,fedproj_step,resnet8_step")
+  ap.add_argument("--cases", default="conv,pool,cnn_step,fedproj_step,resnet8_step")
   ap.add_argument("--rounds", type=int, default=4, help="alternating timing rounds")
   ap.add_argument("--reps", type=int, default=2, help="calls per timing")
   ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
@@ -402,7 +444,11 @@ def main(argv=None):
     result["cases"][name] = res
     result["loadavg_after"] = os.getloadavg()
     out.write_text(json.dumps(result, indent=1))
-    brief = {k: round(v["cpu_median"] * 1e3, 2) for k, v in res.items() if "cpu_median" in v}
+    brief = {
+      k: round(v["cpu_median"] * 1e3, 2)
+      for k, v in res.items()
+      if isinstance(v, dict) and "cpu_median" in v
+    }
     extra = {k: res[k] for k in ("speedup_vs_torch", "speedup_vs_authors") if k in res}
     print(f"{name}: CPU ms {brief} {extra}", flush=True)
 
@@ -426,6 +472,9 @@ def main(argv=None):
   if "conv" in cases:
     for name in CONVS:
       record(f"conv {name}", conv_case(name, args.rounds, args.reps, impls))
+  if "pool" in cases:
+    for name in POOLS:
+      record(f"pool {name}", pool_case(name, args.rounds, args.reps))
   print(f"wrote {out}")
 
 

@@ -230,15 +230,17 @@ def _kernel_grad_case(seed=40):
 
 
 def test_onednn_kernel_grad_is_the_ffi_call_and_batches_under_vmap():
-  """The jitted kernel gradient is oneDNN's custom call (not a silent gemm_grad), and under vmap
+  """The jitted CPU kernel gradient is oneDNN's custom call (not a silent gemm_grad), and under vmap
   (clients' own inputs, inputs shared by all clients, two nested client axes) each client's
   gradient is its own."""
   _skip_without_onednn()
   x, g, ks, strides, padding = _kernel_grad_case()
   grad = functools.partial(conv_lib.onednn_kernel_grad, kernel_shape=ks, strides=strides)
   grad = functools.partial(grad, padding=padding)
-  hlo = jax.jit(grad).lower(x, g).as_text()
-  assert onednn.TARGET in hlo
+  traced = jax.jit(grad).trace(x, g)
+  assert onednn.TARGET in traced.lower(lowering_platforms=("cpu",)).as_text()
+  # The handler is CPU-only: a GPU program computes gemm_grad's gradient instead.
+  assert onednn.TARGET not in traced.lower(lowering_platforms=("cuda",)).as_text()
   ref = lambda x, g: conv_lib.gemm_kernel_grad(x, g, ks, strides, padding)  # noqa: E731
   xs, gs = jnp.stack([x, -2.0 * x, x[::-1]]), jnp.stack([g, g[::-1], 0.5 * g])
   scale = float(jnp.max(jnp.abs(ref(x, g))))
