@@ -236,7 +236,7 @@ def onednn_kernel_grad(
 ) -> jax.Array:
   """The kernel gradient of :func:`conv2d` by oneDNN's backward-weights primitive on CPU, else
   :func:`gemm_kernel_grad` (another backend, another dtype, negative padding, or the handler
-  unavailable: the last says so once per process)."""
+  unavailable: the last says so once per process); an empty batch gives zeros."""
   from fedjax_proj.models import onednn
 
   if isinstance(padding, str):
@@ -252,6 +252,8 @@ def onednn_kernel_grad(
     return gemm(x, g)
   if x.dtype != jnp.float32 or g.dtype != jnp.float32 or min(min(p) for p in pads) < 0:
     return gemm(x, g)
+  if 0 in x.shape or 0 in g.shape:  # oneDNN rejects empty tensors; the gradient is zeros
+    return jnp.zeros(kernel_shape, jnp.float32)
   # The handler is registered for CPU only; elsewhere the same gradient as gemm_grad computes it.
   return lax.platform_dependent(
     x, g, cpu=lambda x, g: onednn.kernel_grad(x, g, kernel_shape, strides, pads), default=gemm

@@ -35,6 +35,7 @@ SOURCE = Path(__file__).with_name("onednn_conv.cc")
 # and libgomp). Newer "onednn" wheels depend on Intel's SYCL/TBB/OpenCL runtimes.
 LIBRARY_DIST, HEADERS_DIST = "onednn-cpu-gomp", "onednn-devel-cpu-gomp"
 EXTRA_HINT = "pip install 'fedjax_proj[cpu-onednn]'"
+_registered: list[Path] = []  # the library registered in this process, if any
 
 
 def cache_folder(environ=os.environ) -> Path:
@@ -110,12 +111,19 @@ def _load() -> None:
   out = cache_folder() / f"onednn_conv-{key.hexdigest()[:16]}.so"
   if not out.exists():
     _build(lib.parent, include_dir, out, cxx)
+  if _registered:
+    # XLA refuses a second handler under one name; the first one loaded serves the process.
+    return
   try:
     handle = ctypes.CDLL(str(out))
     capsule = jax.ffi.pycapsule(handle.FedjaxOnednnConvKernelGrad)
   except (OSError, AttributeError) as e:
     raise Unavailable(f"loading {out} failed: {e} (delete it to rebuild)") from None
-  jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+  try:
+    jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+  except Exception as e:  # XLA's own refusal (JaxRuntimeError), reported as the one line
+    raise Unavailable(f"registering {out.name} with XLA failed: {e}") from None
+  _registered.append(out)
 
 
 @functools.cache

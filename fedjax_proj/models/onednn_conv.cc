@@ -12,6 +12,7 @@
 // the caller's NHWC/HWIO are built once per shape with the primitive and cached.
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -145,6 +146,8 @@ ffi::Error KernelGrad(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> g,
     stream.wait();
   } catch (const dnnl::error& e) {
     return ffi::Error::Internal(std::string("oneDNN convolution backward weights: ") + e.what());
+  } catch (const std::exception& e) {  // e.g. bad_alloc: an error for XLA, never an abort
+    return ffi::Error::Internal(std::string("onednn kernel grad: ") + e.what());
   }
   return ffi::Error::Success();
 }
