@@ -3,20 +3,25 @@
     taskset -c 1 python benchmarks/cpu_step.py --authors_repo=/path/to/FedProj_Neurips
 
 Both sides run in this one process on one core (``os.sched_setaffinity``), torch with one intra-op
-thread, XLA:CPU without its multi-threaded Eigen (``--xla_cpu_multi_thread_eigen=false
-intra_op_parallelism_threads=1``, set before JAX is imported). Each case is compiled (or warmed)
-once, the compile timed apart, then timed in rounds alternating A, B, B, A; every timing records
+thread, oneDNN's OpenMP at one thread (``OMP_NUM_THREADS=1`` unless set), XLA:CPU without its
+multi-threaded Eigen (``--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``, set
+before JAX is imported). Each case is compiled (or warmed) once, the compile timed apart, then
+timed in rounds alternating A, B, B, A; every timing records
 process CPU seconds and wall seconds, and the tables give medians with the [min, max] spread. The
 machine's cores are shared with other jobs, so CPU time is the fairer measure.
 
 Cases (the same batches, and for the CNN the same initial weights, on both sides):
 
-- ``conv``: each convolution's kernel gradient (ours: XLA's own, ``xla``, and the matmul one,
-  ``gemm_grad``, :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
+- ``conv``: each convolution's kernel gradient (ours: XLA's own, ``xla``, the matmul one,
+  ``gemm_grad``, and oneDNN's through an FFI call, ``onednn_grad``, when the ``cpu-onednn`` extra
+  is installed; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
   ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64.
+- ``pool``: the CNN's ReLU and 2x2 max pooling, forward and gradient, at its two activation
+  shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter)
+  and the same maximum as a reshape to the 2x2 windows and ``jnp.max``, against torch's.
 - ``cnn_step``: a FedAvg client step of the CNN (SGD with momentum, batch 64): our sequential
-  strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla and
-  gemm_grad, against a torch loop step.
+  strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla,
+  gemm_grad and (when available) onednn_grad, against a torch loop step.
 - ``fedproj_step``: a FedProj client step inside the projection window (our client with the
   ``paper_code`` preset's Adam, memory batch 64 and 256) against the authors' ``Client_FedProj``
   (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
@@ -51,6 +56,18 @@ def _pin(cpu: int | None) -> int:
   cpu = min(os.sched_getaffinity(0)) if cpu is None else cpu
   os.sched_setaffinity(0, {cpu})
   return cpu
+
+
+def conv_impls() -> tuple[str, ...]:
+  """Our ``conv_impl`` columns: xla, gemm_grad, and onednn_grad where its handler loads (else the
+  one line saying why not is printed and the column left out)."""
+  from fedjax_proj.models import onednn
+
+  reason = onednn.unavailable_reason()
+  if reason:
+    print(reason, flush=True)
+    return ("xla", "gemm_grad")
+  return ("xla", "gemm_grad", "onednn_grad")
 
 
 def _timed(fn, reps: int) -> tuple[float, float]:
@@ -101,7 +118,7 @@ CONVS = {
 }
 
 
-def conv_case(name, rounds, reps):
+def conv_case(name, rounds, reps, impls):
   import jax
   import numpy as np
   import torch
@@ -117,6 +134,7 @@ def conv_case(name, rounds, reps):
   g = rng.standard_normal(jax.eval_shape(conv, x, w).shape).astype(np.float32)
   dw_xla = jax.jit(lambda x, w, g: jax.vjp(lambda w: conv(x, w), w)[1](g)[0])
   dw_gemm = jax.jit(lambda x, w, g: conv_lib.gemm_kernel_grad(x, g, w.shape, (s, s), pad))
+  dw_onednn = jax.jit(lambda x, w, g: conv_lib.onednn_kernel_grad(x, g, w.shape, (s, s), pad))
   dx = jax.jit(lambda x, w, g: jax.vjp(lambda x: conv(x, w), x)[1](g)[0])
   xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
   wt = torch.from_numpy(w.transpose(3, 2, 0, 1).copy())
@@ -138,12 +156,67 @@ def conv_case(name, rounds, reps):
     "ours dX": lambda: dx(x, w, g).block_until_ready(),
     "torch dX": lambda: torch_bw((True, False, False)),
   }
+  if "onednn_grad" in impls:
+    fns["ours dW onednn_grad"] = lambda: dw_onednn(x, w, g).block_until_ready()
   res = alternate(fns, rounds, reps)
   scale = float(np.abs(ref).max())
   res["max_rel_diff"] = {
     "gemm_grad_vs_xla": float(np.abs(got - ref).max() / scale),
     "torch_vs_xla": float(np.abs(theirs - ref).max() / scale),
   }
+  if "onednn_grad" in impls:
+    mine = np.asarray(dw_onednn(x, w, g))
+    res["max_rel_diff"]["onednn_grad_vs_xla"] = float(np.abs(mine - ref).max() / scale)
+    # float64 truth: which float32 summation order is nearer (XLA's, gemm_grad's or oneDNN's).
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    truth = torch.ops.aten.convolution_backward(
+      torch.from_numpy(g64.transpose(0, 3, 1, 2).copy()),
+      torch.from_numpy(x64.transpose(0, 3, 1, 2).copy()),
+      wt.double(), None, (s, s), (p, p), (1, 1), False, (0, 0), 1, (False, True, False),
+    )[1].numpy().transpose(2, 3, 1, 0)  # fmt: skip
+    res["max_rel_err_vs_float64"] = {
+      n: float(np.abs(v - truth).max() / scale)
+      for n, v in (("xla", ref), ("gemm_grad", got), ("onednn_grad", mine), ("torch", theirs))
+    }
+  return res
+
+
+POOLS = {"cnn.pool_0 b64": (64, 32, 32), "cnn.pool_1 b64": (64, 16, 64)}
+
+
+def pool_case(name, rounds, reps):
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+
+  b, h, c = POOLS[name]
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((b, h, h, c)), jnp.float32)
+
+  def window_max(x):  # non-overlapping 2x2 windows as axes 2 and 4
+    return jnp.max(x.reshape(b, h // 2, 2, h // 2, 2, c), axis=(2, 4))
+
+  pools = {
+    "flax max_pool": lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)),
+    "reshape max": window_max,
+  }
+  grads = {
+    n: jax.jit(jax.grad(lambda a, p=p: jnp.sum(p(nn.relu(a)) ** 2))) for n, p in pools.items()
+  }
+  fns = {f"ours {n}": (lambda f=f: f(a).block_until_ready()) for n, f in grads.items()}
+  at = torch.from_numpy(np.asarray(a).transpose(0, 3, 1, 2).copy()).requires_grad_()
+
+  def torch_run():
+    at.grad = None
+    torch.sum(torch.nn.functional.max_pool2d(torch.relu(at), 2) ** 2).backward()
+
+  fns["torch"] = torch_run
+  res = alternate(fns, rounds, reps)
+  ref = np.asarray(grads["flax max_pool"](a))
+  res["reshape_max_grad_equals_flax"] = bool(
+    np.array_equal(np.asarray(grads["reshape max"](a)), ref)
+  )
   return res
 
 
@@ -184,7 +257,7 @@ def _step_runner(engine, shared, images, labels, batch, steps):
   return run
 
 
-def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_ours):
+def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_ours, impls):
   import jax
   import numpy as np
   import optax
@@ -203,7 +276,7 @@ def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_our
   opt = optax.sgd(0.01, momentum=0.9)
   fns = {}
   variables = None
-  for impl in ("xla", "gemm_grad"):
+  for impl in impls:
     model = get_model(model_name, 10, conv_impl=impl)
     if variables is None:
       variables = model.init(jax.random.key(0), normalize(x[:2]))
@@ -233,9 +306,7 @@ def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_our
   res = alternate(fns, rounds, reps)
   per_step = {n: res[n]["cpu_median"] / steps for n in fns}
   res["cpu_seconds_per_step"] = per_step
-  res["speedup_vs_torch"] = {
-    impl: per_step["torch"] / per_step[f"ours {impl}"] for impl in ("xla", "gemm_grad")
-  }
+  res["speedup_vs_torch"] = {impl: per_step["torch"] / per_step[f"ours {impl}"] for impl in impls}
   return res
 
 
@@ -261,7 +332,7 @@ def _authors_client(repo: Path, memory_batch: int):
   return namespace["Client_FedProj"]
 
 
-def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch):
+def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls):
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -284,7 +355,7 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch):
   opt = optax.adamw(1e-3, weight_decay=5e-5)  # the code's Adam(lr, weight_decay=5e-5)
   fns = {}
   variables = None
-  for impl in ("xla", "gemm_grad"):
+  for impl in impls:
     model = get_model("cnn", 10, conv_impl=impl)
     if variables is None:
       variables = model.init(jax.random.key(0), normalize(x[:2]))
@@ -324,7 +395,7 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch):
   per_step = {n: res[n]["cpu_median"] / (2 * steps if n == "authors" else steps) for n in fns}
   res["cpu_seconds_per_step"] = per_step
   res["speedup_vs_authors"] = {
-    impl: per_step["authors"] / per_step[f"ours {impl}"] for impl in ("xla", "gemm_grad")
+    impl: per_step["authors"] / per_step[f"ours {impl}"] for impl in impls
   }
   return res
 
@@ -333,7 +404,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--authors_repo", default="", help="checkout of the FedProj authors' code")
   ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the lowest)")
-  ap.add_argument("--cases", default="conv,cnn_step,fedproj_step,resnet8_step")
+  ap.add_argument("--cases", default="conv,pool,cnn_step,fedproj_step,resnet8_step")
   ap.add_argument("--rounds", type=int, default=4, help="alternating timing rounds")
   ap.add_argument("--reps", type=int, default=2, help="calls per timing")
   ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
@@ -345,12 +416,15 @@ def main(argv=None):
     + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
   ).strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # oneDNN's OpenMP threads (onednn_grad), read when libgomp loads.
+  os.environ.setdefault("OMP_NUM_THREADS", "1")
   sys.path.insert(0, str(ROOT))
   import jax
   import torch
 
   torch.set_num_threads(1)
   cases = args.cases.split(",")
+  impls = conv_impls()
   result = {
     "command": " ".join(sys.argv),
     "cpu": cpu,
@@ -358,6 +432,8 @@ def main(argv=None):
     "jax": jax.__version__,
     "torch": torch.__version__,
     "xla_flags": os.environ["XLA_FLAGS"],
+    "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+    "conv_impls": impls,
     "loadavg_before": os.getloadavg(),
     "cases": {},
   }
@@ -368,27 +444,37 @@ def main(argv=None):
     result["cases"][name] = res
     result["loadavg_after"] = os.getloadavg()
     out.write_text(json.dumps(result, indent=1))
-    brief = {k: round(v["cpu_median"] * 1e3, 2) for k, v in res.items() if "cpu_median" in v}
+    brief = {
+      k: round(v["cpu_median"] * 1e3, 2)
+      for k, v in res.items()
+      if isinstance(v, dict) and "cpu_median" in v
+    }
     extra = {k: res[k] for k in ("speedup_vs_torch", "speedup_vs_authors") if k in res}
     print(f"{name}: CPU ms {brief} {extra}", flush=True)
 
   if "cnn_step" in cases:
-    record("cnn_step b64", fedavg_step_case("cnn", args.rounds, args.reps, args.steps, 64, True))
+    record(
+      "cnn_step b64", fedavg_step_case("cnn", args.rounds, args.reps, args.steps, 64, True, impls)
+    )
   if "fedproj_step" in cases:
     if not args.authors_repo:
       raise SystemExit("fedproj_step needs --authors_repo=<checkout of FedProj_Neurips>")
     for mb in (64, 256):
       record(
         f"fedproj_step b64 memory{mb}",
-        fedproj_step_case(args, mb, args.rounds, args.reps, args.steps, 64),
+        fedproj_step_case(args, mb, args.rounds, args.reps, args.steps, 64, impls),
       )
   if "resnet8_step" in cases:
     record(
-      "resnet8_step b64", fedavg_step_case("resnet8", args.rounds, args.reps, args.steps, 64, False)
+      "resnet8_step b64",
+      fedavg_step_case("resnet8", args.rounds, args.reps, args.steps, 64, False, impls),
     )
   if "conv" in cases:
     for name in CONVS:
-      record(f"conv {name}", conv_case(name, args.rounds, args.reps))
+      record(f"conv {name}", conv_case(name, args.rounds, args.reps, impls))
+  if "pool" in cases:
+    for name in POOLS:
+      record(f"pool {name}", pool_case(name, args.rounds, args.reps))
   print(f"wrote {out}")
 
 

@@ -14,6 +14,12 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
   wo)], from a few whole-slab copies, times the output gradient's free reshape [(b, ho, wo),
   cout]. The rule of the CPU placement (``fedjax_proj.training.placement.conv_impl_for``); see
   docs/performance.md, "The CPU convolution kernel gradient".
+- ``"onednn_grad"``: the same forward convolution and input gradient, wrapped in a
+  ``jax.custom_vjp`` whose kernel gradient is an XLA FFI call into oneDNN's convolution
+  backward-weights primitive (:mod:`fedjax_proj.models.onednn`, the optional extra
+  ``cpu-onednn``; built on first use). Where the handler is unavailable (extra not installed, no
+  compiler, build failed) or the call is outside its domain (not float32, negative padding, a
+  backend other than CPU) the kernel gradient is ``gemm_grad``'s, with one warning line.
 - ``"patches"``: the whole convolution as im2col patches @ reshaped kernel, with no convolution
   primitive at all (patches are strided slices); gradients by autodiff (matmuls, slices, pads).
   Under ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped
@@ -31,6 +37,8 @@ All implementations agree with ``nn.Conv`` to float32 round-off (forward and gra
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -40,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CONV_IMPLS = ("xla", "patches_grad", "gemm_grad", "patches")
+CONV_IMPLS = ("xla", "patches_grad", "gemm_grad", "onednn_grad", "patches")
 
 # NHWC activations and HWIO kernels are flax's conventions; fixing them here keeps the three
 # implementations bit-compatible in their parameter layout.
@@ -200,16 +208,65 @@ def conv_gemm_grad(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pa
   return _xla_conv(x, kernel, strides, padding)
 
 
-def _conv_gemm_grad_bwd(strides, padding, residuals, g):
-  x, kernel = residuals
-  # The input gradient is autodiff's own (the transposed convolution), so it is unchanged.
-  _, input_vjp = jax.vjp(lambda x_: _xla_conv(x_, kernel, strides, padding), x)
-  (dx,) = input_vjp(g)
-  dk = gemm_kernel_grad(x, g, kernel.shape, strides, padding)
-  return dx, dk.astype(kernel.dtype)
+def _bwd_with_kernel_grad(kernel_grad):
+  """A custom_vjp backward rule: autodiff's input gradient (the transposed convolution, so it is
+  unchanged) and ``kernel_grad(x, g, kernel_shape, strides, padding)``."""
+
+  def bwd(strides, padding, residuals, g):
+    x, kernel = residuals
+    _, input_vjp = jax.vjp(lambda x_: _xla_conv(x_, kernel, strides, padding), x)
+    (dx,) = input_vjp(g)
+    dk = kernel_grad(x, g, kernel.shape, strides, padding)
+    return dx, dk.astype(kernel.dtype)
+
+  return bwd
 
 
-conv_gemm_grad.defvjp(_conv_patches_grad_fwd, _conv_gemm_grad_bwd)
+conv_gemm_grad.defvjp(_conv_patches_grad_fwd, _bwd_with_kernel_grad(gemm_kernel_grad))
+
+
+@functools.cache
+def _warn_onednn_fallback(reason: str) -> None:
+  msg = f"{reason}; conv_impl='onednn_grad' computes the kernel gradient as gemm_grad's"
+  warnings.warn(msg, stacklevel=3)
+
+
+def onednn_kernel_grad(
+  x: jax.Array, g: jax.Array, kernel_shape, strides: tuple[int, int], padding: Padding
+) -> jax.Array:
+  """The kernel gradient of :func:`conv2d` by oneDNN's backward-weights primitive on CPU, else
+  :func:`gemm_kernel_grad` (another backend, another dtype, negative padding, or the handler
+  unavailable: the last says so once per process); an empty batch gives zeros."""
+  from fedjax_proj.models import onednn
+
+  if isinstance(padding, str):
+    padding = tuple(lax.padtype_to_pads(x.shape[1:3], kernel_shape[:2], strides, padding))
+  pads = tuple(tuple(int(v) for v in p) for p in padding)
+
+  def gemm(x, g):
+    return gemm_kernel_grad(x, g, kernel_shape, strides, padding)
+
+  reason = onednn.unavailable_reason()
+  if reason is not None:
+    _warn_onednn_fallback(reason)
+    return gemm(x, g)
+  if x.dtype != jnp.float32 or g.dtype != jnp.float32 or min(min(p) for p in pads) < 0:
+    return gemm(x, g)
+  if 0 in x.shape or 0 in g.shape:  # oneDNN rejects empty tensors; the gradient is zeros
+    return jnp.zeros(kernel_shape, jnp.float32)
+  # The handler is registered for CPU only; elsewhere the same gradient as gemm_grad computes it.
+  return lax.platform_dependent(
+    x, g, cpu=lambda x, g: onednn.kernel_grad(x, g, kernel_shape, strides, pads), default=gemm
+  )
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def conv_onednn_grad(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  """XLA convolution whose kernel gradient is :func:`onednn_kernel_grad`."""
+  return _xla_conv(x, kernel, strides, padding)
+
+
+conv_onednn_grad.defvjp(_conv_patches_grad_fwd, _bwd_with_kernel_grad(onednn_kernel_grad))
 
 
 def conv2d(
@@ -239,6 +296,8 @@ def conv2d(
     return conv_patches_grad(x, kernel, strides, pad)
   if impl == "gemm_grad":
     return conv_gemm_grad(x, kernel, strides, pad)
+  if impl == "onednn_grad":
+    return conv_onednn_grad(x, kernel, strides, pad)
   if impl == "patches":
     return conv_patches(x, kernel, strides, pad)
   raise ValueError(f"unknown conv impl {impl!r}; valid: {CONV_IMPLS}")

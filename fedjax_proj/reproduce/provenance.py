@@ -46,6 +46,9 @@ REPORT_ONLY = (
 def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
   package = repo_root / "fedjax_proj"
   files = [f for f in package.rglob("*.py") if f.relative_to(package).as_posix() not in REPORT_ONLY]
+  # C++ the package compiles and calls decides numbers too (models/onednn_conv.cc, the CPU
+  # kernel gradient of conv_impl="onednn_grad").
+  files += package.rglob("*.cc")
   return sorted(files + list((repo_root / "experiments").glob("*.py")))
 
 
@@ -55,6 +58,8 @@ def machine_info() -> dict:
   code computes in another reduction order on a GPU) and an ETA uses times from the same kind."""
   import jax
 
+  from fedjax_proj.training.placement import conv_impl_for
+
   return {
     "backend": jax.default_backend(),
     "device_kind": jax.devices()[0].device_kind,
@@ -63,6 +68,10 @@ def machine_info() -> dict:
     # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products
     # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
     "matmul_precision": jax.config.jax_default_matmul_precision or "default",
+    # The CPU placement's convolution kernel gradient, "onednn_grad" where the cpu-onednn extra
+    # builds here, else "gemm_grad": two summation orders of the same gradient
+    # (docs/performance.md, "The CPU convolution kernel gradient"); None off CPU.
+    "cpu_conv_impl": conv_impl_for() if jax.default_backend() == "cpu" else None,
   }
 
 

@@ -27,13 +27,30 @@ def conv_impl_for(backend: str | None = None) -> str:
   """The ``conv_impl`` (:data:`fedjax_proj.models.conv.CONV_IMPLS`) a run's model uses on
   ``backend`` (default: ``jax.default_backend()``).
 
-  ``gemm_grad`` on XLA:CPU, whose own kernel-gradient convolution was 1.2-6x slower than the same
-  gradient as a matmul on every convolution of the CNN and ResNet-8 measured (batch 64 and 256)
-  but one, the CNN's second at batch 64 (1.2-1.8x slower); ``xla`` elsewhere, where the
-  convolution libraries have fast kernel gradients (docs/performance.md, "The CPU convolution
-  kernel gradient"). Both compute the same gradient up to float summation order.
+  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's:
+  ``onednn_grad`` (oneDNN's backward-weights primitive through an FFI call, on a par with
+  PyTorch's on every convolution of the CNN and ResNet-8 measured) where its handler is
+  available (the ``cpu-onednn`` extra, built on first use; :mod:`fedjax_proj.models.onednn`),
+  else ``gemm_grad`` (the kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of
+  those convolutions). ``xla`` elsewhere, where the convolution libraries have fast kernel
+  gradients (docs/performance.md, "The CPU convolution kernel gradient"). All compute the same
+  gradient up to float summation order.
   """
-  return "gemm_grad" if (backend or jax.default_backend()) == "cpu" else "xla"
+  if (backend or jax.default_backend()) != "cpu":
+    return "xla"
+  from fedjax_proj.models import onednn
+
+  return "onednn_grad" if onednn.available() else "gemm_grad"
+
+
+def conv_impl_note() -> str:
+  """The placement's one line on why the CPU kernel gradient is not oneDNN's ("" when it is or
+  the backend is not CPU)."""
+  if jax.default_backend() != "cpu":
+    return ""
+  from fedjax_proj.models import onednn
+
+  return onednn.unavailable_reason() or ""
 
 
 def client_mesh_for(c, strategy: str, log):

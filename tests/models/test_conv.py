@@ -10,11 +10,17 @@ import pytest
 from models_testutil import built, jit, key
 
 from fedjax_proj.core.engine import has_convolution
-from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS, Conv, get_model
+from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS, Conv, get_model, onednn
 from fedjax_proj.models import conv as conv_lib
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 CIN, COUT = 3, 5
+
+
+def _skip_without_onednn(impl="onednn_grad"):
+  """onednn_grad without its handler would compute gemm_grad's gradient; skip it, saying why."""
+  if impl == "onednn_grad" and (reason := onednn.unavailable_reason()):
+    pytest.skip(reason)
 
 
 def _close(a, b, **tol):
@@ -61,9 +67,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "patches"])
+@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "onednn_grad", "patches"])
 @pytest.mark.parametrize("kernel,strides,padding", CASES)
 def test_conv_matches_nn_conv(impl, kernel, strides, padding):
+  _skip_without_onednn(impl)
   mine = Conv(COUT, (kernel, kernel), strides=(strides, strides), padding=padding, impl=impl)
   y_ref, grads_ref = _reference(kernel, strides, padding)
   y, grads = _forward_and_grads(mine, kernel, padding)
@@ -85,9 +92,10 @@ def test_xla_impl_and_param_layout():
   _close(grads, grads_ref)
 
 
-@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "patches"])
+@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "onednn_grad", "patches"])
 def test_conv_grads_under_vmap_and_scan(impl):
   """The engine's setting: per-client kernels (vmap) and a loop of local steps (scan)."""
+  _skip_without_onednn(impl)
   x = _normal((3, 8, 8, 4), 4)
   kernels = _normal((2, 3, 3, 4, 6), 5, 0.3)
 
@@ -163,33 +171,42 @@ def _convolutions(name):
   return found
 
 
+@pytest.mark.parametrize("impl", ["gemm_grad", "onednn_grad"])
 @pytest.mark.parametrize("name", CONV_MODELS)
-def test_gemm_kernel_grad_equals_autodiff_on_every_model_convolution(name):
-  """``gemm_grad``'s kernel gradient equals ``jax.grad`` of the plain convolution on each of the
-  model's convolutions (shapes, strides, padding as the model calls it)."""
+def test_kernel_grad_equals_autodiff_on_every_model_convolution(name, impl):
+  """``gemm_grad``'s and ``onednn_grad``'s kernel gradients equal ``jax.grad`` of the plain
+  convolution on each of the model's convolutions (shapes, strides, padding as the model calls
+  it)."""
+  _skip_without_onednn(impl)
+  kernel_grad = {"gemm_grad": conv_lib.gemm_kernel_grad, "onednn_grad": conv_lib.onednn_kernel_grad}
   convs = _convolutions(name)
   assert convs
   for n, (xs, ks, strides, padding) in enumerate(sorted(convs)):
+    # oneDNN takes no negative (cropping) padding; onednn_grad would fall back to gemm_grad.
+    assert min(min(p) for p in padding) >= 0, (name, padding)
     x, kernel = _normal(xs, 10 + n), _normal(ks, 20 + n, 0.3)
     conv = functools.partial(conv_lib.conv2d, strides=strides, padding=padding)
     g = _normal(jax.eval_shape(conv, x, kernel).shape, 30 + n)
 
     def both(x, kernel, g, conv=conv, ks=ks, strides=strides, padding=padding):
       ref = jax.vjp(lambda k: conv(x, k), kernel)[1](g)[0]
-      return ref, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding)
+      return ref, kernel_grad[impl](x, g, ks, strides, padding)
 
     ref, mine = jit(both)(x, kernel, g)
     scale = float(jnp.max(jnp.abs(ref)))
     np.testing.assert_allclose(mine, ref, rtol=0, atol=1e-5 * scale, err_msg=str((xs, ks)))
 
 
+@pytest.mark.parametrize("impl", ["gemm_grad", "onednn_grad"])
 @pytest.mark.parametrize("name", ["cnn", "resnet8"])
-def test_gemm_grad_model_gradients_equal_autodiff_under_vmap(name):
-  """A whole model's parameter and input gradients with ``gemm_grad`` equal ``jax.grad`` with the
-  plain convolution (``xla``), per client under ``vmap`` as the engine batches clients (two
-  clients: the test variables and a perturbed copy, each on its own inputs)."""
+def test_model_gradients_equal_autodiff_under_vmap(name, impl):
+  """A whole model's parameter and input gradients with ``gemm_grad`` / ``onednn_grad`` equal
+  ``jax.grad`` with the plain convolution (``xla``), per client under ``vmap`` as the engine
+  batches clients (two clients: the test variables and a perturbed copy, each on its own
+  inputs)."""
+  _skip_without_onednn(impl)
   b = built(name)
-  model = get_model(name, b.model.num_classes, conv_impl="gemm_grad")
+  model = get_model(name, b.model.num_classes, conv_impl=impl)
   variables = jax.tree_util.tree_map(lambda v: jnp.stack([v, v * 1.01 + 0.01]), b.variables)
   x = jnp.stack([b.x, -0.5 * b.x])
 
@@ -207,3 +224,90 @@ def test_gemm_grad_model_gradients_equal_autodiff_under_vmap(name):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
 
   jax.tree_util.tree_map(check, grads(model), grads(b.model))
+
+
+def _kernel_grad_case(seed=40):
+  x, g = _normal((3, 9, 8, 4), seed), _normal((3, 5, 4, 6), seed + 1)
+  return x, g, (3, 3, 4, 6), (2, 2), "SAME"
+
+
+def test_onednn_kernel_grad_is_the_ffi_call_and_batches_under_vmap():
+  """The jitted CPU kernel gradient is oneDNN's custom call (not a silent gemm_grad), and under vmap
+  (clients' own inputs, inputs shared by all clients, two nested client axes) each client's
+  gradient is its own."""
+  _skip_without_onednn()
+  x, g, ks, strides, padding = _kernel_grad_case()
+  grad = functools.partial(conv_lib.onednn_kernel_grad, kernel_shape=ks, strides=strides)
+  grad = functools.partial(grad, padding=padding)
+  traced = jax.jit(grad).trace(x, g)
+  assert onednn.TARGET in traced.lower(lowering_platforms=("cpu",)).as_text()
+  # The handler is CPU-only: a GPU program computes gemm_grad's gradient instead.
+  assert onednn.TARGET not in traced.lower(lowering_platforms=("cuda",)).as_text()
+  ref = lambda x, g: conv_lib.gemm_kernel_grad(x, g, ks, strides, padding)  # noqa: E731
+  xs, gs = jnp.stack([x, -2.0 * x, x[::-1]]), jnp.stack([g, g[::-1], 0.5 * g])
+  scale = float(jnp.max(jnp.abs(ref(x, g))))
+
+  def check(got, want):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+
+  check(jit(jax.vmap(grad))(xs, gs), jax.vmap(ref)(xs, gs))
+  check(jit(jax.vmap(grad, in_axes=(None, 0)))(x, gs), jax.vmap(ref, in_axes=(None, 0))(x, gs))
+  nested = jnp.stack([xs, -xs]), jnp.stack([gs, gs])
+  check(jit(jax.vmap(jax.vmap(grad)))(*nested), jax.vmap(jax.vmap(ref))(*nested))
+  # An empty batch (which oneDNN rejects) has a zero gradient.
+  np.testing.assert_array_equal(grad(x[:0], g[:0]), np.zeros(ks, np.float32))
+
+
+@pytest.fixture
+def onednn_missing(monkeypatch, tmp_path):
+  """A process whose oneDNN extra is not installed (its distribution lookup fails)."""
+  import importlib.metadata
+
+  real = importlib.metadata.distribution
+
+  def distribution(name):
+    if name == onednn.LIBRARY_DIST:
+      raise importlib.metadata.PackageNotFoundError(name)
+    return real(name)
+
+  monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  onednn.unavailable_reason.cache_clear()
+  conv_lib._warn_onednn_fallback.cache_clear()
+  yield
+  onednn.unavailable_reason.cache_clear()
+  conv_lib._warn_onednn_fallback.cache_clear()
+
+
+def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missing):
+  from fedjax_proj.training import placement
+
+  reason = onednn.unavailable_reason()
+  assert reason == (
+    "onednn_grad unavailable: onednn-cpu-gomp is not installed (pip install "
+    "'fedjax_proj[cpu-onednn]')"
+  )
+  assert placement.conv_impl_for("cpu") == "gemm_grad"
+  x, g, ks, strides, padding = _kernel_grad_case()
+  with pytest.warns(UserWarning) as caught:
+    got = conv_lib.onednn_kernel_grad(x, g, ks, strides, padding)
+    conv_lib.onednn_kernel_grad(x, g, ks, strides, padding)
+  assert len(caught) == 1 and "\n" not in str(caught[0].message)
+  assert str(caught[0].message).startswith(reason)
+  np.testing.assert_array_equal(got, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding))
+
+
+def test_onednn_failed_build_says_so_in_one_line(monkeypatch, tmp_path):
+  """A compiler that fails leaves no library behind and one line naming the source and compiler."""
+  if reason := onednn.unavailable_reason():
+    pytest.skip(reason)  # the extra is absent: the lookup fails before any build
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  monkeypatch.setattr(onednn, "_compiler", lambda: "/bin/false")
+  onednn.unavailable_reason.cache_clear()
+  try:
+    reason = onednn.unavailable_reason()
+  finally:
+    onednn.unavailable_reason.cache_clear()
+  assert reason is not None and "\n" not in reason, reason
+  assert reason.startswith("onednn_grad unavailable: building onednn_conv.cc with /bin/false")
+  assert not list(tmp_path.rglob("*.so"))

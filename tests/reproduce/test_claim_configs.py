@@ -441,12 +441,14 @@ def test_moon_runs_the_papers_layout_and_the_cpu_budget_keeps_its_v1_layout():
 def test_the_code_fingerprint_leaves_out_exactly_the_report_side(tmp_path):
   """The code fingerprint covers what decides a run's numbers and nothing that only reads or draws
   results: editing fedjax_proj/plot.py or any file of reproduce/report/ (every one of them listed)
-  keeps it, editing the runner, a claim module, a config module or an entry point changes it."""
+  keeps it, editing the runner, a claim module, a config module, an entry point or the package's C++
+  source changes it."""
   package = run.REPO_ROOT / "fedjax_proj"
   names = {f.relative_to(run.REPO_ROOT).as_posix() for f in run.code_files()}
   assert {"fedjax_proj/reproduce/run.py", "fedjax_proj/configs/cifar10.py"} <= names
   assert {"fedjax_proj/reproduce/claims/fedproj.py", "fedjax_proj/reproduce/runners.py"} <= names
   assert "experiments/cifar10.py" in names
+  assert "fedjax_proj/models/onednn_conv.cc" in names  # compiled C++ computes gradients too
   assert not {f"fedjax_proj/{r}" for r in run.REPORT_ONLY} & names
   assert all((package / r).is_file() for r in run.REPORT_ONLY)  # no stale entry
   # A file added to the report package is report-side too, so it must be listed.

@@ -1,0 +1,165 @@
+"""oneDNN's convolution backward-weights as an XLA:CPU FFI call (``conv_impl="onednn_grad"``).
+
+The C++ handler ``onednn_conv.cc`` ships in this package. On first use it is compiled with the
+system C++ compiler against the optional extra ``cpu-onednn`` (``onednn-cpu-gomp`` and
+``onednn-devel-cpu-gomp``: oneDNN's library and headers) and jaxlib's XLA FFI headers, into a
+per-user cache folder (``$XDG_CACHE_HOME/fedjax_proj/onednn``, else ``~/.cache/...``) under a
+name keyed by the source, oneDNN's and jaxlib's versions and the compiler; later processes load
+that file. Loaded with ``ctypes`` and registered with ``jax.ffi.register_ffi_target``.
+
+:func:`unavailable_reason` is None when the handler is registered, else one line saying why not
+(extra not installed, no compiler, build failed); the CPU placement then uses ``gemm_grad``
+(``fedjax_proj.training.placement.conv_impl_for``). See docs/performance.md, "The CPU
+convolution kernel gradient".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TARGET = "fedjax_proj_onednn_conv_kernel_grad"
+SOURCE = Path(__file__).with_name("onednn_conv.cc")
+# The oneDNN build the extra pins: CPU only, GNU OpenMP (its libdnnl.so needs only libc, libstdc++
+# and libgomp). Newer "onednn" wheels depend on Intel's SYCL/TBB/OpenCL runtimes.
+LIBRARY_DIST, HEADERS_DIST = "onednn-cpu-gomp", "onednn-devel-cpu-gomp"
+EXTRA_HINT = "pip install 'fedjax_proj[cpu-onednn]'"
+_registered: list[Path] = []  # the library registered in this process, if any
+
+
+def cache_folder(environ=os.environ) -> Path:
+  """Where built handlers are kept: ``$XDG_CACHE_HOME/fedjax_proj/onednn``, else
+  ``~/.cache/fedjax_proj/onednn``."""
+  base = environ.get("XDG_CACHE_HOME", "").strip() or str(Path("~/.cache").expanduser())
+  return Path(base) / "fedjax_proj" / "onednn"
+
+
+class Unavailable(Exception):
+  """The handler cannot be built or loaded; the message is the one line to report."""
+
+
+def _find(dist: str, suffix: str) -> Path:
+  try:
+    d = importlib.metadata.distribution(dist)
+  except importlib.metadata.PackageNotFoundError:
+    raise Unavailable(f"{dist} is not installed ({EXTRA_HINT})") from None
+  for f in d.files or ():
+    if str(f).endswith(suffix):
+      path = Path(d.locate_file(f)).resolve()
+      if path.exists():
+        return path
+  raise Unavailable(f"{dist} {d.version} has no {suffix} ({EXTRA_HINT} to reinstall it)")
+
+
+def _compiler() -> str:
+  # CXX is the build-tool convention for the C++ compiler (a build setting, not a flag).
+  for name in (os.environ.get("CXX", "").strip(), "c++", "g++", "clang++"):
+    if name and (path := shutil.which(name)):
+      return path
+  raise Unavailable("no C++ compiler found (install g++ or set CXX)")
+
+
+def _build(lib_dir: Path, include_dir: Path, out: Path, cxx: str) -> None:
+  out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+  # Written under a temporary name and renamed: two processes building at once each write their
+  # own file, and the rename is atomic.
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+  os.close(fd)
+  cmd = [
+    cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{include_dir}",
+    f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp, f"-L{lib_dir}", "-ldnnl",
+    f"-Wl,-rpath,{lib_dir}",
+  ]  # fmt: skip
+  try:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+      first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr[-200:])
+      raise Unavailable(f"building {SOURCE.name} with {cxx} failed: {first.strip()}")
+    os.replace(tmp, out)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise Unavailable(f"building {SOURCE.name} with {cxx} failed: {e}") from None
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def _load() -> None:
+  lib = _find(LIBRARY_DIST, "libdnnl.so")
+  header = _find(HEADERS_DIST, "oneapi/dnnl/dnnl.hpp")
+  include_dir = header.parents[2]
+  cxx = _compiler()
+  key = hashlib.sha256()
+  for part in (
+    SOURCE.read_bytes(),
+    importlib.metadata.version(LIBRARY_DIST).encode(),
+    importlib.metadata.version("jaxlib").encode(),
+    cxx.encode(),
+    str(lib.parent).encode(),
+  ):
+    key.update(part + b"\0")
+  out = cache_folder() / f"onednn_conv-{key.hexdigest()[:16]}.so"
+  if not out.exists():
+    _build(lib.parent, include_dir, out, cxx)
+  if _registered:
+    # XLA refuses a second handler under one name; the first one loaded serves the process.
+    return
+  try:
+    handle = ctypes.CDLL(str(out))
+    capsule = jax.ffi.pycapsule(handle.FedjaxOnednnConvKernelGrad)
+  except (OSError, AttributeError) as e:
+    raise Unavailable(f"loading {out} failed: {e} (delete it to rebuild)") from None
+  try:
+    jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+  except Exception as e:  # XLA's own refusal (JaxRuntimeError), reported as the one line
+    raise Unavailable(f"registering {out.name} with XLA failed: {e}") from None
+  _registered.append(out)
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+  """None once the handler is built, loaded and registered; else one line saying why it is not
+  (computed once per process)."""
+  try:
+    _load()
+  except Unavailable as e:
+    return f"onednn_grad unavailable: {e}"
+  return None
+
+
+def available() -> bool:
+  return unavailable_reason() is None
+
+
+def kernel_grad(
+  x: jax.Array, g: jax.Array, kernel_shape, strides: tuple[int, int], pads
+) -> jax.Array:
+  """The kernel gradient of an NHWC/HWIO convolution at input ``x`` and output gradient ``g``
+  (float32; explicit ``pads`` ((lo, hi), (lo, hi)), non-negative), by oneDNN.
+
+  Under ``vmap`` both operands are broadcast to the same leading axes (``broadcast_all``) and the
+  handler computes one kernel gradient per leading index; it accepts any number of leading axes.
+  """
+  (plo, phi), (qlo, qhi) = pads
+  out = jax.ShapeDtypeStruct(tuple(kernel_shape), jnp.float32)
+  call = jax.ffi.ffi_call(TARGET, out, vmap_method="broadcast_all")
+  return call(
+    x,
+    g,
+    stride_h=np.int64(strides[0]),
+    stride_w=np.int64(strides[1]),
+    pad_h_lo=np.int64(plo),
+    pad_h_hi=np.int64(phi),
+    pad_w_lo=np.int64(qlo),
+    pad_w_hi=np.int64(qhi),
+  )
