@@ -246,8 +246,8 @@ def markdown(r: dict) -> str:
     )
   lines += [
     "",
-    "| round | loss | ρ_max of sampled | sampled over 2 | max amplification | coords |a|>1 | "
-    "max |θ−θ*| | over |a|>1 |",
+    "| round | loss | ρ_max of sampled | sampled over 2 | max amplification | coords \\|a\\| > 1 | "
+    "max \\|θ − θ*\\| | over \\|a\\| > 1 |",
     "|---|---|---|---|---|---|---|---|",
   ]
   for x in r["rounds"]:
