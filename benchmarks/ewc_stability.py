@@ -239,10 +239,11 @@ def markdown(r: dict) -> str:
   ]
   for t in r["tasks"]:
     top = int(np.argmax(t["fmax_per_client"]))
+    # "-": recorded before this column existed (seeds 1 and 4).
+    mean = f"{t['fmax_client_mean']:.3g}" if "fmax_client_mean" in t else "-"
     lines.append(
       f"| {t['task'] + 1} | {t['fmax']:.3g} | {t['fmax_median']:.3g} | {t['task_fmax']:.3g} | "
-      f"{t['clients_over_bound']} / {t['clients']} | {t['fmax_leaf_per_client'][top]} | "
-      f"{t.get('fmax_client_mean', float('nan')):.3g} |"
+      f"{t['clients_over_bound']} / {t['clients']} | {t['fmax_leaf_per_client'][top]} | {mean} |"
     )
   lines += [
     "",
