@@ -29,10 +29,8 @@ from pathlib import Path
 import ml_collections
 
 from fedjax_proj.training.config import base_config
-from fedjax_proj.training.fields import FL_FIELDS
+from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
-# The config's fields (training/fields.py): base_config's, as every FL entry point's.
-FIELDS = FL_FIELDS
 METHODS = ("fedavg", "fedproj")
 PRIVATE_TRAIN = 1000  # of digits' 1,437 training images; the rest is the unlabelled public set
 PUBLIC_FILE = "public_digits.npz"

@@ -33,10 +33,8 @@ from fedjax_proj.configs import common
 from fedjax_proj.core.engine import STRATEGIES
 from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
-from fedjax_proj.training.fields import FL_FIELDS
+from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
-# The config's fields (training/fields.py): base_config's, as every FL entry point's.
-FIELDS = FL_FIELDS
 METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
 # dataset -> (paper network, paper partition); paper 004 Sect. 4.1.
 PAPER_SETTINGS = {
