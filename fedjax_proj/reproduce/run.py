@@ -54,7 +54,7 @@ from fedjax_proj.reproduce.runners import _run_continual as _run_continual
 from fedjax_proj.reproduce.runners import _run_image as _run_image
 from fedjax_proj.reproduce.runners import _run_pilot as _run_pilot
 from fedjax_proj.reproduce.runners import tiny as tiny
-from fedjax_proj.training.fields import UNSET
+from fedjax_proj.training.fields import UNSET, value_of
 from fedjax_proj.training.rundir import checkpoint_rounds
 
 try:
@@ -348,8 +348,8 @@ def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
         "it (offline): prepare it on a machine with internet and point $TFDS_DATA_DIR at it"
       )
 
-  check(c["dataset"], c.get("data_dir", ""), ("train", "test"), "private set")
-  public = c.get("public_data", "")
+  check(c["dataset"], value_of(c, "data_dir"), ("train", "test"), "private set")
+  public = value_of(c, "public_data")
   if public and needs_public(c["method"]):
     if looks_like_path(public) or public.endswith(text.TEXT_SUFFIXES):
       if not Path(public).is_file():
@@ -444,7 +444,7 @@ def public_fallback(
   (``{data}`` placeholder kept) with the memory capped at its size, so the run goes on and the
   report states the deviation instead of the run failing on ``memory_size > public set``.
   """
-  name, split = config.get("public_data", ""), config.get("public_split", "train")
+  name, split = value_of(config, "public_data"), value_of(config, "public_split")
   if not name or split == "train" or "/" in name or tfds_has(name):
     return config, []
   size = _dataset_size(fallback.replace("{data}", str(data_root)))

@@ -19,6 +19,7 @@ from fedjax_proj.data.partition import parse_partition
 from fedjax_proj.data.sources import KNOWN_NUM_CLASSES, canonical_name, looks_like_path
 from fedjax_proj.data.sources.text import TEXT_DATASETS
 from fedjax_proj.training import fields
+from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.optimizers import lr_step_epochs
 from fedjax_proj.training.processes import validate_processes
 
@@ -34,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
 def check_client_chunk_flag(c) -> None:
   """``--client_chunk`` is auto, none or a positive integer (every entry point's runs read it,
   :func:`fedjax_proj.training.placement.plan_execution`)."""
-  chunk = str(c.get("client_chunk", "auto")).lower()
+  chunk = str(value_of(c, "client_chunk")).lower()
   if chunk not in ("auto", "none") and not (chunk.isdigit() and int(chunk) >= 1):
     raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
 
@@ -58,12 +59,12 @@ def validate_config(
       f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}; "
       "lower clients_per_round or raise num_clients."
     )
-  if c.get("lr_schedule", "constant") == "step" and lr_step_epochs(c) < 1:
+  if value_of(c, "lr_schedule") == "step" and lr_step_epochs(c) < 1:
     raise ValueError(
       f"--lr_schedule=step needs --lr_step_epochs >= 1 (0 means local_epochs // 2 = "
       f"{c.local_epochs // 2}); set --lr_step_epochs or use --local_epochs >= 2."
     )
-  if c.get("lr_schedule", "constant") == "step" and c.method == "fednova":
+  if value_of(c, "lr_schedule") == "step" and c.method == "fednova":
     # FedNova's a_k probes the optimiser with one step table for every client (fednova.py); a
     # per-client epoch schedule would need a table per client size.
     raise ValueError(
@@ -82,7 +83,7 @@ def validate_config(
       f"{c.method} with vote_validation=server needs held-out validation data, but "
       "--train_subset=0 trains on the whole training set; " + no_validation_fix(c.method) + "."
     )
-  if c.get("resume", False) and not c.output_dir:
+  if value_of(c, "resume") and not c.output_dir:
     raise ValueError("--resume needs --output_dir=<the interrupted run's directory>.")
   for field in registry.config_kwargs(c.method):
     # One source for a value that is both a flag and a hyperparameter: the flag. Entry points move
@@ -105,7 +106,7 @@ def validate_config(
       "or raise --public_size (0 uses the whole public set)."
     )
   validate_processes(c)
-  if c.get("tensorboard", False):
+  if value_of(c, "tensorboard"):
     from fedjax_proj.training.tensorboard import require_tensorboardx
 
     try:

@@ -157,6 +157,13 @@ def config(
   return c
 
 
+def value_of(c, name: str):
+  """``c[name]``, or the field's default (:data:`FL_FIELDS`) where ``c`` lacks it: a config of a
+  family without the field (the continual configs have no ``normalization``), or one recorded
+  before the field existed."""
+  return c.get(name, FL_FIELDS[name].default)
+
+
 def check_fields(c, fields: Mapping[str, Field]) -> None:
   """Every numeric field of ``c`` is finite and in its declared range, and every text field with
   declared choices holds one of them; the error names the flag, the range (or the choices) and
