@@ -189,8 +189,9 @@ def declared(table: Mapping[str, Field], key: str) -> Field:
     return table[key]
   except KeyError:
     raise ValueError(
-      f"Config field {key!r} has no entry in the entry point's field table; declare it once as a "
-      "Field (fedjax_proj/training/fields.py, or the family's FIELDS in fedjax_proj/configs/)."
+      f"Config field {key!r} has no entry in the field table; pass the family's FIELDS as the "
+      "table, or declare the field once as a Field (fedjax_proj/training/fields.py, or the "
+      "family's FIELDS in fedjax_proj/configs/)."
     ) from None
 
 
