@@ -36,6 +36,9 @@ from fedjax_proj.core.engine import STRATEGIES
 from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
 
+# The config's fields (training/fields.py): base_config's and the FedProj presets' switches.
+FIELDS = fedproj_presets.FIELDS
+
 PRESETS = ("paper", "paper_code", "fedgkd_paper", "cpu", "smoke")
 # MOON (Li, He and Song, CVPR 2021), Sec. 4.1: μ = 5 on CIFAR-10.
 MOON_CIFAR10_MU = 5.0

@@ -36,6 +36,9 @@ from fedjax_proj.core.engine import STRATEGIES
 from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
 
+# The config's fields (training/fields.py): base_config's and the FedProj presets' switches.
+FIELDS = fedproj_presets.FIELDS
+
 # Methods with server-side ensemble distillation: the paper distils 3 epochs on CIFAR-100.
 DISTILL_METHODS = ("fedproj", "feddf", "fedet")
 PAPER_DISTILL_EPOCHS = 3

@@ -31,6 +31,9 @@ from fedjax_proj.core.engine import STRATEGIES
 from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
 
+# The config's fields (training/fields.py): base_config's and the FedProj presets' switches.
+FIELDS = fedproj_presets.FIELDS
+
 
 def get_config(preset: str = "paper"):
   c = base_config()

@@ -37,12 +37,14 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # imported where used: exit_on_interrupt runs before any heavy import
   import ml_collections
+
+  from fedjax_proj.training.fields import Field
 
 PRESETS = ("paper", "cpu", "smoke")
 
@@ -93,70 +95,6 @@ def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 SMOKE_METHOD_KWARGS = {"memory_batch_size": 64}
 
 
-# What each config field does, for --help (the default is appended from the preset).
-HELP = {
-  "method": "federated method to run",
-  "dataset": "dataset name (checked against the data's shape and classes) or a path to the data",
-  "data_dir": "folder (or .npz) holding the dataset; empty: $FEDJAX_PROJ_DATA_DIR, then TFDS",
-  "model": "model architecture",
-  "num_clients": "number of clients the training set is split over",
-  "clients_per_round": "clients sampled each round",
-  "rounds": "communication rounds (with --resume: extends a shorter run to this many)",
-  "local_epochs": "local epochs per client per round",
-  "batch_size": "local batch size",
-  "partition": (
-    "how the training set is split over clients: iid; dirichlet:<beta>[:<min_size>] (label "
-    "skew, smaller beta = more skewed, e.g. dirichlet:0.3); shards:<shards_per_client> (e.g. "
-    "shards:2); exdir:<classes_per_client>:<alpha>[:<min_size>] (e.g. exdir:2:0.5)"
-  ),
-  "seed": "random seed in [0, 2**32 - 1) (client sampling, batches, initialisation derive from it)",
-  "strategy": "how a round is executed (auto picks the fastest for the model and backend)",
-  "optimizer": "client optimiser: sgd or adam",
-  "lr": "client learning rate (> 0)",
-  "momentum": "client SGD momentum in [0, 1) (0: none)",
-  "weight_decay": "client weight decay (0: none)",
-  "lr_schedule": (
-    "local learning-rate schedule, restarted each round: constant, or step (lr x "
-    "lr_step_gamma^floor(epoch / lr_step_epochs), the FedProj code's StepLR)"
-  ),
-  "lr_step_epochs": "with --lr_schedule=step: local epochs between decays (0: local_epochs // 2)",
-  "lr_step_gamma": "with --lr_schedule=step: factor in (0, 1] applied to the lr at each decay",
-  "fedproj_alpha_by_beta": (
-    "fedproj: read its divergence weight alpha from paper 001 Table 3 for the final --partition"
-  ),
-  "server_optimizer": "server optimiser on the aggregated update: none (averaging), sgd or adam",
-  "server_lr": "server learning rate (> 0)",
-  "server_momentum": "server SGD momentum in [0, 1)",
-  "augment": "random crop and flip of training images",
-  "normalization": (
-    "input normalisation: dataset (the data's channel statistics) or code (the FedProj authors' "
-    "values: CIFAR-10 std (0.2023, 0.1994, 0.2010), the public set its own statistics)"
-  ),
-  "eval_every": "evaluate the global model every k rounds (and after the last)",
-  "eval_batch_size": "batch size of evaluation",
-  "train_subset": "use only this many training examples (0: all)",
-  "test_subset": "use only this many test examples (0: all)",
-  "output_dir": "run directory (metrics, summary, checkpoints); empty: runs/<method>-<time>",
-  "progress": "show a progress bar",
-  "shard_clients": "split each round's clients over the local devices",
-  "client_chunk": "clients per chunk with streaming aggregation: auto, none or an integer",
-  "coordinator_address": "host:port of process 0 in a multi-process job",
-  "num_processes": "processes of the job (0: detect Cloud TPU / Slurm / Open MPI)",
-  "process_id": "this process's rank in a multi-process job",
-  "cpu_collectives": "collectives for CPU-only multi-process jobs: '' (JAX default), gloo or mpi",
-  "public_data": "public (unlabelled) set for distillation methods: a name (cifar100) or a path",
-  "public_split": "split of a TFDS public set: train, or train+test (CIFAR-100's 60k, 001 6.1)",
-  "public_size": "use only this many public examples (0: all)",
-  "memory_size": "FedProj's memory of public examples (at most --public_size)",
-  "lmem_global": "log FedProj's lmem_global drift metric (one more forward pass per round)",
-  "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
-  "overwrite": "let a new run replace the run --output_dir holds (otherwise refused)",
-  "checkpoint_every": "save a checkpoint every k rounds and after the last (0: only on a signal)",
-  "keep_checkpoints": "how many checkpoints to keep",
-  "tensorboard": "also write TensorBoard events (needs the tensorboard extra)",
-}
-
-
 def method_kwargs_help(methods) -> str:
   """--method_kwargs' help: the syntax and every method's keys with their defaults."""
   from fedjax_proj.algorithms.registry import describe_hparams
@@ -167,20 +105,6 @@ def method_kwargs_help(methods) -> str:
     "(with defaults): "
   ]
   return lines[0] + "; ".join(f"{m}: {describe_hparams(m)}" for m in methods)
-
-
-def parse_bool(text: str) -> bool:
-  """A boolean flag value: 1/true/yes/on or 0/false/no/off (argparse type)."""
-  low = text.lower()
-  if low in ("1", "true", "yes", "on"):
-    return True
-  if low in ("0", "false", "no", "off"):
-    return False
-  raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def _optional_int(text: str):
-  return None if text.lower() in ("none", "") else int(text)
 
 
 def _method_type(valid: tuple[str, ...]) -> Callable[[str], str]:
@@ -210,9 +134,21 @@ def build_parser(
   get_config: Callable[[str], ml_collections.ConfigDict],
   choices: dict,
   presets: tuple[str, ...] = PRESETS,
+  table: Mapping[str, Field] | None = None,
 ) -> argparse.ArgumentParser:
+  """The entry point's flags: ``--preset``, one ``--<field>`` per scalar field of its paper preset
+  with the type and help its ``table`` entry declares (default: the FL entry points',
+  :data:`fedjax_proj.training.fields.FL_FIELDS`), ``--method_kwargs`` and
+  ``--compilation_cache``. ``choices`` restricts fields to the values this entry point offers.
+
+  Raises:
+    ValueError: a field of the config without a table entry (declare it there).
+  """
   import ml_collections
 
+  from fedjax_proj.training.fields import FL_FIELDS
+
+  table = FL_FIELDS if table is None else table
   parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
   parser.add_argument(
     "--preset",
@@ -226,10 +162,9 @@ def build_parser(
   for key, value in defaults.items():
     if isinstance(value, ml_collections.ConfigDict):
       continue
-    kind = parse_bool if isinstance(value, bool) else type(value)
-    if value is None:
-      kind = _optional_int
-    extra = {"nargs": "?", "const": True} if isinstance(value, bool) else {}
+    field = declared(table, key)
+    kind = field.flag_type()
+    extra = {"nargs": "?", "const": True} if field.type is bool else {}
     if key == "method" and choices.get(key):
       # --help and the errors offer this entry point's methods only; a sequential method's name
       # still parses, so that prepare() can point to experiments/sequential.py instead.
@@ -239,13 +174,25 @@ def build_parser(
       type=kind,
       default=None,
       choices=None if key == "method" else choices.get(key),
-      help=f"{HELP.get(key, key.replace('_', ' '))} (default: {value!r} in the paper preset)",
+      help=f"{field.help} (default: {value!r} in the paper preset)",
       **extra,
     )
   methods = choices.get("method") or ()
   parser.add_argument("--method_kwargs", default="", help=method_kwargs_help(methods))
   add_compilation_cache_flag(parser)
   return parser
+
+
+def declared(table: Mapping[str, Field], key: str) -> Field:
+  """``table``'s entry for the config field ``key``; a ValueError names where to declare it."""
+  try:
+    return table[key]
+  except KeyError:
+    raise ValueError(
+      f"Config field {key!r} has no entry in the field table; pass the family's FIELDS as the "
+      "table, or declare the field once as a Field (fedjax_proj/training/fields.py, or the "
+      "family's FIELDS in fedjax_proj/configs/)."
+    ) from None
 
 
 def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
@@ -287,10 +234,12 @@ def resolve(
   fields=None,
   method_kwargs=None,
   prepare: Callable | None = None,
+  table: Mapping[str, Field] | None = None,
 ) -> ml_collections.ConfigDict:
   """The config an entry point runs: ``get_config(preset)``, then ``fields``, then the smoke
-  preset's method defaults, then ``method_kwargs``, checked, then ``prepare`` (the preset rules
-  that depend on the final fields).
+  preset's method defaults, then ``method_kwargs``, checked (with the ranges and choices of
+  ``table``, the entry point's field table; default: training/fields.py's FL_FIELDS), then
+  ``prepare`` (the preset rules that depend on the final fields).
 
   The flags of :func:`main`, the claim runner (fedjax_proj/reproduce/run.py) and
   experiments/quickstart.ipynb all resolve through this function, so a claim or the notebook runs
@@ -307,6 +256,7 @@ def resolve(
         config.method_kwargs[key] = value
   from fedjax_proj.algorithms.registry import config_kwargs
   from fedjax_proj.training.config import validate_config
+  from fedjax_proj.training.fields import FL_FIELDS
 
   given = dict(method_kwargs or {})
   for field in config_kwargs(config.method):
@@ -329,7 +279,7 @@ def resolve(
   for key, value in given.items():
     config.method_kwargs[key] = value
 
-  validate_config(config)
+  validate_config(config, FL_FIELDS if table is None else table)
   return prepare(config) if prepare is not None else config
 
 
@@ -352,19 +302,20 @@ def parse_config(
   get_config: Callable[[str], ml_collections.ConfigDict],
   choices: dict,
   presets: tuple[str, ...] = PRESETS,
+  table: Mapping[str, Field] | None = None,
 ) -> ml_collections.ConfigDict:
   """The flags' config: :func:`resolve` without ``prepare`` (:func:`main` applies it, so its
   refusals exit 2 with a one-line error rather than a usage message)."""
-  return _parse(argv, description, get_config, choices, presets)[2]
+  return _parse(argv, description, get_config, choices, presets, table)[2]
 
 
-def _parse(argv, description, get_config, choices, presets):
+def _parse(argv, description, get_config, choices, presets, table=None):
   """(parser, parsed flags, config) of :func:`parse_config`."""
-  parser = build_parser(description, get_config, choices, presets)
+  parser = build_parser(description, get_config, choices, presets, table)
   args = parser.parse_args(argv)
   fields, kwargs = flag_values(parser, args)
   try:
-    return parser, args, resolve(get_config, args.preset, fields, kwargs)
+    return parser, args, resolve(get_config, args.preset, fields, kwargs, table=table)
   except ValueError as e:
     parser.error(str(e))
 
@@ -416,16 +367,18 @@ def main(
   choices,
   prepare: Callable | None = None,
   presets: tuple[str, ...] = PRESETS,
+  table: Mapping[str, Field] | None = None,
 ) -> int:
   """Parses flags, runs the experiment and maps failures to exit codes with a message.
 
   ``prepare(config) -> config`` applies preset rules that depend on the chosen flags (e.g. the
   public set a preset expects); its ValueErrors exit 2 like other flag errors. Flags, then
-  ``prepare``, is :func:`resolve`, the function the claim runner calls.
+  ``prepare``, is :func:`resolve`, the function the claim runner calls. ``table``: the entry
+  point's field table (:func:`build_parser`).
   """
   from fedjax_proj.training.experiment import default_output_dir, run_experiment
 
-  parser, args, config = _parse(argv, description, get_config, choices, presets)
+  parser, args, config = _parse(argv, description, get_config, choices, presets, table)
   use_compilation_cache(parser, args.compilation_cache)
   if prepare is not None:  # the last step of resolve(), kept here for its exit code
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ml_collections
 
 from fedjax_proj.configs import common
+from fedjax_proj.training import fields
+from fedjax_proj.training.fields import value_of
 
 # Paper 001, Table 3 (= 000, Table 3b): the α of Table 1's FedProj row per dataset and Dirichlet β
 # (the best row of each column; "w/o" = 0). β values the table lacks get 0, the papers' default.
@@ -27,6 +29,11 @@ CODE_MEMORY_SIZE = 12_500
 CODE_ALPHA = {"cifar10": {0.3: 0.1, 0.5: 0.3}}
 # main_fedproj.py lines 209-212: projection from round 10, off again in rounds 90-100 (0-based).
 CODE_PROJ_ROUNDS = (10, 90)
+
+
+# The fields of an entry point whose presets are FedProj's (cifar10.py, cifar100.py, cinic10.py):
+# base_config's and the two switches these presets set (training/fields.py, FEDPROJ_FIELDS).
+FIELDS = fields.FL_FIELDS
 
 
 def paper_alpha(dataset: str, partition: str) -> float:
@@ -124,8 +131,8 @@ def apply_paper_code(
 def prepare(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Re-reads the paper's α for the final --partition (flags apply after the preset)."""
   defaults = config.get("method_defaults", {})
-  if config.get("fedproj_alpha_by_beta", False) and "fedproj" in defaults:
+  if value_of(config, "fedproj_alpha_by_beta") and "fedproj" in defaults:
     config.method_defaults.fedproj.alpha = paper_alpha(config.dataset, config.partition)
-  if config.get("fedproj_code_alpha_by_beta", False) and "fedproj" in defaults:
+  if value_of(config, "fedproj_code_alpha_by_beta") and "fedproj" in defaults:
     config.method_defaults.fedproj.alpha = code_alpha(config.dataset, config.partition)
   return config

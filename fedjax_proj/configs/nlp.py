@@ -31,7 +31,9 @@ import ml_collections
 from fedjax_proj.configs import common
 from fedjax_proj.core import ranges
 from fedjax_proj.core.engine import STRATEGIES
+from fedjax_proj.training import fields
 from fedjax_proj.training.config import base_config
+from fedjax_proj.training.fields import Field
 
 PRESETS = ("paper", "fedgkd_paper", "cpu", "smoke")
 # task -> (private set, public set): 001 Sec. 6.1 pairs; AG News (002) has none.
@@ -47,28 +49,46 @@ DISTILBERT = "distilbert-base-uncased"  # Sanh et al. 2019
 MAX_LEN = ranges.Interval(3, integer=True)
 DISTILL = {"distill_epochs": 1, "distill_batch_size": 128, "distill_temperature": 3.0}
 
-common.HELP.update(
-  {
-    "task": "private/public pair: "
+# The text entry point's own fields, besides base_config's (fedjax_proj/training/fields.py).
+OWN_FIELDS = fields.table(
+  Field(
+    "task",
+    "sst2",
+    "private/public pair: "
     + ", ".join(f"{k} (public: {v[1] or 'none'})" for k, v in TASKS.items()),
-    "checkpoint": "Hugging Face model folder or hub id ('' = random init of --model_kwargs size)",
-    "max_len": "tokens per example, [CLS] and [SEP] included (longer texts are truncated)",
-    "bert_size": "encoder shape without a checkpoint: tinybert_4l_312, distilbert or tiny",
-  }
+    choices=tuple(TASKS),
+  ),
+  Field(
+    "checkpoint",
+    TINYBERT,
+    "Hugging Face model folder or hub id ('' = random init of --model_kwargs size)",
+  ),
+  Field(
+    "bert_size",
+    "tinybert_4l_312",
+    "encoder shape without a checkpoint: tinybert_4l_312, distilbert or tiny",
+    choices=("tinybert_4l_312", "distilbert", "tiny"),
+  ),
+  # Not in the papers: 128 tokens holds nearly every SST-2/MNLI example (our choice). Checked
+  # before any data is read: --max_len=0 failed deep in tokenisation.
+  Field(
+    "max_len",
+    128,
+    "tokens per example, [CLS] and [SEP] included (longer texts are truncated)",
+    MAX_LEN,
+    fix="[CLS] and [SEP] take two; e.g. 128.",
+  ),
 )
+FIELDS = fields.table(fields.FIELDS, OWN_FIELDS)
 
 
 def get_config(preset: str = "paper", task: str = "sst2"):
   if task not in TASKS:
     raise ValueError(f"Unknown task {task!r}; choose one of {tuple(TASKS)}.")
-  c = base_config()
+  c = fields.config(OWN_FIELDS, base_config())
   c.task = task
   c.dataset, c.public_data = TASKS[task]
   c.model = "bert"
-  c.checkpoint = TINYBERT
-  c.bert_size = "tinybert_4l_312"
-  # Not in the papers: 128 tokens holds nearly every SST-2/MNLI example (our choice).
-  c.max_len = 128
   c.augment = False
   c.eval_batch_size = 256
   if preset == "paper":
@@ -126,8 +146,6 @@ def get_config(preset: str = "paper", task: str = "sst2"):
 def prepare(c):
   """Moves the flat text flags into the blocks the runner reads (model_kwargs, text)."""
   common.refuse_sequential(c)
-  # Checked here, before any data is read: --max_len=0 failed deep in tokenisation.
-  ranges.check_number("--max_len", c.max_len, MAX_LEN, "[CLS] and [SEP] take two; e.g. 128.")
   if c.dataset == "marc" and not c.data_dir:
     raise ValueError(
       "MARC is not distributed by TFDS: pass --data_dir=<folder with train.csv and test.csv "
@@ -148,13 +166,16 @@ def prepare(c):
 def resolve(preset: str, fields=None, method_kwargs=None, task: str = "sst2"):
   """The config ``--task=<task> --preset=<preset>`` with these flags runs (common.resolve, then
   prepare); the claim runner (fedjax_proj/reproduce/run.py) resolves through it too."""
-  return common.resolve(lambda p: get_config(p, task), preset, fields, method_kwargs, prepare)
+  return common.resolve(
+    lambda p: get_config(p, task), preset, fields, method_kwargs, prepare, FIELDS
+  )
 
 
 def task_from(argv) -> tuple[str, list[str]]:
   """``--task`` is read first: the presets depend on it."""
   pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-  pre.add_argument("--task", default="sst2", choices=tuple(TASKS))
+  task = OWN_FIELDS["task"]
+  pre.add_argument("--task", default=task.default, choices=task.choices)
   args, rest = pre.parse_known_args(argv)
   return args.task, rest
 
@@ -171,8 +192,7 @@ DESCRIPTION = (
 def main(argv) -> int:
   task, rest = task_from(argv)
   choices = {"method": common.parallel_methods(), "strategy": STRATEGIES}
-  choices["bert_size"] = ("tinybert_4l_312", "distilbert", "tiny")
-  choices["task"] = tuple(TASKS)
+  choices.update({k: FIELDS[k].choices for k in ("bert_size", "task")})
   return common.main(
     [*rest, f"--task={task}"],
     DESCRIPTION,
@@ -180,4 +200,5 @@ def main(argv) -> int:
     choices,
     prepare=prepare,
     presets=PRESETS,
+    table=FIELDS,
   )

@@ -39,7 +39,9 @@ import ml_collections
 from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, methods
 from fedjax_proj.configs import common
 from fedjax_proj.core import ranges
-from fedjax_proj.training.config import check_client_chunk_flag, check_fields
+from fedjax_proj.training import fields as fields_lib
+from fedjax_proj.training.config import check_client_chunk_flag
+from fedjax_proj.training.fields import Field
 
 PRESETS = ("paper", "paper_code", "cpu", "smoke")
 # FOT's threshold rules (fedjax_proj/algorithms/continual/gpse.py, THRESHOLD_RULES; docs/fot.md).
@@ -47,62 +49,151 @@ FOT_THRESHOLD_RULES = ("energy", "authors")
 METHODS = methods(("continual",))  # the continual family of the method registry
 
 
-def get_config(preset: str = "paper") -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.method = "fot"
-  c.iid = False
-  c.data_dir = ""
-  c.output_dir = ""
+# The continual family's fields (split_cifar100.py builds on them): base_config's where they mean
+# the same, with this family's defaults (the paper's), help and ranges (training/fields.py).
+_SHARED = fields_lib.FIELDS
+FIELDS = fields_lib.table(
+  fields_lib.variant(
+    _SHARED["method"],
+    default="fot",
+    help=f"continual FL method: {', '.join(METHODS)}",
+    choices=METHODS,
+  ),
+  # Read by --iid / --noniid (parse()), not by a --iid=<bool> flag.
+  Field("iid", False, "IID clients (default: non-IID)"),
+  fields_lib.variant(
+    _SHARED["data_dir"], help="folder holding the dataset (train.npz/test.npz); empty: TFDS"
+  ),
+  fields_lib.variant(
+    _SHARED["output_dir"],
+    help="run directory (metrics.jsonl, summary.json, checkpoints); empty: "
+    "runs/<entry>-<method>-<time>",
+  ),
   # Run management, as the FL entry points' (README, "Paper presets and run management"): a new
   # run into a directory holding a run is refused unless overwrite is set (it then replaces it);
   # resume continues it from its newest checkpoint, bit-exactly, mid-task or at a task's end.
-  c.overwrite = False
-  c.resume = False
-  c.checkpoint_every = 10  # rounds between checkpoints, also at each task's end (0: on a signal)
-  c.keep_checkpoints = 3
-  c.progress = True
-  c.tensorboard = False
-  c.num_clients = 125
-  c.clients_per_round = 64
-  c.rounds_per_task = 200
+  # --overwrite is a bare switch here (parse()).
+  fields_lib.variant(
+    _SHARED["overwrite"], help="replace the run --output_dir holds (default: refuse to start there)"
+  ),
+  _SHARED["resume"],
+  fields_lib.variant(
+    _SHARED["checkpoint_every"],
+    help="save a checkpoint every k rounds, at each task's end and after the last "
+    "(0: only on a signal)",
+  ),
+  _SHARED["keep_checkpoints"],
+  fields_lib.variant(
+    _SHARED["progress"], help="show a progress bar (one line per round into a log)"
+  ),
+  _SHARED["tensorboard"],
+  fields_lib.variant(
+    _SHARED["num_clients"],
+    default=125,
+    help="number of clients each task's training set is split over",
+  ),
+  fields_lib.variant(_SHARED["clients_per_round"], default=64),
+  Field("rounds_per_task", 200, "communication rounds per task", ranges.AT_LEAST_ONE),
   # FL only: rounds of tasks 2..K (F.4: "vanilla FL for 1100 rounds in total, where first task is
   # run for 200 and the others for 100 rounds"); 0 = rounds_per_task for every task.
-  c.fl_later_rounds = 100
-  c.local_epochs = 1
-  c.batch_size = 64
-  c.lr = 0.01
-  c.momentum = 0.0
+  Field(
+    "fl_later_rounds",
+    100,
+    "fl only: rounds of tasks 2..K (0: --rounds_per_task for every task)",
+    ranges.COUNT,
+  ),
+  fields_lib.variant(_SHARED["local_epochs"], default=1),
+  _SHARED["batch_size"],
+  fields_lib.variant(_SHARED["lr"], default=0.01, help="client SGD learning rate (> 0)"),
+  fields_lib.variant(_SHARED["momentum"], default=0.0),
   # F.4 is silent on weight decay; the authors' trainers use SGD(weight_decay=1e-5).
-  c.weight_decay = 1e-5
-  c.seed = 0
-  c.num_tasks = 10
-  c.train_per_task = 0
-  c.test_per_task = 0
-  c.strategy = "auto"
+  fields_lib.variant(_SHARED["weight_decay"], default=1e-5),
+  fields_lib.variant(
+    _SHARED["seed"],
+    help="random seed in [0, 2**32 - 1) (permutations, partition, sampling, initialisation)",
+  ),
+  Field("num_tasks", 10, "number of tasks", ranges.AT_LEAST_ONE),
+  Field("train_per_task", 0, "training examples per task (0: all)", ranges.COUNT),
+  Field("test_per_task", 0, "test examples per task (0: all)", ranges.COUNT),
+  _SHARED["strategy"],
   # Clients per chunk of every pass over the clients (the rounds, and the end-of-task pass: FOT's
   # GPSE sketches), as in the FL entry points: auto, none or a number (a memory bound only).
-  c.client_chunk = "auto"
-  c.eval_batch_size = 1000
-  c.eval_every = 0
+  fields_lib.variant(
+    _SHARED["client_chunk"],
+    help="clients per chunk of the rounds (streaming aggregation) and of the end-of-task "
+    "pass (FOT's GPSE sketches): auto, none or an integer",
+  ),
+  fields_lib.variant(_SHARED["eval_batch_size"], default=1000),
+  fields_lib.variant(
+    _SHARED["eval_every"],
+    default=0,
+    help="also evaluate the current task every k rounds (0: only at the end of each task)",
+    range=ranges.COUNT,
+  ),
   # The end-of-task pass (GPSE, Fisher, ...) is inference only: larger batches, fewer updates.
-  c.end_task_batch_size = 256
+  Field(
+    "end_task_batch_size",
+    256,
+    "batch size of the end-of-task pass (GPM/FOT bases, EWC Fisher, ER)",
+    ranges.AT_LEAST_ONE,
+  ),
   # F.3: "the first 3 fully-connected layers' hidden size is 400 ... dropout of 0.2 after the first
   # layer and 0.5 for the next 2 layers" (the authors' model/mlp.py builds the same).
-  c.hidden = "400,400,400"
-  c.dropout = "0.2,0.5,0.5"
+  Field(
+    "hidden",
+    "400,400,400",
+    "hidden layer widths of the MLP, comma-separated (e.g. 400,400,400)",
+    ranges.AT_LEAST_ONE,
+  ),
+  Field(
+    "dropout",
+    "0.2,0.5,0.5",
+    "dropout rate after each hidden layer, comma-separated, each in [0, 1)",
+    ranges.RATE,
+  ),
   # "single": one 10-way classifier shared by all tasks (the authors' PMNIST code: domain-
   # incremental, the classifier is projected like any layer); "multi": one head per task.
-  c.heads = "single"
-  # FOT's threshold ε; 0 = the paper's (0.94 IID, 0.96 non-IID).
-  c.fot_eps = 0.0
+  Field(
+    "heads",
+    "single",
+    "single: one 10-way classifier shared by the tasks; multi: one head per task",
+    choices=("single", "multi"),
+  ),
+  # FOT's threshold ε; 0 = the paper's (0.94 IID, 0.96 non-IID). The fot_* and ewc_* fields only
+  # pick method_defaults, which the resolved method_kwargs hold: no result's fingerprint counts
+  # them.
+  Field(
+    "fot_eps",
+    0.0,
+    "FOT's subspace energy threshold ε in [0, 1] (0: the paper's, 0.94 IID / 0.96 non-IID)",
+    ranges.FRACTION,
+    fingerprint=False,
+  ),
   # What ε thresholds: "energy", the text's share of the input covered in total (003 Sec. 4.1.2,
   # measured as GPM's squared-energy criterion); "authors", their code's ε' on unsquared ratios
   # (the paper_code preset). docs/fot.md, "The threshold rule".
-  c.fot_threshold_rule = "energy"
+  Field(
+    "fot_threshold_rule",
+    "energy",
+    "what FOT's ε thresholds: energy (the paper's text: the share of the squared input energy "
+    "covered, GPM's criterion) or authors (the authors' code's ε')",
+    choices=FOT_THRESHOLD_RULES,
+    fingerprint=False,
+  ),
   # EWC: scale each task's (and the accumulated) Fisher to max 1. The paper (F.2) does not; the
   # cpu preset does, because its lr 0.05 x λ 40 = 2 makes local SGD unstable along any Fisher
   # entry above 1.
-  c.ewc_normalize = False
+  Field(
+    "ewc_normalize",
+    False,
+    "EWC: scale each task's Fisher to max 1 (true/false)",
+    fingerprint=False,
+  ),
+)
+
+
+def get_config(preset: str = "paper") -> ml_collections.ConfigDict:
+  c = fields_lib.config(FIELDS)
   c.method_kwargs = ml_collections.ConfigDict()
   if preset == "paper":
     return c
@@ -156,82 +247,22 @@ def method_defaults(c) -> dict:
   return {}
 
 
-# What each config field does, for --help (the default is appended), shared by split_cifar100.py.
-HELP = {
-  "method": f"continual FL method: {', '.join(METHODS)}",
-  "data_dir": "folder holding the dataset (train.npz/test.npz); empty: TFDS",
-  "output_dir": "run directory (metrics.jsonl, summary.json, checkpoints); empty: "
-  "runs/<entry>-<method>-<time>",
-  "resume": "continue the run in --output_dir from its newest checkpoint (bit-exact)",
-  "checkpoint_every": "save a checkpoint every k rounds, at each task's end and after the last "
-  "(0: only on a signal)",
-  "keep_checkpoints": "how many checkpoints to keep",
-  "progress": "show a progress bar (one line per round into a log)",
-  "tensorboard": "also write TensorBoard events (needs the tensorboard extra)",
-  "num_clients": "number of clients each task's training set is split over",
-  "clients_per_round": "clients sampled each round",
-  "rounds_per_task": "communication rounds per task",
-  "fl_later_rounds": "fl only: rounds of tasks 2..K (0: --rounds_per_task for every task)",
-  "local_epochs": "local epochs per client per round",
-  "batch_size": "local batch size",
-  "lr": "client SGD learning rate (> 0)",
-  "momentum": "client SGD momentum in [0, 1) (0: none)",
-  "weight_decay": "client weight decay (0: none)",
-  "seed": "random seed in [0, 2**32 - 1) (permutations, partition, sampling, initialisation)",
-  "num_tasks": "number of tasks",
-  "train_per_task": "training examples per task (0: all)",
-  "test_per_task": "test examples per task (0: all)",
-  "strategy": "how a round is executed (auto picks the fastest for the model and backend)",
-  "client_chunk": "clients per chunk of the rounds (streaming aggregation) and of the end-of-task "
-  "pass (FOT's GPSE sketches): auto, none or an integer",
-  "eval_batch_size": "batch size of evaluation",
-  "eval_every": "also evaluate the current task every k rounds (0: only at the end of each task)",
-  "end_task_batch_size": "batch size of the end-of-task pass (GPM/FOT bases, EWC Fisher, ER)",
-  "hidden": "hidden layer widths of the MLP, comma-separated (e.g. 400,400,400)",
-  "dropout": "dropout rate after each hidden layer, comma-separated, each in [0, 1)",
-  "heads": "single: one 10-way classifier shared by the tasks; multi: one head per task",
-  "fot_eps": "FOT's subspace energy threshold ε in [0, 1] (0: the paper's, 0.94 IID / 0.96 "
-  "non-IID)",
-  "fot_threshold_rule": "what FOT's ε thresholds: energy (the paper's text: the share of the "
-  "squared input energy covered, GPM's criterion) or authors (the authors' code's ε')",
-  "fot_conv_sketch_multiplier": "FOT's sketch width s / d for convolutions (> 0)",
-  "ewc_normalize": "EWC: scale each task's Fisher to max 1 (true/false)",
-  "norm": "normalisation of the AlexNet-like backbone: none or batch",
-  "fc_features": "width of the backbone's two fully-connected layers",
-  "test_fraction": "fraction of each class held out as the test set, in (0, 1)",
-}
-# Ranges of the continual configs' own numeric fields, besides training/config.py's FIELD_RANGES.
-FIELD_RANGES = {
-  "rounds_per_task": ranges.AT_LEAST_ONE,
-  "num_tasks": ranges.AT_LEAST_ONE,
-  "fl_later_rounds": ranges.COUNT,
-  "train_per_task": ranges.COUNT,
-  "test_per_task": ranges.COUNT,
-  "eval_every": ranges.COUNT,  # 0 = only at the end of each task
-  "end_task_batch_size": ranges.AT_LEAST_ONE,
-  "hidden": ranges.AT_LEAST_ONE,
-  "dropout": ranges.RATE,
-  "fot_eps": ranges.FRACTION,  # 0 = the paper's
-  "fot_conv_sketch_multiplier": ranges.POSITIVE,
-  "fc_features": ranges.AT_LEAST_ONE,
-  "test_fraction": ranges.Interval(0.0, 1.0, low_open=True, high_open=True),
-}
-
-
 def resolve(
   preset: str,
   fields=None,
   method_kwargs=None,
   get_config_fn=None,
   method_defaults_fn=None,
+  table=None,
 ) -> ml_collections.ConfigDict:
   """The config ``--preset=<preset>`` with these flags runs: the preset, then ``fields``, then the
-  method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``. The flags and
-  the claim runner (fedjax_proj/reproduce/run.py) both resolve through it."""
+  method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``, checked against
+  ``table`` (default: :data:`FIELDS`). The flags and the claim runner
+  (fedjax_proj/reproduce/run.py) both resolve through it."""
   c = common.set_fields((get_config_fn or get_config)(preset), fields)
   c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
-  # Every number finite and in range, before any data is loaded.
-  check_fields(c, FIELD_RANGES)
+  # Every number finite and in range, every choice known, before any data is loaded.
+  fields_lib.check_fields(c, FIELDS if table is None else table)
   check_client_chunk_flag(c)
   check_hparams(c.method, c.method_kwargs, flag="--method_kwargs")
   return c
@@ -256,26 +287,25 @@ def check_run(c: ml_collections.ConfigDict) -> None:
 
 
 def parse(
-  argv, description: str, get_config_fn, method_defaults_fn=None
+  argv, description: str, get_config_fn, method_defaults_fn=None, table=None
 ) -> ml_collections.ConfigDict:
-  """``--preset`` picks the starting config; every scalar field is a ``--flag``.
+  """``--preset`` picks the starting config; every scalar field is a ``--flag``, with the type,
+  help and choices its ``table`` entry declares (default: :data:`FIELDS`).
 
   ``method_defaults_fn(config) -> dict`` gives the method's hyperparameters (default: PMNIST's).
   Also turns on the compilation cache ``--compilation_cache`` names (fedjax_proj/configs/common.py).
   """
+  table = FIELDS if table is None else table
   parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
   parser.add_argument(
     "--preset", default="paper", choices=PRESETS, help="starting config (default: paper)"
   )
   parser.add_argument(
-    "--iid", dest="iid", action="store_true", default=None, help="IID clients (default: non-IID)"
+    "--iid", dest="iid", action="store_true", default=None, help=table["iid"].help
   )
   parser.add_argument("--noniid", dest="iid", action="store_false", help="non-IID clients")
   parser.add_argument(
-    "--overwrite",
-    action="store_true",
-    default=None,
-    help="replace the run --output_dir holds (default: refuse to start there)",
+    "--overwrite", action="store_true", default=None, help=table["overwrite"].help
   )
   parser.add_argument(
     "--method_kwargs",
@@ -289,18 +319,15 @@ def parse(
   for key, value in defaults.items():
     if key in ("iid", "method_kwargs", "overwrite"):
       continue
+    field = common.declared(table, key)
     parser.add_argument(
       f"--{key}",
-      type=common.parse_bool if isinstance(value, bool) else type(value),
+      type=field.flag_type(),
       # A bare boolean flag means true (--resume is --resume=true), as in configs/common.py.
-      **({"nargs": "?", "const": True} if isinstance(value, bool) else {}),
+      **({"nargs": "?", "const": True} if field.type is bool else {}),
       default=None,
-      choices={
-        "method": METHODS,
-        "heads": ("single", "multi"),
-        "fot_threshold_rule": FOT_THRESHOLD_RULES,
-      }.get(key),
-      help=f"{HELP.get(key, key.replace('_', ' '))} (default: {value!r} in the paper preset)",
+      choices=field.choices or None,
+      help=f"{field.help} (default: {value!r} in the paper preset)",
     )
   args = parser.parse_args(argv)
   if {"--iid", "--noniid"} <= set(argv):  # argparse would let the last one win silently
@@ -309,7 +336,7 @@ def parse(
     parser.error(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
   fields, kwargs = common.flag_values(parser, args)
   try:
-    c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn)
+    c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn, table)
   except ValueError as e:
     parser.error(str(e))
   try:
@@ -367,13 +394,14 @@ def main(
   get_config_fn=None,
   method_defaults_fn=None,
   build_fn=None,
+  table=None,
 ) -> int:
   """``python experiments/pmnist.py``: the flags, then the run. Another continual family
-  (split_cifar100) passes its presets, method defaults and benchmark builder."""
+  (split_cifar100) passes its presets, method defaults, benchmark builder and field table."""
   from fedjax_proj.data.sources import DataNotFoundError
   from fedjax_proj.training.continual import run_continual_experiment
 
-  c = parse(argv, description, get_config_fn or get_config, method_defaults_fn)
+  c = parse(argv, description, get_config_fn or get_config, method_defaults_fn, table)
   try:
     bench, model, shared_head = (build_fn or build)(c)
   except (DataNotFoundError, ValueError) as e:

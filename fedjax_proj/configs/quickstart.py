@@ -29,6 +29,7 @@ from pathlib import Path
 import ml_collections
 
 from fedjax_proj.training.config import base_config
+from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
 METHODS = ("fedavg", "fedproj")
 PRIVATE_TRAIN = 1000  # of digits' 1,437 training images; the rest is the unlabelled public set

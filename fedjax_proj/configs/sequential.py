@@ -33,6 +33,7 @@ from fedjax_proj.configs import common
 from fedjax_proj.core.engine import STRATEGIES
 from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
+from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
 METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
 # dataset -> (paper network, paper partition); paper 004 Sect. 4.1.

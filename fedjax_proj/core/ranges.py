@@ -1,9 +1,9 @@
 """Numeric ranges of settings, declared once and checked before any data is loaded.
 
 Every numeric setting (a config field or a method hyperparameter) must be a finite number; where a
-range is declared (training/config.py ``FIELD_RANGES``, the registry's ``HPARAM_RANGES`` and a
-method spec's ``ranges``) it must also lie in it. :func:`check_number` raises the one error text
-both use.
+range is declared (a config field's ``Field`` in training/fields.py, the registry's
+``HPARAM_RANGES`` and a method spec's ``ranges``) it must also lie in it. :func:`check_number`
+raises the one error text both use.
 """
 
 from __future__ import annotations

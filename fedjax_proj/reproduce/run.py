@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedjax_proj.configs import all_fields
 from fedjax_proj.reproduce.claims import Claim, budget_overrides
 from fedjax_proj.reproduce.provenance import DATA_RECORD as DATA_RECORD
 from fedjax_proj.reproduce.provenance import FULL_FLOAT32 as FULL_FLOAT32
@@ -53,6 +54,7 @@ from fedjax_proj.reproduce.runners import _run_continual as _run_continual
 from fedjax_proj.reproduce.runners import _run_image as _run_image
 from fedjax_proj.reproduce.runners import _run_pilot as _run_pilot
 from fedjax_proj.reproduce.runners import tiny as tiny
+from fedjax_proj.training.fields import UNSET, value_of
 from fedjax_proj.training.rundir import checkpoint_rounds
 
 try:
@@ -72,15 +74,11 @@ except ImportError:  # Python 3.10: a str mixin that prints and formats as its v
 CHECKOUT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "reproduce"
 INSTALLED_RESULTS = Path("fedjax_proj_results")
 DEFAULT_RESULTS = CHECKOUT_RESULTS if in_checkout() else INSTALLED_RESULTS
-# Fields that change how a run is managed, not what it computes.
-RUN_FIELDS = (
-  "output_dir",
-  "progress",
-  "resume",
-  "overwrite",
-  "checkpoint_every",
-  "keep_checkpoints",
-)
+# Every config field of the experiment families, each declared once with what it means for a
+# result's fingerprint (fedjax_proj/training/fields.py, Field; the families' FIELDS).
+FIELDS = all_fields()
+# Fields that change how a run is managed, not what it computes (Field.run_management).
+RUN_FIELDS = tuple(name for name, f in FIELDS.items() if f.run_management)
 
 
 def default_data_root() -> Path:
@@ -155,26 +153,21 @@ def effective_hparams(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # Config fields added after results were first recorded, with the value that reproduces the runs
-# made before them. A field at this value is left out of the fingerprint, so adding an option does
-# not turn every committed result stale; set to anything else it counts like any other field.
+# made before them (Field.added). A field at this value is left out of the fingerprint, so adding
+# an option does not turn every committed result stale; set to anything else it counts like any
+# other field.
 ADDED_FIELDS = {
-  "lr_schedule": "constant",
-  "lr_step_epochs": 0,
-  "lr_step_gamma": 0.1,
-  "public_split": "train",
-  # "dataset" is the normaliser every run used before --normalization=code existed.
-  "normalization": "dataset",
-  # FedProj's lmem_global metric, logged every round before it became a switch; claims keep it.
-  "lmem_global": True,
+  name: f.added for name, f in FIELDS.items() if f.added is not UNSET and not f.added_family
 }
 # Config fields added to one method family's entry points after its results were first recorded,
 # where other families had them all along (and their results' fingerprints hold them): family ->
-# {field: the value every earlier run of the family computed with}, left out of the fingerprint of
-# that family's configs at that value, as ADDED_FIELDS.
+# {field: the value every earlier run of the family computed with} (Field.added_family), left out
+# of the fingerprint of that family's configs at that value, as ADDED_FIELDS.
 ADDED_FAMILY_FIELDS = {
-  # The continual entry points take --client_chunk since it bounds FOT's end-of-task GPSE pass;
-  # before, every continual run planned its execution with "auto" (training/placement.py).
-  "continual": {"client_chunk": "auto"},
+  family: {
+    name: f.added for name, f in FIELDS.items() if f.added is not UNSET and f.added_family == family
+  }
+  for family in sorted({f.added_family for f in FIELDS.values() if f.added_family})
 }
 # Method hyperparameters added after results were first recorded, with the value every earlier run
 # of that method computed with: left out of the fingerprint at that value, as ADDED_FIELDS.
@@ -192,14 +185,10 @@ ADDED_MODEL_KWARGS = {
 }
 # Fields that only choose method hyperparameters' defaults, which the resolved ``method_kwargs``
 # (or ``method_defaults``) already hold, or only choose what a run writes (TensorBoard event
-# files): they compute nothing themselves.
-DEFAULT_ONLY_FIELDS = (
-  "fedproj_alpha_by_beta",
-  "ewc_normalize",
-  "fot_eps",
-  "fot_threshold_rule",
-  "fot_conv_sketch_multiplier",
-  "tensorboard",
+# files): they compute nothing themselves (Field.fingerprint). Unlike RUN_FIELDS, results record
+# them.
+DEFAULT_ONLY_FIELDS = tuple(
+  name for name, f in FIELDS.items() if not f.fingerprint and not f.run_management
 )
 
 
@@ -359,8 +348,8 @@ def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
         "it (offline): prepare it on a machine with internet and point $TFDS_DATA_DIR at it"
       )
 
-  check(c["dataset"], c.get("data_dir", ""), ("train", "test"), "private set")
-  public = c.get("public_data", "")
+  check(c["dataset"], value_of(c, "data_dir"), ("train", "test"), "private set")
+  public = value_of(c, "public_data")
   if public and needs_public(c["method"]):
     if looks_like_path(public) or public.endswith(text.TEXT_SUFFIXES):
       if not Path(public).is_file():
@@ -455,7 +444,7 @@ def public_fallback(
   (``{data}`` placeholder kept) with the memory capped at its size, so the run goes on and the
   report states the deviation instead of the run failing on ``memory_size > public set``.
   """
-  name, split = config.get("public_data", ""), config.get("public_split", "train")
+  name, split = value_of(config, "public_data"), value_of(config, "public_split")
   if not name or split == "train" or "/" in name or tfds_has(name):
     return config, []
   size = _dataset_size(fallback.replace("{data}", str(data_root)))

@@ -40,32 +40,14 @@ import numpy as np
 
 import fedjax_proj
 from fedjax_proj.core import distributed
+from fedjax_proj.training.fields import resumable_fields
 from fedjax_proj.training.metrics import read_metrics_lines, to_python
 
 MANIFEST = "fedjax_manifest.json"
-# Config fields that do not change what is computed: excluded from the fingerprint, so e.g. a run
-# can be resumed with another progress setting or checkpoint interval. The process layout is among
-# them: process_id differs between the processes of one job (which must agree on the fingerprint),
-# a relaunched job may get another coordinator, and the number of processes changes results only by
-# float summation order.
-NON_SEMANTIC_FIELDS = (
-  "output_dir",
-  # The run's length: every round is a pure function of (seed, round), so a checkpoint continues
-  # bit-exactly into a longer run (``--resume --rounds=N`` extends it).
-  "rounds",
-  "overwrite",
-  "progress",
-  "resume",
-  "checkpoint_every",
-  "keep_checkpoints",
-  "tensorboard",
-  # A logged diagnostic only (FedProj's lmem_global): the state does not depend on it.
-  "lmem_global",
-  "coordinator_address",
-  "num_processes",
-  "process_id",
-  "cpu_collectives",
-)
+# Config fields a resumed run may change (``Field.resumable`` in training/fields.py, which says why
+# for each): excluded from the fingerprint, so e.g. a run can be resumed with another progress
+# setting, checkpoint interval, process layout or number of rounds.
+NON_SEMANTIC_FIELDS = resumable_fields()
 # metrics.jsonl fields that measure time and so differ between otherwise identical runs: the
 # round's, and those of a continual run's task end (the end-of-task pass, FOT's client and server
 # parts of it). Every such field ends in "_seconds" (comparable_metrics drops them all).

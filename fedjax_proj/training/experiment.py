@@ -46,6 +46,7 @@ from fedjax_proj.training.estimate import (
   time_client_step,
 )
 from fedjax_proj.training.evaluate import make_evaluator
+from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.inputs import (
   check_dataset,
   held_out,
@@ -145,7 +146,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   normalize = (
     token_ids
     if text_run
-    else pipeline.normalizer_for(c.dataset, train_x, c.get("normalization", "dataset"))
+    else pipeline.normalizer_for(c.dataset, train_x, value_of(c, "normalization"))
   )
   public_normalize = public_normalizer(c, round_inputs.get("public_images"))
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)

@@ -21,6 +21,7 @@ from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import BatchFn, can_shard, choose_strategy
 from fedjax_proj.core.executor import Executor
+from fedjax_proj.training.fields import value_of
 
 
 def conv_impl_for(backend: str | None = None) -> str:
@@ -73,7 +74,7 @@ def client_mesh_for(c, strategy: str, log):
     )
     return distributed.global_client_mesh()
   devices = jax.local_device_count()
-  if not c.get("shard_clients", True) or devices == 1 or not can_shard(strategy):
+  if not value_of(c, "shard_clients") or devices == 1 or not can_shard(strategy):
     return None
   if c.clients_per_round % devices:
     log(
@@ -91,7 +92,7 @@ def _client_chunk(c, shards: int, variables) -> tuple[int | None, bool]:
   ``auto`` chunks only a cohort whose clients do not fit the memory budget together, and budgets
   one device's share of it when the client axis is sharded over ``shards`` devices.
   """
-  chunk = str(c.get("client_chunk", "auto")).lower()
+  chunk = str(value_of(c, "client_chunk")).lower()
   if chunk == "none":
     return None, False
   if chunk != "auto":
@@ -120,7 +121,7 @@ def plan_execution(
     shard: whether this run may shard its clients over devices (the continual task driver does
       not place its rounds' inputs, so it passes False).
   """
-  sharded = shard and c.get("shard_clients", True) and jax.local_device_count() > 1
+  sharded = shard and value_of(c, "shard_clients") and jax.local_device_count() > 1
   strategy = choose_strategy(
     c.strategy,
     has_conv=has_conv,

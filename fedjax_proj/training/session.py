@@ -30,6 +30,7 @@ from fedjax_proj.training.checkpoint import (
   save_variables,
   truncate_metrics,
 )
+from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.metrics import MetricsWriter, write_json
 
 FINAL_VARIABLES = "final_variables.npz"
@@ -67,17 +68,17 @@ def run_io(c, output_dir: str | Path | None) -> RunIO:
   """The run management an entry point's config ``c`` asks for (its ``resume``, ``overwrite``,
   ``checkpoint_every``, ``keep_checkpoints``, ``tensorboard`` and ``progress`` fields), writing to
   ``output_dir`` with checkpoints fingerprinted by the config (None: no files)."""
-  progress = c.get("progress", True)
+  progress = value_of(c, "progress")
   if output_dir is None:
     return RunIO(progress=progress)
   out, fingerprint = Path(output_dir), config_fingerprint(c.to_dict())
   return RunIO(
     output_dir=out,
-    checkpointer=Checkpointer(out / "checkpoints", fingerprint, c.get("keep_checkpoints", 3)),
+    checkpointer=Checkpointer(out / "checkpoints", fingerprint, value_of(c, "keep_checkpoints")),
     checkpoint_every=c.get("checkpoint_every", 0),
-    resume=c.get("resume", False),
-    overwrite=c.get("overwrite", False),
-    tensorboard_dir=out / "tensorboard" if c.get("tensorboard", False) else None,
+    resume=value_of(c, "resume"),
+    overwrite=value_of(c, "overwrite"),
+    tensorboard_dir=out / "tensorboard" if value_of(c, "tensorboard") else None,
     progress=progress,
   )
 

@@ -86,13 +86,11 @@ def test_presets_and_flags():
   )  # fmt: skip
   with pytest.raises(ValueError, match="MARC is not distributed by TFDS"):
     nlp.prepare(nlp.get_config("paper", "marc"))
-  for bad in (0, 2):  # range-checked up front, before any text is tokenised
-    c = nlp.get_config("smoke", "sst2")
-    c.max_len = bad
+  for bad in (0, 2):  # range-checked up front (its Field's range), before any text is tokenised
     with pytest.raises(
       ValueError, match=rf"--max_len must be >= 3 \(a whole number\), got {bad}\."
     ):
-      nlp.prepare(c)
+      nlp.resolve("smoke", {"max_len": bad})
   assert nlp.task_from(["--task=mnli", "--rounds=2"]) == ("mnli", ["--rounds=2"])
   with pytest.raises(SystemExit):
     nlp.task_from(["--task=imdb"])

@@ -109,6 +109,7 @@ def test_every_method_parses_under_every_preset(name, preset):
       "test",
       module.get_config,
       module.method_defaults,
+      module.FIELDS,
     )
     assert c.clients_per_round <= c.num_clients and c.rounds_per_task >= 1
     # A misspelt, unknown or mistyped key in method_defaults raises here, not after compiling.
@@ -217,7 +218,8 @@ def test_threshold_rule_follows_the_text_and_paper_code_follows_the_authors(caps
 
   def fot_kwargs(module, preset, *flags):
     argv = [f"--preset={preset}", "--method=fot", "--output_dir=unused", *flags]
-    return dict(pmnist.parse(argv, "test", module.get_config, module.method_defaults).method_kwargs)
+    c = pmnist.parse(argv, "test", module.get_config, module.method_defaults, module.FIELDS)
+    return dict(c.method_kwargs)
 
   for name, code_only in (("pmnist", {}), ("split_cifar100", {"conv_sketch_multiplier": 1.0})):
     kwargs = functools.partial(fot_kwargs, ENTRY[name])

@@ -1,7 +1,7 @@
 """Every numeric setting is finite and in its declared range, checked before any data is loaded;
 data-dependent settings before the model is built; an OSError becomes one line.
 
-The ranges are declared once (training/config.py FIELD_RANGES, the registry's HPARAM_RANGES and
+The ranges are declared once (training/fields.py's Field tables, the registry's HPARAM_RANGES and
 a spec's ``ranges``); these tests probe the rule through the entry points, not one patch per flag.
 """
 
