@@ -13,12 +13,14 @@ max pooling"). The CNN of McMahan et al., "Communication-Efficient Learning of D
 Decentralized Data" (AISTATS 2017), pools every convolution's output this way.
 
 Ties. XLA's ``select_and_scatter`` (the gradient of ``reduce_window`` max) and JAX's JVP of it
-(``select_and_gather_add``) give the whole cotangent to ONE maximal element of each window: the
-first in row-major window order. ``jnp.max``'s own JVP splits it equally among tied maxima, which
+(``select_and_gather_add``) give the whole cotangent to ONE element of each window: the first
+maximal one in row-major window order (with a NaN in the window, where XLA's walk with JAX's
+``ge`` select ends). ``jnp.max``'s own JVP splits it equally among tied maxima, which
 differs whenever two values of a window are equal and positive (e.g. a constant image region
 gives equal convolution outputs). So the reshape path carries a ``jax.custom_jvp`` whose tangent
-is the tangent of that same first maximal element; being linear in the tangent, it transposes to
-the reverse-mode rule (the cotangent scattered to that element), and forward mode keeps working.
+is the tangent of that same element, found by the same walk; being linear in the tangent, it
+transposes to the reverse-mode rule (the cotangent scattered to that element), and forward mode
+keeps working.
 
 The choice of path is made at trace time from the default backend (:func:`pool_impl_for`): the
 reshape path on CPU, flax's elsewhere, whose cost on accelerators was not measured against it.
@@ -27,6 +29,7 @@ Both compute the same numbers, so the choice changes speed only.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -88,20 +91,26 @@ def _window_max(xw: jax.Array) -> jax.Array:
 def _window_max_jvp(primals, tangents):
   (xw,), (tw,) = primals, tangents
   axes = tuple(range(2, xw.ndim - 1, 2))
-  y = _window_max(xw)
-  # Each element's row-major position inside its window; the smallest position among the
-  # maximal elements is the one flax's select_and_scatter picks.
-  pos = jnp.zeros((), jnp.int32)
-  for a in axes:
-    k = xw.shape[a]
-    shape = [1] * xw.ndim
-    shape[a] = k
-    pos = pos * k + jnp.arange(k, dtype=jnp.int32).reshape(shape)
-  big = jnp.iinfo(jnp.int32).max
-  first = jnp.min(jnp.where(xw == jnp.expand_dims(y, axes), pos, big), axis=axes, keepdims=True)
-  chosen = pos == first
-  # One chosen element per window, so the sum adds zeros to its tangent: exact.
-  return y, jnp.sum(jnp.where(chosen, tw, jnp.zeros_like(tw)), axis=axes)
+
+  # XLA's select_and_scatter with JAX's ``ge`` select, element by element: walk each window in
+  # row-major order, starting from its first element, and move to the next element whenever
+  # ``not (chosen >= next)``. Without NaN that is the first maximal element; with NaN it is
+  # wherever XLA's walk ends, which this reproduces. The tangent is the chosen element's, picked
+  # by selects (no arithmetic, so exact).
+  def at(a, pos):
+    index = [slice(None)] * a.ndim
+    for axis, p in zip(axes, pos, strict=True):
+      index[axis] = p
+    return a[tuple(index)]
+
+  positions = list(itertools.product(*(range(xw.shape[a]) for a in axes)))
+  chosen, t_out = at(xw, positions[0]), at(tw, positions[0])
+  for pos in positions[1:]:
+    value = at(xw, pos)
+    move = jnp.logical_not(chosen >= value)
+    chosen = jnp.where(move, value, chosen)
+    t_out = jnp.where(move, at(tw, pos), t_out)
+  return _window_max(xw), t_out
 
 
 def max_pool(

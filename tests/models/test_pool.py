@@ -76,14 +76,16 @@ def test_tiling_windows_equal_flax_bitwise(shape, window, padding):
 
 
 def test_every_tie_pattern_of_a_window():
-  """All 81 windows of {0, 1, -0} values: the cotangent and tangent follow flax's one element."""
-  pats = np.array(list(itertools.product([0.0, 1.0, -0.0], repeat=4)), np.float32)
+  """All 256 windows of {0, 1, -0, NaN} values: the cotangent and tangent follow flax's one
+  element (with a NaN, the element where XLA's select walk ends)."""
+  pats = np.array(list(itertools.product([0.0, 1.0, -0.0, np.nan], repeat=4)), np.float32)
   x = jnp.asarray(pats.reshape(-1, 2, 2, 1))
   w = (2, 2)
   _assert_bitwise(_results(_flax(w, w, "VALID"), x), _results(_ours(w, w, "VALID"), x))
   # jnp.max alone would split the cotangent among the tied maxima: that is what this guards.
   g = jax.grad(lambda x: jnp.sum(pool_lib.max_pool(x, w, w, impl="reshape")))(x)
   assert np.asarray(g).sum(axis=(1, 2, 3)).tolist() == [1.0] * len(pats)
+  assert np.isnan(np.asarray(pool_lib.max_pool(x, w, w, impl="reshape"))).sum() == 175
 
 
 def test_gradient_under_vmap_equals_flax():
