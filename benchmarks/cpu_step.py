@@ -17,11 +17,15 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
   is installed; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
   ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64.
 - ``pool``: the CNN's ReLU and 2x2 max pooling, forward and gradient, at its two activation
-  shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter)
-  and the same maximum as a reshape to the 2x2 windows and ``jnp.max``, against torch's.
+  shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter),
+  the same maximum as a reshape to the 2x2 windows and ``jnp.max`` (its gradient splits ties), and
+  the models' :func:`fedjax_proj.models.pool.max_pool` (that reshape with flax's tie rule),
+  against torch's.
 - ``cnn_step``: a FedAvg client step of the CNN (SGD with momentum, batch 64): our sequential
   strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla,
-  gemm_grad and (when available) onednn_grad, against a torch loop step.
+  gemm_grad and (when available) onednn_grad, against a torch loop step; the last ``conv_impl``
+  also with the models' pooling traced as flax's ``nn.max_pool`` (``... flax pool``), the library
+  before :mod:`fedjax_proj.models.pool`, side by side.
 - ``fedproj_step``: a FedProj client step inside the projection window (our client with the
   ``paper_code`` preset's Adam, memory batch 64 and 256) against the authors' ``Client_FedProj``
   (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
