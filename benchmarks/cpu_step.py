@@ -17,11 +17,15 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
   is installed; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
   ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64.
 - ``pool``: the CNN's ReLU and 2x2 max pooling, forward and gradient, at its two activation
-  shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter)
-  and the same maximum as a reshape to the 2x2 windows and ``jnp.max``, against torch's.
+  shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter),
+  the same maximum as a reshape to the 2x2 windows and ``jnp.max`` (its gradient splits ties), and
+  the models' :func:`fedjax_proj.models.pool.max_pool` (that reshape with flax's tie rule),
+  against torch's.
 - ``cnn_step``: a FedAvg client step of the CNN (SGD with momentum, batch 64): our sequential
   strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla,
-  gemm_grad and (when available) onednn_grad, against a torch loop step.
+  gemm_grad and (when available) onednn_grad, against a torch loop step; the last ``conv_impl``
+  also with the models' pooling traced as flax's ``nn.max_pool`` (``... flax pool``), the library
+  before :mod:`fedjax_proj.models.pool`, side by side.
 - ``fedproj_step``: a FedProj client step inside the projection window (our client with the
   ``paper_code`` preset's Adam, memory batch 64 and 256) against the authors' ``Client_FedProj``
   (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
@@ -191,6 +195,8 @@ def pool_case(name, rounds, reps):
   import numpy as np
   import torch
 
+  from fedjax_proj.models.pool import max_pool
+
   b, h, c = POOLS[name]
   a = jnp.asarray(np.random.default_rng(0).standard_normal((b, h, h, c)), jnp.float32)
 
@@ -200,6 +206,7 @@ def pool_case(name, rounds, reps):
   pools = {
     "flax max_pool": lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)),
     "reshape max": window_max,
+    "models.pool max_pool": lambda x: max_pool(x, (2, 2), strides=(2, 2), impl="reshape"),
   }
   grads = {
     n: jax.jit(jax.grad(lambda a, p=p: jnp.sum(p(nn.relu(a)) ** 2))) for n, p in pools.items()
@@ -216,6 +223,9 @@ def pool_case(name, rounds, reps):
   ref = np.asarray(grads["flax max_pool"](a))
   res["reshape_max_grad_equals_flax"] = bool(
     np.array_equal(np.asarray(grads["reshape max"](a)), ref)
+  )
+  res["models_pool_grad_equals_flax"] = bool(
+    np.array_equal(np.asarray(grads["models.pool max_pool"](a)), ref)
   )
   return res
 
@@ -257,6 +267,19 @@ def _step_runner(engine, shared, images, labels, batch, steps):
   return run
 
 
+def _with_flax_pool(run):
+  """``run`` with every model's max pooling traced as flax's ``nn.max_pool`` (the library's path
+  before :mod:`fedjax_proj.models.pool`), for a side-by-side timing: the patch is held around every
+  call, so whichever call compiles sees it."""
+  from unittest import mock
+
+  def patched():
+    with mock.patch("fedjax_proj.models.pool.pool_impl_for", lambda backend=None: "reduce_window"):
+      run()
+
+  return patched
+
+
 def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_ours, impls):
   import jax
   import numpy as np
@@ -283,6 +306,11 @@ def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_our
     program = client_lib.local_training_client(model, opt, client_lib.cross_entropy_loss(model))
     run = _step_runner(_our_engine(program, batch_fn), {"variables": variables}, x, y, batch, steps)
     fns[f"ours {impl}"] = run
+    if impl == impls[-1]:
+      run = _step_runner(
+        _our_engine(program, batch_fn), {"variables": variables}, x, y, batch, steps
+      )
+      fns[f"ours {impl} flax pool"] = _with_flax_pool(run)
   net = torch_cifar_model(model_name)
   if torch_init_from_ours:
     from parity_fedproj import torch_state_from_flax
@@ -306,7 +334,9 @@ def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_our
   res = alternate(fns, rounds, reps)
   per_step = {n: res[n]["cpu_median"] / steps for n in fns}
   res["cpu_seconds_per_step"] = per_step
-  res["speedup_vs_torch"] = {impl: per_step["torch"] / per_step[f"ours {impl}"] for impl in impls}
+  res["speedup_vs_torch"] = {
+    n[len("ours ") :]: per_step["torch"] / per_step[n] for n in fns if n.startswith("ours ")
+  }
   return res
 
 
@@ -372,6 +402,9 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls):
       "round0_ce": jnp.asarray(False),
     }
     fns[f"ours {impl}"] = _step_runner(_our_engine(program, batch_fn), shared, x, y, batch, steps)
+    if impl == impls[-1]:
+      run = _step_runner(_our_engine(program, batch_fn), shared, x, y, batch, steps)
+      fns[f"ours {impl} flax pool"] = _with_flax_pool(run)
   client_cls = _authors_client(Path(args.authors_repo), memory_batch)
   net = torch_cnn()
   net.load_state_dict(torch_state_from_flax(jax.tree.map(np.asarray, variables)))
@@ -395,7 +428,7 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls):
   per_step = {n: res[n]["cpu_median"] / (2 * steps if n == "authors" else steps) for n in fns}
   res["cpu_seconds_per_step"] = per_step
   res["speedup_vs_authors"] = {
-    impl: per_step["authors"] / per_step[f"ours {impl}"] for impl in impls
+    n[len("ours ") :]: per_step["authors"] / per_step[n] for n in fns if n.startswith("ours ")
   }
   return res
 

@@ -33,6 +33,7 @@ import jax
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.base import from_flax, norm_layer, output_heads
 from fedjax_proj.models.conv import Conv
+from fedjax_proj.models.pool import max_pool
 
 # (features, kernel) per conv layer, as GPM.
 _CONVS = ((64, 4), (128, 3), (256, 2))
@@ -92,7 +93,7 @@ class AlexNet(nn.Module):
       )(x)
       x = nn.relu(norm(x, f"norm_{i}"))
       x = nn.Dropout(self.dropout[i], deterministic=not train, name=f"dropout_{i}")(x)
-      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      x = max_pool(x, (2, 2), strides=(2, 2))
     h = x.reshape(x.shape[0], -1)
     for j in range(2):
       h = nn.Dense(self.fc_features, use_bias=False, name=f"fc_{j}")(h)

@@ -28,6 +28,7 @@ import jax
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.base import from_flax, output_heads
 from fedjax_proj.models.conv import Conv
+from fedjax_proj.models.pool import max_pool
 
 # (features, stride, max pool after) per conv layer.
 _CONVS = ((64, 2, True), (192, 1, True), (384, 1, False), (256, 1, False), (256, 1, True))
@@ -66,7 +67,7 @@ class AlexNet8(nn.Module):
       )(x)
       x = nn.relu(x)
       if pool:
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, (2, 2), strides=(2, 2))
     h = x.reshape(x.shape[0], -1)
     for j in range(2):
       h = nn.Dropout(self.dropout, deterministic=not train, name=f"dropout_{j}")(h)

@@ -17,6 +17,7 @@ import jax
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.base import from_flax, output_heads
 from fedjax_proj.models.conv import Conv
+from fedjax_proj.models.pool import max_pool
 
 
 class CNN(nn.Module):
@@ -47,7 +48,7 @@ class CNN(nn.Module):
       x = x[..., None]
     for i, width in enumerate(self.conv_features):
       x = Conv(width, (5, 5), padding=self.padding, impl=self.conv_impl, name=f"conv_{i}")(x)
-      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+      x = max_pool(nn.relu(x), (2, 2), strides=(2, 2))
     h = x.reshape(x.shape[0], -1)
     for j, width in enumerate(self.hidden):
       h = nn.relu(nn.Dense(width, name=f"dense_{j}")(h))

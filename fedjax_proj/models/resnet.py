@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.base import from_flax, norm_layer, output_heads
 from fedjax_proj.models.conv import Conv
+from fedjax_proj.models.pool import max_pool
 
 # FedDF's ``_weight_initialization``: conv weights ~ N(0, 2 / (k·k·out_channels)).
 _CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
@@ -150,7 +151,7 @@ class ResNet(nn.Module):
     x = nn.relu(x)
     if self.stem_pool:
       # PyTorch's MaxPool2d(3, stride=2, padding=1): padding never wins the max.
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for s, (size, features, strides) in enumerate(
       zip(self.stage_sizes, self.stage_features, self.stage_strides)
     ):

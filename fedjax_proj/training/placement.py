@@ -7,7 +7,9 @@ with streaming aggregation, and how many (``auto``:
 :func:`~fedjax_proj.core.chunked.auto_client_chunk`). :func:`build_round` builds a method's round
 on it and :func:`placed_round` puts each round's inputs on the mesh (docs/performance.md;
 docs/design.md, "Execution"). :func:`conv_impl_for` picks the convolution implementation of the
-run's model for its backend.
+run's model for its backend. The models' max pooling picks its own
+(:func:`fedjax_proj.models.pool.pool_impl_for`, from the backend at trace time): its two
+implementations compute the same numbers bit for bit, so the choice is not the run's to record.
 """
 
 from __future__ import annotations
