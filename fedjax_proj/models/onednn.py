@@ -8,8 +8,9 @@ name keyed by the source, oneDNN's and jaxlib's versions and the compiler; later
 that file. Loaded with ``ctypes`` and registered with ``jax.ffi.register_ffi_target``.
 
 :func:`unavailable_reason` is None when the handler is registered, else one line saying why not
-(extra not installed, no compiler, build failed); the CPU placement then uses ``gemm_grad``
-(``fedjax_proj.training.placement.conv_impl_for``). See docs/performance.md, "The CPU
+(extra not installed, no compiler, build failed); a model built with ``onednn_grad`` then
+computes ``gemm_grad``'s gradient. The CPU placement uses ``gemm_grad`` by default; ``onednn_grad``
+is opt-in (``fedjax_proj.training.placement.conv_impl_for``). See docs/performance.md, "The CPU
 convolution kernel gradient".
 """
 

@@ -30,30 +30,26 @@ def conv_impl_for(backend: str | None = None) -> str:
   """The ``conv_impl`` (:data:`fedjax_proj.models.conv.CONV_IMPLS`) a run's model uses on
   ``backend`` (default: ``jax.default_backend()``).
 
-  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's:
+  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's: ``gemm_grad``
+  (the kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of those
+  convolutions). ``xla`` elsewhere, where the convolution libraries have fast kernel gradients
+  (docs/performance.md, "The CPU convolution kernel gradient"). All compute the same gradient up
+  to float summation order.
+
   ``onednn_grad`` (oneDNN's backward-weights primitive through an FFI call, on a par with
-  PyTorch's on every convolution of the CNN and ResNet-8 measured) where its handler is
-  available (the ``cpu-onednn`` extra, built on first use; :mod:`fedjax_proj.models.onednn`),
-  else ``gemm_grad`` (the kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of
-  those convolutions). ``xla`` elsewhere, where the convolution libraries have fast kernel
-  gradients (docs/performance.md, "The CPU convolution kernel gradient"). All compute the same
-  gradient up to float summation order.
+  PyTorch's) is opt-in (``--model_kwargs=conv_impl=onednn_grad``), not the default: a test
+  process that ran a paper-budget CIFAR round with it as the default ended in a segmentation
+  fault, not yet explained (docs/performance.md, "oneDNN through an FFI call").
   """
   if (backend or jax.default_backend()) != "cpu":
     return "xla"
-  from fedjax_proj.models import onednn
-
-  return "onednn_grad" if onednn.available() else "gemm_grad"
+  return "gemm_grad"
 
 
 def conv_impl_note() -> str:
-  """The placement's one line on why the CPU kernel gradient is not oneDNN's ("" when it is or
-  the backend is not CPU)."""
-  if jax.default_backend() != "cpu":
-    return ""
-  from fedjax_proj.models import onednn
-
-  return onednn.unavailable_reason() or ""
+  """The placement's one line on the CPU kernel gradient ("" when the backend is not CPU): none
+  while ``onednn_grad`` is opt-in (:func:`conv_impl_for`)."""
+  return ""
 
 
 def client_mesh_for(c, strategy: str, log):
