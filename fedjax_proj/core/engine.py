@@ -357,14 +357,16 @@ class ClientEngine:
     if self.traceable:
       raise ValueError(f"strategy {self.strategy!r} runs one traced program, not jitted steps.")
     values = static_values(self.program, shared)
-    if values not in self._steps:
-      self._steps[values] = self._jit_step(specialize(self.program, values))
-    return self._steps[values]
+    # Keyed by type too: True == 1 in Python, and a step specialised on one is not the other's.
+    key = tuple((type(v).__name__, v) for v in values)
+    if key not in self._steps:
+      self._steps[key] = self._jit_step(specialize(self.program, values))
+    return self._steps[key]
 
   @property
   def step_variants(self) -> dict[tuple, Callable[..., PyTree]]:
     """The jitted steps built so far, by their ``static_shared`` values (host-looped only)."""
-    return dict(self._steps)
+    return {tuple(v for _, v in key): step for key, step in self._steps.items()}
 
   def run(self, shared, client_inputs, images, labels, idx, mask, keys) -> PyTree:
     """Runs every sampled client; returns outputs stacked over the client axis."""

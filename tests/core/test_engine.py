@@ -204,6 +204,18 @@ def test_host_loops_build_one_step_per_static_shared_value(setup, strategy):
   assert seen == [bool, bool]  # traced once per value, never again
 
 
+def test_a_bool_and_an_int_flag_of_equal_value_get_their_own_steps(setup):
+  """True == 1 in Python; a step specialised on the bool is not reused for the integer."""
+  *_, rd = setup
+  keys = jax.random.split(jax.random.key(4), rd.idx.shape[0])
+  seen = []
+  engine = engine_lib.ClientEngine(_flag_program(seen), BATCH_FN, "sequential")
+  for flag in (jnp.asarray(True), jnp.asarray(1, jnp.int32)):
+    shared = {"double": flag, "bias": jnp.asarray(0.5)}
+    engine.run(shared, {}, rd.images, rd.labels, rd.idx, rd.mask, keys)
+  assert seen == [bool, int]
+
+
 def test_static_shared_refuses_what_it_cannot_specialise_on(setup):
   """A missing key, a float or a non-scalar value is refused before any step runs."""
   *_, rd = setup
