@@ -124,6 +124,10 @@ ffi::Error KernelGrad(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> g,
     return ffi::Error::InvalidArgument("onednn kernel grad: x, g and dk shapes disagree");
   try {
     const Plan& p = GetPlan(key);
+    // One execution at a time: XLA:CPU may run two independent kernel gradients of the same shape
+    // at once, and a cached primitive's library-managed scratchpad is shared by its executions.
+    static std::mutex exec_mu;
+    std::lock_guard<std::mutex> exec_lock(exec_mu);
     dnnl::stream stream(Engine());
     const size_t x_size = p.x_user.get_size() / sizeof(float);
     const size_t g_size = p.g_user.get_size() / sizeof(float);
