@@ -499,19 +499,9 @@ def summarize(runs: dict, seeds: list[int], window, method_names=("fedavg", "fed
       "seed_sd": sig,
       "noise": noise,
       "verdict": verdict,
-      "wall_ratio_authors_over_ours": float(
-        sum(runs[(m, "authors", s)]["wall_seconds"] for s in seeds)
-        / sum(runs[(m, "ours", s)]["wall_seconds"] for s in seeds)
-      ),
+      "wall_ratio_authors_over_ours": _time_ratio(runs, m, seeds, "wall_seconds"),
       # Results recorded before CPU time was measured have none.
-      "cpu_ratio_authors_over_ours": (
-        float(
-          sum(runs[(m, "authors", s)]["cpu_seconds"] for s in seeds)
-          / sum(runs[(m, "ours", s)]["cpu_seconds"] for s in seeds)
-        )
-        if all("cpu_seconds" in runs[(m, w, s)] for w in ("authors", "ours") for s in seeds)
-        else None
-      ),
+      "cpu_ratio_authors_over_ours": _time_ratio(runs, m, seeds, "cpu_seconds"),
     }
   if "fedavg" in out and "fedproj" in out:
     gains = {}
@@ -543,6 +533,14 @@ def summarize(runs: dict, seeds: list[int], window, method_names=("fedavg", "fed
       }
     out["projection"] = proj
   return out
+
+
+def _time_ratio(runs: dict, method: str, seeds: list[int], key: str) -> float | None:
+  """Authors' summed ``key`` seconds over ours for ``method``; None when a run lacks ``key``."""
+  if not all(key in runs[(method, who, s)] for who in ("authors", "ours") for s in seeds):
+    return None
+  total = lambda who: sum(runs[(method, who, s)][key] for s in seeds)  # noqa: E731
+  return float(total("authors") / total("ours"))
 
 
 def markdown(result: dict) -> str:
