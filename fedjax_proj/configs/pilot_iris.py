@@ -34,6 +34,7 @@ from fedjax_proj.algorithms.distillation.feddf import ensemble_distillation
 from fedjax_proj.algorithms.distillation.fedproj import fedproj
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import random as random_lib
+from fedjax_proj.core import ranges
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import run_vmap_scan
 from fedjax_proj.core.rounds import drive_round
@@ -42,6 +43,8 @@ from fedjax_proj.data.partition import manual
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer
 from fedjax_proj.data.sources import load_sklearn
 from fedjax_proj.models import get_model
+from fedjax_proj.training import fields as fields_lib
+from fedjax_proj.training.fields import Field
 
 # The default regime is the one closest to the papers' text (docs/reproduction.md, "Results"):
 # clients start from a strong pretrained global model (001 §3, 000 §1: forgetting "even when
@@ -219,39 +222,56 @@ def plot(results, x, y, parts, path: Path):
   plt.close(fig)
 
 
+# The pilot's flags, which are its whole config (training/fields.py): base_config's fields where
+# they mean the same, with the pilot's defaults; fingerprint=False marks what only picks what is
+# run or written (left out of default_config, so out of the reproduce tool's result fingerprints).
+_SHARED = fields_lib.FIELDS
+FIELDS = fields_lib.table(
+  fields_lib.variant(
+    _SHARED["output_dir"], default="runs/pilot_iris", help="folder of pilot_iris.json and .png"
+  ),
+  Field(
+    "methods", "fedavg,feddf,fedproj", "comma-separated: fedavg, feddf, fedproj", fingerprint=False
+  ),
+  fields_lib.variant(_SHARED["rounds"], default=20, help="communication rounds"),
+  fields_lib.variant(_SHARED["local_epochs"], default=5),
+  fields_lib.variant(_SHARED["batch_size"], default=10),
+  fields_lib.variant(_SHARED["lr"], help="client SGD learning rate (momentum 0.9), > 0"),
+  Field("hidden", 32, "units of each of the MLP's two hidden layers", ranges.AT_LEAST_ONE),
+  Field(
+    "memory_batch", 100, "FedProj's memory batch (public points per step)", ranges.AT_LEAST_ONE
+  ),
+  Field("distill_epochs", 1, "server distillation epochs (FedDF, FedProj)", ranges.AT_LEAST_ONE),
+  Field("distill_lr", 1e-3, "server distillation Adam learning rate (> 0)", ranges.POSITIVE),
+  Field(
+    "pretrain_steps",
+    PRETRAIN_STEPS,
+    "full-batch Adam steps on all of Iris before round 1 (0 = start from random weights)",
+    ranges.COUNT,
+  ),
+  Field(
+    "seeds",
+    "0",
+    "comma-separated seeds; the figure shows the first, the JSON all",
+    ranges.SEED,
+    fingerprint=False,
+  ),
+  Field("no_plot", False, "skip the figure", fingerprint=False),
+  Field(
+    "public",
+    PUBLIC_DEFAULT,
+    "public set: gaussian cover, iris (unlabelled) or iris_labelled (FedProj's g_mem is CE)",
+    choices=PUBLIC_KINDS,
+  ),
+)
+# Fields of the parser that are about output, not about the run.
+OUTPUT_FIELDS = tuple(name for name, f in FIELDS.items() if not f.fingerprint)
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-  p.add_argument("--output_dir", default="runs/pilot_iris")
-  p.add_argument("--methods", default="fedavg,feddf,fedproj")
-  p.add_argument("--rounds", type=int, default=20)
-  p.add_argument("--local_epochs", type=int, default=5)
-  p.add_argument("--batch_size", type=int, default=10)
-  p.add_argument("--lr", type=float, default=1e-3)
-  p.add_argument("--hidden", type=int, default=32)
-  p.add_argument("--memory_batch", type=int, default=100)
-  p.add_argument("--distill_epochs", type=int, default=1)
-  p.add_argument("--distill_lr", type=float, default=1e-3)
-  p.add_argument(
-    "--pretrain_steps",
-    type=int,
-    default=PRETRAIN_STEPS,
-    help="full-batch Adam steps on all of Iris before round 1 (0 = start from random weights)",
-  )
-  p.add_argument(
-    "--seeds", default="0", help="comma-separated; the figure shows the first, the JSON all"
-  )
-  p.add_argument("--no_plot", action="store_true")
-  p.add_argument(
-    "--public",
-    default=PUBLIC_DEFAULT,
-    choices=PUBLIC_KINDS,
-    help="public set: gaussian cover, iris (unlabelled) or iris_labelled (FedProj's g_mem is CE)",
-  )
+  fields_lib.add_flags(p, FIELDS)
   return p
-
-
-# Fields of the parser that are about output, not about the run.
-OUTPUT_FIELDS = ("output_dir", "methods", "seeds", "no_plot")
 
 
 def default_config() -> dict:
@@ -271,6 +291,10 @@ def run_config(config: dict) -> list[dict]:
 def main(argv=None) -> int:
   p = build_parser()
   args = p.parse_args(argv)
+  try:
+    fields_lib.check_fields(vars(args), FIELDS)
+  except ValueError as e:
+    p.error(str(e))
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   bad = [m for m in methods if m not in ("fedavg", "feddf", "fedproj")]
   if bad:

@@ -28,12 +28,24 @@ from pathlib import Path
 
 import ml_collections
 
+from fedjax_proj.training import fields as fields_lib
 from fedjax_proj.training.config import base_config
 from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
 METHODS = ("fedavg", "fedproj")
 PRIVATE_TRAIN = 1000  # of digits' 1,437 training images; the rest is the unlabelled public set
 PUBLIC_FILE = "public_digits.npz"
+# The quickstart's flags: base_config's fields with the demo's defaults and help (training/fields.py
+# declares what each means; ranges are checked before anything is written).
+FLAGS = fields_lib.table(
+  fields_lib.variant(
+    FIELDS["output_dir"],
+    help="folder for both runs, the public set and curves.png (empty: runs/quickstart-<time>)",
+  ),
+  fields_lib.variant(FIELDS["rounds"], default=20, help="communication rounds of each method"),
+  fields_lib.variant(FIELDS["seed"], help="random seed of both runs, in [0, 2**32 - 1)"),
+  fields_lib.variant(FIELDS["overwrite"], help="replace the runs --output_dir holds (else refuse)"),
+)
 
 
 def get_config(preset: str = "demo") -> ml_collections.ConfigDict:
@@ -76,17 +88,12 @@ def write_public_set(path: Path, seed: int) -> int:
 
 def main(argv) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-  p.add_argument(
-    "--output_dir",
-    default="",
-    help="folder for both runs, the public set and curves.png (default: runs/quickstart-<time>)",
-  )
-  p.add_argument("--rounds", type=int, default=20, help="communication rounds (default: 20)")
-  p.add_argument("--seed", type=int, default=0, help="random seed of both runs (default: 0)")
-  p.add_argument(
-    "--overwrite", action="store_true", help="replace the runs --output_dir holds (default: refuse)"
-  )
+  fields_lib.add_flags(p, FLAGS)
   args = p.parse_args(argv)
+  try:
+    fields_lib.check_fields(vars(args), FLAGS)
+  except ValueError as e:
+    p.error(str(e))
   out = Path(args.output_dir or f"runs/quickstart-{time.strftime('%Y%m%d-%H%M%S')}")
   from fedjax_proj.plot import plot_runs
   from fedjax_proj.training.checkpoint import CheckpointError

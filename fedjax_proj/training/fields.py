@@ -157,6 +157,27 @@ def config(
   return c
 
 
+def add_flags(parser: argparse.ArgumentParser, fields: Mapping[str, Field]) -> None:
+  """One ``--<name>`` flag per field of ``fields``, with the field's type, default, choices and
+  help (its default appended); a boolean field's flag also works bare (``--overwrite``).
+
+  For the small entry points whose flags are their whole config (the quickstart, the Iris pilot);
+  :func:`fedjax_proj.configs.common.build_parser` builds the preset-based entry points' flags.
+  Ranges are checked after parsing, by :func:`check_fields`, so that every range error reads the
+  same.
+  """
+  for f in fields.values():
+    extra = {"nargs": "?", "const": True} if f.type is bool else {}
+    parser.add_argument(
+      f"--{f.name}",
+      type=f.flag_type(),
+      default=f.default,
+      choices=f.choices or None,
+      help=f"{f.help} (default: {f.default!r})",
+      **extra,
+    )
+
+
 def value_of(c, name: str):
   """``c[name]``, or the field's default (:data:`FL_FIELDS`) where ``c`` lacks it: a config of a
   family without the field (the continual configs have no ``normalization``), or one recorded

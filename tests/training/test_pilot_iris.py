@@ -80,4 +80,4 @@ def test_pilot_rejects_bad_seeds(tmp_path):
     env=cpu_env(),  # FAST_COMPILE, as every child process of the suite
     timeout=120,
   )
-  assert proc.returncode != 0 and "--seeds must be comma-separated integers" in proc.stderr
+  assert proc.returncode == 2 and "--seeds='0,x': 'x' is not a number" in proc.stderr
