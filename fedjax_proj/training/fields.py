@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from fedjax_proj.core import ranges
-from fedjax_proj.training.optimizers import LR_SCHEDULES, OPTIMIZERS, SERVER_OPTIMIZERS
 
 
 class _Unset:
@@ -257,7 +256,7 @@ FIELDS: dict[str, Field] = table(
   Field(
     "strategy", "auto", "how a round is executed (auto picks the fastest for the model and backend)"
   ),
-  Field("optimizer", "adam", "client optimiser: sgd or adam", choices=OPTIMIZERS),
+  Field("optimizer", "adam", "client optimiser: sgd or adam", choices=("sgd", "adam")),
   Field(
     "lr",
     1e-3,
@@ -273,7 +272,7 @@ FIELDS: dict[str, Field] = table(
     "constant",
     "local learning-rate schedule, restarted each round: constant, or step (lr x "
     "lr_step_gamma^floor(epoch / lr_step_epochs), the FedProj code's StepLR)",
-    choices=LR_SCHEDULES,
+    choices=("constant", "step"),
     added="constant",
   ),
   # 0 = local_epochs // 2, the FedProj code's step_size.
@@ -295,7 +294,7 @@ FIELDS: dict[str, Field] = table(
     "server_optimizer",
     "none",
     "server optimiser on the aggregated update: none (averaging), sgd or adam",
-    choices=SERVER_OPTIMIZERS,
+    choices=("none", "sgd", "adam"),
   ),
   Field("server_lr", 1.0, "server learning rate (> 0)", ranges.POSITIVE),
   Field("server_momentum", 0.0, "server SGD momentum in [0, 1)", ranges.RATE),

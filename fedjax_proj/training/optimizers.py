@@ -5,14 +5,17 @@ from __future__ import annotations
 import ml_collections
 import optax
 
-OPTIMIZERS = ("sgd", "adam")
-LR_SCHEDULES = ("constant", "step")
-SERVER_OPTIMIZERS = ("none", "sgd", "adam")
+from fedjax_proj.training.fields import FIELDS, value_of
+
+# The names each factory takes: the choices its config field declares (training/fields.py).
+OPTIMIZERS = FIELDS["optimizer"].choices
+LR_SCHEDULES = FIELDS["lr_schedule"].choices
+SERVER_OPTIMIZERS = FIELDS["server_optimizer"].choices
 
 
 def lr_step_epochs(c: ml_collections.ConfigDict) -> int:
   """Epochs between local lr decays: ``lr_step_epochs``, or local_epochs // 2 when it is 0."""
-  return int(c.get("lr_step_epochs", 0)) or int(c.local_epochs) // 2
+  return int(value_of(c, "lr_step_epochs")) or int(c.local_epochs) // 2
 
 
 def make_optimizer(
@@ -46,10 +49,10 @@ def client_optimizer(c: ml_collections.ConfigDict):
     c.lr,
     c.momentum,
     c.weight_decay,
-    schedule=c.get("lr_schedule", "constant"),
+    schedule=value_of(c, "lr_schedule"),
     local_epochs=c.local_epochs,
     step_epochs=lr_step_epochs(c),
-    gamma=c.get("lr_step_gamma", 0.1),
+    gamma=value_of(c, "lr_step_gamma"),
   )
 
 
