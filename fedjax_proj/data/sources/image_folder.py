@@ -30,11 +30,14 @@ _CACHE_VERSION = "1"
 
 
 def default_cache_dir() -> pathlib.Path:
-  """The decoded-image cache: ``$FEDJAX_PROJ_CACHE`` or ``~/.cache/fedjax_proj``."""
-  env = os.environ.get(CACHE_DIR_ENV)
+  """The decoded-data cache: ``$FEDJAX_PROJ_CACHE``, else ``fedjax_proj`` under
+  ``$XDG_CACHE_HOME`` (the XDG base directory convention, as the compilation cache's), else under
+  ``~/.cache``."""
+  env = os.environ.get(CACHE_DIR_ENV, "").strip()
   if env:
     return pathlib.Path(env).expanduser()
-  return pathlib.Path.home() / ".cache" / "fedjax_proj"
+  base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(pathlib.Path("~/.cache").expanduser())
+  return pathlib.Path(base) / "fedjax_proj"
 
 
 def _list_image_folder(

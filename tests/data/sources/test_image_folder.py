@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 import numpy as np
@@ -97,3 +98,14 @@ def test_real_cifar10_test_image_folder_cold_and_warm():
   np.testing.assert_array_equal(cold.images, warm.images)
   np.testing.assert_array_equal(cold.labels, warm.labels)
   assert cold.num_classes == 10
+
+
+def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+  monkeypatch.delenv("FEDJAX_PROJ_CACHE", raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert image_folder.default_cache_dir() == tmp_path / "xdg" / "fedjax_proj"
+  monkeypatch.setenv("FEDJAX_PROJ_CACHE", str(tmp_path / "mine"))  # the project's own wins
+  assert image_folder.default_cache_dir() == tmp_path / "mine"
+  monkeypatch.delenv("FEDJAX_PROJ_CACHE")
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  assert image_folder.default_cache_dir() == pathlib.Path("~/.cache/fedjax_proj").expanduser()
