@@ -10,7 +10,17 @@
 //
 // oneDNN picks its own layouts ("any") for the operands and the gradient; reorders to and from
 // the caller's NHWC/HWIO are built once per shape with the primitive and cached.
+//
+// Every primitive is built with a user-managed scratchpad (dnnl::scratchpad_mode::user), handed
+// to each execution from a buffer owned by the executing thread. With oneDNN's default
+// library-managed scratchpad, a primitive may only run on the thread that created it (oneDNN's
+// documentation of dnnl::scratchpad_mode::library: the library scratchpad is a per-thread buffer
+// shared by all primitives): the cached primitives run on whichever thread XLA calls the handler
+// from, where that buffer is absent or smaller than the primitive's, and oneDNN wrote through a
+// null or short scratchpad (the segmentation faults in docs/performance.md, "The CPU convolution
+// kernel gradient").
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -33,7 +43,16 @@ struct Plan {
   dnnl::memory::desc x_prim, g_prim, dk_prim;  // the primitive's choice
   dnnl::convolution_backward_weights conv;
   std::unique_ptr<dnnl::reorder> x_reorder, g_reorder, dk_reorder;  // null: layouts agree
+  // Each primitive's scratchpad (user mode); size 0 where it needs none.
+  dnnl::memory::desc conv_scratch, x_scratch, g_scratch, dk_scratch;
+  size_t scratch_bytes = 0;  // the largest of them: the executions share one buffer in turn
 };
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
 
 dnnl::engine& Engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -41,10 +60,12 @@ dnnl::engine& Engine() {
 }
 
 std::unique_ptr<dnnl::reorder> ReorderOrNull(const dnnl::memory::desc& from,
-                                             const dnnl::memory::desc& to) {
+                                             const dnnl::memory::desc& to,
+                                             dnnl::memory::desc* scratch) {
   if (from == to) return nullptr;
-  return std::make_unique<dnnl::reorder>(
-      dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
+  auto pd = dnnl::reorder::primitive_desc(Engine(), from, Engine(), to, UserScratchpad());
+  *scratch = pd.scratchpad_desc();
+  return std::make_unique<dnnl::reorder>(pd);
 }
 
 struct Key {
@@ -84,14 +105,18 @@ std::unique_ptr<Plan> Build(const Key& k) {
       Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any,
       dk_any, g_any, strides, lo, hi);
   auto bwd = dnnl::convolution_backward_weights::primitive_desc(
-      Engine(), dnnl::algorithm::convolution_direct, x_any, dk_any, g_any, strides, lo, hi, fwd);
+      Engine(), dnnl::algorithm::convolution_direct, x_any, dk_any, g_any, strides, lo, hi, fwd,
+      UserScratchpad());
   p->x_prim = bwd.src_desc();
   p->g_prim = bwd.diff_dst_desc();
   p->dk_prim = bwd.diff_weights_desc();
   p->conv = dnnl::convolution_backward_weights(bwd);
-  p->x_reorder = ReorderOrNull(p->x_user, p->x_prim);
-  p->g_reorder = ReorderOrNull(p->g_user, p->g_prim);
-  p->dk_reorder = ReorderOrNull(p->dk_prim, p->dk_user);
+  p->conv_scratch = bwd.scratchpad_desc();
+  p->x_reorder = ReorderOrNull(p->x_user, p->x_prim, &p->x_scratch);
+  p->g_reorder = ReorderOrNull(p->g_user, p->g_prim, &p->g_scratch);
+  p->dk_reorder = ReorderOrNull(p->dk_prim, p->dk_user, &p->dk_scratch);
+  for (const auto* d : {&p->conv_scratch, &p->x_scratch, &p->g_scratch, &p->dk_scratch})
+    p->scratch_bytes = std::max(p->scratch_bytes, d->get_size());
   return p;
 }
 
@@ -102,6 +127,27 @@ const Plan& GetPlan(const Key& k) {
   auto& slot = cache[k];
   if (!slot) slot = Build(k);
   return *slot;  // never erased, so the reference outlives the lock
+}
+
+// The calling thread's scratchpad buffer, grown to at least `bytes`: one execution at a time uses
+// it (a thread runs one handler call at a time, and a call runs its primitives in turn), so
+// concurrent calls on other threads never share it.
+void* ThreadScratch(size_t bytes) {
+  thread_local dnnl::memory buffer;
+  if (bytes == 0) return nullptr;
+  if (!buffer || buffer.get_desc().get_size() < bytes) {
+    const auto n = static_cast<dnnl::memory::dim>(bytes);
+    buffer = dnnl::memory(dnnl::memory::desc({n}, dt::u8, tag::a), Engine());  // 64-byte aligned
+  }
+  return buffer.get_data_handle();
+}
+
+// A primitive's arguments plus its scratchpad (at `scratch`, when its descriptor needs one).
+void Execute(const dnnl::primitive& prim, dnnl::stream& stream,
+             std::unordered_map<int, dnnl::memory> args, const dnnl::memory::desc& desc,
+             void* scratch) {
+  if (desc.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(desc, Engine(), scratch));
+  prim.execute(stream, args);
 }
 
 ffi::Error KernelGrad(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> g,
@@ -124,10 +170,9 @@ ffi::Error KernelGrad(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> g,
     return ffi::Error::InvalidArgument("onednn kernel grad: x, g and dk shapes disagree");
   try {
     const Plan& p = GetPlan(key);
-    // One execution at a time: XLA:CPU may run two independent kernel gradients of the same shape
-    // at once, and a cached primitive's library-managed scratchpad is shared by its executions.
-    static std::mutex exec_mu;
-    std::lock_guard<std::mutex> exec_lock(exec_mu);
+    // No lock: with user-managed scratchpads a cached primitive may run on several threads at
+    // once (oneDNN's dnnl::scratchpad_mode::user), each with its own thread's buffer.
+    void* scratch = ThreadScratch(p.scratch_bytes);
     dnnl::stream stream(Engine());
     const size_t x_size = p.x_user.get_size() / sizeof(float);
     const size_t g_size = p.g_user.get_size() / sizeof(float);
@@ -140,12 +185,20 @@ ffi::Error KernelGrad(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> g,
       dnnl::memory x_mem(p.x_user, Engine(), x.typed_data() + i * x_size);
       dnnl::memory g_mem(p.g_user, Engine(), g.typed_data() + i * g_size);
       dnnl::memory dk_mem(p.dk_user, Engine(), dk->typed_data() + i * k_size);
-      if (p.x_reorder) p.x_reorder->execute(stream, x_mem, x_tmp);
-      if (p.g_reorder) p.g_reorder->execute(stream, g_mem, g_tmp);
-      p.conv.execute(stream, {{DNNL_ARG_SRC, p.x_reorder ? x_tmp : x_mem},
-                              {DNNL_ARG_DIFF_DST, p.g_reorder ? g_tmp : g_mem},
-                              {DNNL_ARG_DIFF_WEIGHTS, p.dk_reorder ? dk_tmp : dk_mem}});
-      if (p.dk_reorder) p.dk_reorder->execute(stream, dk_tmp, dk_mem);
+      if (p.x_reorder)
+        Execute(*p.x_reorder, stream, {{DNNL_ARG_FROM, x_mem}, {DNNL_ARG_TO, x_tmp}},
+                p.x_scratch, scratch);
+      if (p.g_reorder)
+        Execute(*p.g_reorder, stream, {{DNNL_ARG_FROM, g_mem}, {DNNL_ARG_TO, g_tmp}},
+                p.g_scratch, scratch);
+      Execute(p.conv, stream,
+              {{DNNL_ARG_SRC, p.x_reorder ? x_tmp : x_mem},
+               {DNNL_ARG_DIFF_DST, p.g_reorder ? g_tmp : g_mem},
+               {DNNL_ARG_DIFF_WEIGHTS, p.dk_reorder ? dk_tmp : dk_mem}},
+              p.conv_scratch, scratch);
+      if (p.dk_reorder)
+        Execute(*p.dk_reorder, stream, {{DNNL_ARG_FROM, dk_tmp}, {DNNL_ARG_TO, dk_mem}},
+                p.dk_scratch, scratch);
     }
     stream.wait();
   } catch (const dnnl::error& e) {

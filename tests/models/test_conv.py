@@ -1,6 +1,10 @@
 """The conv implementations equal ``nn.Conv``: forward, input/kernel/bias gradients, layout."""
 
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -256,6 +260,28 @@ def test_onednn_kernel_grad_is_the_ffi_call_and_batches_under_vmap():
   check(jit(jax.vmap(jax.vmap(grad)))(*nested), jax.vmap(jax.vmap(ref))(*nested))
   # An empty batch (which oneDNN rejects) has a zero gradient.
   np.testing.assert_array_equal(grad(x[:0], g[:0]), np.zeros(ks, np.float32))
+
+
+def test_onednn_kernel_grad_runs_on_any_thread_and_concurrently():
+  """Each shape's cached oneDNN primitives, created on one thread, compute the right gradient when
+  called from other threads, several at once (benchmarks/onednn_stress.py, in a subprocess that a
+  memory fault ends with a signal). With oneDNN's library-managed scratchpad, a per-thread buffer,
+  the GEMM-based shapes wrote through a null scratchpad there: a segmentation fault every run."""
+  _skip_without_onednn()
+  root = Path(__file__).resolve().parents[2]
+  path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+  cmd = [sys.executable, "-m", "benchmarks.onednn_stress", "--threads=3", "--rounds=2"]
+  done = subprocess.run(
+    [*cmd, "--shapes=2"],
+    cwd=root,
+    env={**os.environ, "PYTHONPATH": path},
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+  # 2 shapes, alone and under vmap: 2 calls on this thread, then 3 threads x 2 rounds x 4.
+  assert done.stdout.startswith("ok: 26 calls on 3 threads"), done.stdout
 
 
 @pytest.fixture
