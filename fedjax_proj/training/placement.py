@@ -37,9 +37,11 @@ def conv_impl_for(backend: str | None = None) -> str:
   to float summation order.
 
   ``onednn_grad`` (oneDNN's backward-weights primitive through an FFI call, on a par with
-  PyTorch's) is opt-in (``--model_kwargs=conv_impl=onednn_grad``), not the default: a test
-  process that ran a paper-budget CIFAR round with it as the default ended in a segmentation
-  fault, not yet explained (docs/performance.md, "oneDNN through an FFI call").
+  PyTorch's) is opt-in (``--model_kwargs=conv_impl=onednn_grad``), not the default. Its
+  segmentation faults (a cached primitive run on another thread than its creator's, with
+  oneDNN's per-thread scratchpad) are fixed; it returns as the default once its step times are
+  measured again without the lock it no longer needs (docs/performance.md, "The CPU convolution
+  kernel gradient").
   """
   if (backend or jax.default_backend()) != "cpu":
     return "xla"
