@@ -43,16 +43,15 @@ else:
     os.environ[_SESSION_DIR] = tempfile.mkdtemp(prefix="fedjax_proj_test_jax_cache_")
     _OWNER = True
   os.environ[compilation_cache.ENV] = os.environ[_SESSION_DIR]
-  compilation_cache.enable(os.environ[_SESSION_DIR])
   # Every program of the suite's own processes is stored, not only those that compile for 0.5 s
-  # or more (the entry points' floor, MIN_COMPILE_SECONDS): with FAST_COMPILE most of the suite's
-  # programs compile faster than that, and a program built again in another xdist worker or by
-  # another test is then loaded. A hit is keyed by the program, its options and XLA_FLAGS, so it
-  # is the executable the test would have compiled. On test_fedproj.py in one process it cut the
-  # CPU time by 4% (89.4 s -> 85.5 s, one run each on a loaded machine).
-  import jax
-
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  # or more (the entry points' floor): with FAST_COMPILE most of the suite's programs compile
+  # faster than that, and a program built again in another xdist worker or by another test is then
+  # loaded. Set on the module, so that entry points a test calls in-process (which enable the
+  # cache again) keep it. A hit is keyed by the program, its options and XLA_FLAGS, so it is the
+  # executable the test would have compiled. On test_fedproj.py in one process it cut the CPU
+  # time by 4% (89.4 s -> 85.5 s, one run each on a loaded machine).
+  compilation_cache.MIN_COMPILE_SECONDS = 0.0
+  compilation_cache.enable(os.environ[_SESSION_DIR])
 
 
 def pytest_unconfigure(config):
