@@ -9,6 +9,8 @@
   training subset cut to 500 images: what these runs check is each method's wiring under the
   preset (partition, public data, hyperparameters, round loop), and compiling ResNet-8 for 13
   methods would take minutes (ResNet-8 itself runs in tests/training/test_cifar10_cli.py).
+  sequential.py's runs keep their preset's model and partition but train on 500 images and test
+  on 200 (the preset's 2,000 and 500 made each CIFAR-10 run compute-bound, ~16 s CPU).
 * Conformance: every method sequential.py offers beats chance clearly at a small real-data budget
   of that entry point (MNIST, its offline stand-in for Fashion-MNIST; docs/sfedkd.md).
 
@@ -129,7 +131,7 @@ def _run(c, tmp_path, name):
 def test_sequential_smoke_first_round(method, dataset, tmp_path):
   _need(dataset)
   c = sequential.get_config("smoke", dataset)
-  c.method, c.rounds = method, 1
+  c.method, c.rounds, c.train_subset, c.test_subset = method, 1, 500, 200
   summary = _run(sequential.prepare(c, log=lambda *a: None), tmp_path, method)
   assert summary["rounds"] == 1
   assert (tmp_path / method / "metrics.jsonl").read_text().count("test_accuracy") == 1
