@@ -290,11 +290,7 @@ def run_config(config: dict) -> list[dict]:
 
 def main(argv=None) -> int:
   p = build_parser()
-  args = p.parse_args(argv)
-  try:
-    fields_lib.check_fields(vars(args), FIELDS)
-  except ValueError as e:
-    p.error(str(e))
+  args = fields_lib.parse_checked(p, argv, FIELDS)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   bad = [m for m in methods if m not in ("fedavg", "feddf", "fedproj")]
   if bad:

@@ -89,11 +89,7 @@ def write_public_set(path: Path, seed: int) -> int:
 def main(argv) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
   fields_lib.add_flags(p, FLAGS)
-  args = p.parse_args(argv)
-  try:
-    fields_lib.check_fields(vars(args), FLAGS)
-  except ValueError as e:
-    p.error(str(e))
+  args = fields_lib.parse_checked(p, argv, FLAGS)
   out = Path(args.output_dir or f"runs/quickstart-{time.strftime('%Y%m%d-%H%M%S')}")
   from fedjax_proj.plot import plot_runs
   from fedjax_proj.training.checkpoint import CheckpointError

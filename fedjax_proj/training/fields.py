@@ -162,7 +162,7 @@ def add_flags(parser: argparse.ArgumentParser, fields: Mapping[str, Field]) -> N
 
   For the small entry points whose flags are their whole config (the quickstart, the Iris pilot);
   :func:`fedjax_proj.configs.common.build_parser` builds the preset-based entry points' flags.
-  Ranges are checked after parsing, by :func:`check_fields`, so that every range error reads the
+  Ranges are checked after parsing (:func:`parse_checked`), so that every range error reads the
   same.
   """
   for f in fields.values():
@@ -175,6 +175,19 @@ def add_flags(parser: argparse.ArgumentParser, fields: Mapping[str, Field]) -> N
       help=f"{f.help} (default: {f.default!r})",
       **extra,
     )
+
+
+def parse_checked(
+  parser: argparse.ArgumentParser, argv, fields: Mapping[str, Field]
+) -> argparse.Namespace:
+  """``parser``'s flags from ``argv``, with every value of ``fields`` in its range or choices
+  (:func:`check_fields`); a value outside is the parser's usage error (exit 2), before any work."""
+  args = parser.parse_args(argv)
+  try:
+    check_fields(vars(args), fields)
+  except ValueError as e:
+    parser.error(str(e))
+  return args
 
 
 def value_of(c, name: str):
