@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_proj.core.user_cache import user_cache_root
+
 TARGET = "fedjax_proj_onednn_conv_kernel_grad"
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 # The oneDNN build the extra pins: CPU only, GNU OpenMP (its libdnnl.so needs only libc, libstdc++
@@ -42,8 +44,7 @@ _registered: list[Path] = []  # the library registered in this process, if any
 def cache_folder(environ=os.environ) -> Path:
   """Where built handlers are kept: ``$XDG_CACHE_HOME/fedjax_proj/onednn``, else
   ``~/.cache/fedjax_proj/onednn``."""
-  base = environ.get("XDG_CACHE_HOME", "").strip() or str(Path("~/.cache").expanduser())
-  return Path(base) / "fedjax_proj" / "onednn"
+  return user_cache_root(environ) / "onednn"
 
 
 class Unavailable(Exception):

@@ -20,6 +20,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from fedjax_proj.core.user_cache import user_cache_root
+
 OFF = "off"
 # The default of entry points' --compilation_cache when set (the test suite sets it to "off").
 ENV = "FEDJAX_PROJ_COMPILATION_CACHE"
@@ -43,8 +45,7 @@ def default_setting(environ: Mapping[str, str] = os.environ) -> str:
   chosen = environ.get(ENV, "").strip()
   if chosen:
     return chosen
-  base = environ.get("XDG_CACHE_HOME", "").strip() or str(Path("~/.cache").expanduser())
-  return str(Path(base) / "fedjax_proj" / "jax")
+  return str(user_cache_root(environ) / "jax")
 
 
 def enable(setting: str | os.PathLike | None, flag: str = "--compilation_cache") -> Path | None:

@@ -56,7 +56,7 @@ from fedjax_proj.training.inputs import (
 )
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
-from fedjax_proj.training.placement import build_round, conv_impl_for, conv_impl_note
+from fedjax_proj.training.placement import build_round, conv_impl_for
 from fedjax_proj.training.processes import init_processes
 from fedjax_proj.training.session import run_io
 from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
@@ -138,8 +138,6 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     # The backend's convolution implementation, unless --model_kwargs names one.
     if "conv_impl" not in model_kwargs:
       model_kwargs["conv_impl"] = conv_impl_for()
-      if note := conv_impl_note():
-        log(f"note: {note}")
     log(f"convolutions: conv_impl={model_kwargs['conv_impl']}")
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))

@@ -48,12 +48,6 @@ def conv_impl_for(backend: str | None = None) -> str:
   return "gemm_grad"
 
 
-def conv_impl_note() -> str:
-  """The placement's one line on the CPU kernel gradient ("" when the backend is not CPU): none
-  while ``onednn_grad`` is opt-in (:func:`conv_impl_for`)."""
-  return ""
-
-
 def client_mesh_for(c, strategy: str, log):
   """The mesh the client axis is sharded over, or None for the plain single-device round."""
   if jax.process_count() > 1:

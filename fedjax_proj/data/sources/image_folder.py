@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedjax_proj.core.user_cache import user_cache_root
 from fedjax_proj.data.sources.common import (
   CACHE_DIR_ENV,
   ArrayDataset,
@@ -36,8 +37,7 @@ def default_cache_dir() -> pathlib.Path:
   env = os.environ.get(CACHE_DIR_ENV, "").strip()
   if env:
     return pathlib.Path(env).expanduser()
-  base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(pathlib.Path("~/.cache").expanduser())
-  return pathlib.Path(base) / "fedjax_proj"
+  return user_cache_root()
 
 
 def _list_image_folder(
