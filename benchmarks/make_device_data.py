@@ -142,7 +142,7 @@ def unpack(npz_path: Path, dest: Path) -> dict[str, int]:
   counts = {}
   with np.load(npz_path) as z:
     # What the pack holds, beside the data: a claim run records a lossy public set as a deviation
-    # (fedjax_proj/reproduce/run.py, data_deviations).
+    # (fedjax_proj/reproduce/provenance.py, data_deviations).
     dest.mkdir(parents=True, exist_ok=True)
     (dest / run.DATA_RECORD).write_text(json.dumps({"about": str(z["about"])}) + "\n")
     parts = {

@@ -115,8 +115,8 @@ def prepare(c):
 
 def resolve(preset: str, fields=None, method_kwargs=None):
   """The config ``--preset=<preset>`` with these flags runs (common.resolve, then prepare); the
-  claim runner (fedjax_proj/reproduce/run.py) and experiments/quickstart.ipynb resolve through it
-  too."""
+  claim runner (fedjax_proj/reproduce/resolve.py) and experiments/quickstart.ipynb resolve
+  through it too."""
   return common.resolve(get_config, preset, fields, method_kwargs, prepare)
 
 

@@ -241,7 +241,7 @@ def resolve(
   ``table``, the entry point's field table; default: training/fields.py's FL_FIELDS), then
   ``prepare`` (the preset rules that depend on the final fields).
 
-  The flags of :func:`main`, the claim runner (fedjax_proj/reproduce/run.py) and
+  The flags of :func:`main`, the claim runner (fedjax_proj/reproduce/resolve.py) and
   experiments/quickstart.ipynb all resolve through this function, so a claim or the notebook runs
   what its entry point runs. Raises ValueError naming the
   field and the fix (an unknown field included).

@@ -165,7 +165,7 @@ def prepare(c):
 
 def resolve(preset: str, fields=None, method_kwargs=None, task: str = "sst2"):
   """The config ``--task=<task> --preset=<preset>`` with these flags runs (common.resolve, then
-  prepare); the claim runner (fedjax_proj/reproduce/run.py) resolves through it too."""
+  prepare); the claim runner (fedjax_proj/reproduce/resolve.py) resolves through it too."""
   return common.resolve(
     lambda p: get_config(p, task), preset, fields, method_kwargs, prepare, FIELDS
   )

@@ -259,7 +259,7 @@ def resolve(
   """The config ``--preset=<preset>`` with these flags runs: the preset, then ``fields``, then the
   method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``, checked against
   ``table`` (default: :data:`FIELDS`). The flags and the claim runner
-  (fedjax_proj/reproduce/run.py) both resolve through it."""
+  (fedjax_proj/reproduce/resolve.py) both resolve through it."""
   c = common.set_fields((get_config_fn or get_config)(preset), fields)
   c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
   # Every number finite and in range, every choice known, before any data is loaded.
@@ -271,7 +271,8 @@ def resolve(
 
 def check_run(c: ml_collections.ConfigDict) -> None:
   """Refusals of a resolved config that depend on several fields (a ValueError naming the fix):
-  the flags (:func:`parse`) and the claim runner (fedjax_proj/reproduce/run.py) both check them."""
+  the flags (:func:`parse`) and the claim runner (fedjax_proj/reproduce/resolve.py) both check
+  them."""
   if c.clients_per_round > c.num_clients:
     raise ValueError(
       f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}"

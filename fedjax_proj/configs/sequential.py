@@ -103,7 +103,7 @@ def prepare(c, log=print):
 
 def resolve(preset: str, fields=None, method_kwargs=None, dataset: str = "cifar10", log=print):
   """The config ``--preset=<preset> --dataset=<dataset>`` with these flags runs (common.resolve,
-  then prepare); the claim runner (fedjax_proj/reproduce/run.py) resolves through it too."""
+  then prepare); the claim runner (fedjax_proj/reproduce/resolve.py) resolves through it too."""
   return common.resolve(
     lambda p: get_config(p, dataset), preset, fields, method_kwargs, lambda c: prepare(c, log)
   )

@@ -57,7 +57,7 @@ class Field(NamedTuple):
     fix: what to suggest next to a range error.
     fingerprint: whether it can change a result. False for a field that only picks method
       hyperparameters' defaults (which the resolved ``method_kwargs`` hold) or what a run writes;
-      a claim result's fingerprint leaves it out (reproduce/run.py).
+      a claim result's fingerprint leaves it out (reproduce/resolve.py).
     resumable: whether a resumed run may change it (``--resume --rounds=N`` extends a run); the
       checkpoint's config fingerprint leaves it out (training/checkpoint.py).
     run_management: how a run is managed (where it writes, when it saves, what it prints), not
@@ -423,8 +423,8 @@ FIELDS: dict[str, Field] = table(
   ),
   # A forward pass of the new global model on the memory every round (001, C.4) that trains
   # nothing: a logged diagnostic the state does not depend on (so a resumed run may change it),
-  # off unless asked; the claim runner turns it on for the reports that plot it (reproduce/run.py),
-  # as every claim run logged it before it became a switch.
+  # off unless asked; the claim runner turns it on for the reports that plot it
+  # (reproduce/resolve.py), as every claim run logged it before it became a switch.
   Field(
     "lmem_global",
     False,

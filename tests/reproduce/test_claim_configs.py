@@ -8,7 +8,7 @@ import os
 import pytest
 
 from fedjax_proj.reproduce import __main__ as cli
-from fedjax_proj.reproduce import claims, docs_tables, protocol, report, run
+from fedjax_proj.reproduce import availability, claims, docs_tables, protocol, report, run
 from fedjax_proj.reproduce.claims import CLAIMS
 
 DOC = run.REPO_ROOT / "docs" / "reproduction.md"
@@ -77,12 +77,12 @@ def test_public_fallback_caps_memory_and_says_so(tmp_path, monkeypatch):
     image=np.zeros((30, 32, 32, 3), np.uint8),
     label=np.zeros(30, np.int64),
   )
-  monkeypatch.setattr(run, "tfds_has", lambda name: False)
+  monkeypatch.setattr(availability, "tfds_has", lambda name: False)
   config = run.resolve_config(claims.FEDPROJ_DIR05, "paper", "fedproj", 0)
   used, notes = run.public_fallback(config, tmp_path, claims.PUBLIC)
   assert used["public_data"] == claims.PUBLIC and used["memory_size"] == 30
   assert "memory_size 50,000 capped at the public set's 30" in notes[1]
-  monkeypatch.setattr(run, "tfds_has", lambda name: True)
+  monkeypatch.setattr(availability, "tfds_has", lambda name: True)
   assert run.public_fallback(config, tmp_path, claims.PUBLIC) == (config, [])
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fedjax_proj.reproduce import claims, run
+from fedjax_proj.reproduce import availability, claims, run
 
 NLP = [c for c in claims.CLAIMS.values() if c.kind == "nlp"]
 
@@ -61,7 +61,7 @@ def test_missing_text_data_is_one_line_before_any_run(tmp_path, capsys, monkeypa
   assert err.count("\n") == 1 and "Traceback" not in err
   assert f"the private set 'marc' is not in {tmp_path}/marc (no train.csv|.tsv|.jsonl" in err
   # The TFDS sets offline: the private set, and the public set FedProj reads (FedAvg reads none).
-  monkeypatch.setattr(run, "tfds_has", lambda name: False)
+  monkeypatch.setattr(availability, "tfds_has", lambda name: False)
   assert cli.main(["fedproj-sst2-dir0.3", *base, f"--data={tmp_path}"]) == 1
   err = capsys.readouterr().err
   assert "the private set 'sst2' (TFDS glue/sst2) is not prepared here" in err

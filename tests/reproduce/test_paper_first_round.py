@@ -12,7 +12,7 @@ import contextlib
 
 import pytest
 
-from fedjax_proj.reproduce import claims, run
+from fedjax_proj.reproduce import availability, claims, run
 from fedjax_proj.reproduce.claims import CLAIMS
 
 # Per claim, one method whose paper path covers the others' (kept to one run per claim for the
@@ -84,7 +84,7 @@ def _differs_only_in_partition_and_alpha(claim, other, data_root):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_paper_budget_first_rounds_run(name, data_root, tmp_path, monkeypatch):
-  monkeypatch.setattr(run, "tfds_has", lambda dataset: False)  # offline: the fallback path
+  monkeypatch.setattr(availability, "tfds_has", lambda dataset: False)  # offline: the fallback path
   claim = CLAIMS[name]
   mock = contextlib.nullcontext()
   if claim.kind == "nlp":  # TFDS's text sets, mocked (tfds.testing.mock_data serves downloads)

@@ -7,7 +7,7 @@ from __future__ import annotations
 PUBLIC = "{data}/cifar100/public_20k.npz"
 # The paper's public set (001 Sec. 6.1, Table 4's 60,000 row): CIFAR-100 train + test from TFDS.
 # Offline the run falls back to PUBLIC and caps |M| at its size, and records the deviation
-# (fedjax_proj/reproduce/run.py, ``public_fallback``).
+# (fedjax_proj/reproduce/availability.py, ``public_fallback``).
 PAPER_PUBLIC = dict(public_data="cifar100", public_split="train+test", public_size=0)
 # Distillation hyperparameters pinned for every distilling method at cpu (the module defaults when
 # the budget was set; equal across FedProj, FedDF and FedET, so FedProj - FedDF is the projection).
