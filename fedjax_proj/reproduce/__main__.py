@@ -150,6 +150,11 @@ def parse_args(argv) -> argparse.Namespace:
         f"claim {claim.name} budget {args.budget} declares no protocol v2 replication; those "
         f"that do: {', '.join(with_v2)}"
       )
+    if args.protocol == "v1" and b.seeds == 0:  # declared for its v2 replication only
+      p.error(
+        f"claim {claim.name} budget {args.budget} pre-registers no protocol v1 seeds; it is "
+        "declared for protocol v2 only: add --protocol=v2"
+      )
     try:
       declared = (
         protocol.v2_view(claim, args.budget).budgets[args.budget].declared

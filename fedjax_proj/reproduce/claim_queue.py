@@ -80,7 +80,9 @@ def queue_summary(
   means = ", ".join(
     f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
   )
-  line = f"queue: {', '.join(parts)}; {report.eta([p.method for p in queue], recorded, n_jobs)}"
+  first = min((p.seed for p in queue), default=0)
+  left = report.eta([p.method for p in queue], recorded, n_jobs, first)
+  line = f"queue: {', '.join(parts)}; {left}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-BUDGETS = ("smoke", "cpu", "drift", "mnist", "paper")
+BUDGETS = ("smoke", "cpu", "drift", "gpu", "mnist", "paper")
 # The order budgets appear in docs tables and reports.
-BUDGET_ORDER = ("paper", "cpu", "drift", "mnist", "smoke")
+BUDGET_ORDER = ("paper", "cpu", "drift", "gpu", "mnist", "smoke")
 # Metrics where lower is better (FOT's forgetting); every other metric is higher-is-better.
 LOWER_IS_BETTER = frozenset({"fgt"})
 
@@ -26,6 +26,7 @@ class Budget(NamedTuple):
     note: why this budget puts the paper's mechanism in play, and its measured cost.
     preset: the entry point's preset the budget starts from (None: the claim's ``preset``).
     seeds: the pre-registered seed count n; the verdict uses seeds 0..n-1 (more are exploratory).
+      0: no protocol v1 seeds, a budget declared for its protocol v2 replication only (``v2``).
     power_sd: metric -> the paired sd (percentage points) the power calculation that chose
       ``seeds`` used (None: not measured; the seed count is then the minimum).
     power_source: where ``power_sd`` was measured.

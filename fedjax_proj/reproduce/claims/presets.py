@@ -113,6 +113,9 @@ CIFAR_DRIFT = {
   "local_epochs": 2,
   "eval_every": 2,
 }
+# The gpu budget (docs/reproduction.md, "The gpu budget"): the drift budget trained three times as
+# long, 30 rounds of 2 local epochs, declared for protocol v2 only, before any of its runs.
+CIFAR_GPU = {**CIFAR_DRIFT, "rounds": 30}
 # A random-init tiny encoder on 800 examples: wiring only (every field it depends on pinned here).
 NLP_SMOKE = dict(
   checkpoint="", bert_size="tiny", max_len=64, optimizer="adam", lr=1e-3, batch_size=32,

@@ -194,7 +194,7 @@ def glance_table(results: Path) -> list[str]:
   table a reader checks first (the sections below hold the per-method tables and commits)."""
   rows = []
   for name in CLAIMS:
-    for budget in ("paper", "drift", "mnist", "cpu"):
+    for budget in ("paper", "gpu", "drift", "mnist", "cpu"):
       path = results / name / budget / VERDICTS_FILE
       if not path.is_file():
         continue

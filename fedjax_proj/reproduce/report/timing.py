@@ -30,10 +30,13 @@ def _duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
 
-def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -> str:
+def eta(
+  methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1, first_seed: int = 0
+) -> str:
   """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
   method, in one process and, with ``n_jobs`` > 1, spread over that many (assumed to share the
-  runs evenly); methods never recorded are named, not guessed."""
+  runs evenly); methods never recorded are named, not guessed, with the command that times them
+  (one seed's runs: ``first_seed``, the first queued)."""
   if not methods:
     return "nothing left"
   known = [m for m in methods if recorded.get(m)]
@@ -51,7 +54,7 @@ def eta(methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1) -
       f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
       # Timing a step of every method as the entry points do would load the data and compile
       # each method's round: minutes before a queue is even listed. One seed's runs time them.
-      + ("" if known else ": no estimate; run one seed (--seeds=0) to get one")
+      + ("" if known else f": no estimate; run one seed (--seeds={first_seed}) to get one")
     )
   return "; ".join(parts)
 
