@@ -23,6 +23,7 @@ from fedjax_proj.configs import pmnist
 from fedjax_proj.core import ranges
 from fedjax_proj.training import fields
 from fedjax_proj.training.fields import Field
+from fedjax_proj.training.placement import conv_impl_for
 
 _NORMS = ("none", "batch")
 # The family's fields: the continual ones but the MLP's and the per-task subsets (the pool is
@@ -126,7 +127,10 @@ check_run = pmnist.check_run
 
 def build(c):
   """What config ``c`` trains: (the Split-CIFAR100 benchmark, the AlexNet-like multi-head model,
-  False: one head per task). Raises DataNotFoundError or ValueError naming the fix."""
+  False: one head per task). Raises DataNotFoundError or ValueError naming the fix.
+
+  The model's convolutions are the backend's, as the one-task runner's (``conv_impl_for``: on CPU
+  the kernel gradient as matmuls, docs/performance.md, "The CPU convolution kernel gradient")."""
   if c.norm not in _NORMS:
     raise ValueError(f"--norm must be one of {_NORMS}")
   from fedjax_proj.data.continual import split_cifar100
@@ -142,6 +146,7 @@ def build(c):
     head_bias=False,
     norm=c.norm,
     fc_features=c.fc_features,
+    conv_impl=conv_impl_for(),
   )
   return bench, model, False
 

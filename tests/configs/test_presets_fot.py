@@ -161,6 +161,19 @@ def test_smoke_preset_completes_every_method(name, method, tiny_data, tmp_path):
   assert sum("task_end" in r for r in lines) == k
 
 
+def test_split_cifar100_builds_the_placements_convolution(tiny_data, monkeypatch):
+  # build takes the backend's conv_impl (gemm_grad on CPU), as the one-task runner does: an
+  # impl the model refuses, planted in the placement, must reach the model.
+  c = split_cifar100.get_config("smoke")
+  c.data_dir = str(tiny_data["split_cifar100"])
+  _, model, _ = split_cifar100.build(c)
+  jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  monkeypatch.setattr(split_cifar100, "conv_impl_for", lambda: "fft")
+  _, model, _ = split_cifar100.build(c)
+  with pytest.raises(ValueError, match="conv impl"):
+    jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+
+
 @pytest.mark.skipif(not (MNIST_DIR / "train.npz").exists(), reason=f"no MNIST at {MNIST_DIR}")
 @pytest.mark.parametrize("method", METHODS)
 def test_every_pmnist_method_beats_chance_on_real_mnist(method, tmp_path):
