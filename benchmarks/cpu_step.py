@@ -10,6 +10,11 @@ timed in rounds alternating A, B, B, A; every timing records
 process CPU seconds and wall seconds, and the tables give medians with the [min, max] spread. The
 machine's cores are shared with other jobs, so CPU time is the fairer measure.
 
+``--unpinned`` measures the multi-core step instead: no affinity, XLA:CPU's default threading,
+torch at ``--torch_threads`` (default: every core), ``OMP_NUM_THREADS`` as the environment has it
+(unset: OpenMP's one thread per core). The speedups are then of wall seconds (the step's latency;
+process CPU seconds add up every thread, spinning OpenMP waiters included, and are kept beside).
+
 Cases (the same batches, and for the CNN the same initial weights, on both sides):
 
 - ``conv``: each convolution's kernel gradient (ours: XLA's own, ``xla``, the matmul one,
@@ -74,6 +79,19 @@ def conv_impls() -> tuple[str, ...]:
   return ("xla", "gemm_grad", "onednn_grad")
 
 
+def _threads() -> int | None:
+  task = Path("/proc/self/task")
+  return len(list(task.iterdir())) if task.exists() else None
+
+
+def _mapped(name: str) -> list[str]:
+  maps = Path("/proc/self/maps")
+  if not maps.exists():
+    return []
+  paths = {ln.split()[-1] for ln in maps.read_text().splitlines() if name in ln}
+  return sorted(paths)
+
+
 def _timed(fn, reps: int) -> tuple[float, float]:
   """(CPU s, wall s) per call of ``fn`` over ``reps`` calls."""
   c, w = time.process_time(), time.perf_counter()
@@ -82,9 +100,33 @@ def _timed(fn, reps: int) -> tuple[float, float]:
   return (time.process_time() - c) / reps, (time.perf_counter() - w) / reps
 
 
+# torch's intra-op threads while a torch callable runs, and the OpenMP default to restore after
+# (set by main). torch.set_num_threads sets the calling thread's OpenMP thread count, which
+# oneDNN's calls from that thread would otherwise inherit (torch and oneDNN share one libgomp).
+TORCH_THREADS = {"torch": 1, "restore": 1}
+
+
+def _is_theirs(name: str) -> bool:
+  return name == "authors" or name.split()[0] == "torch"
+
+
+def _with_torch_threads(fn):
+  def run():
+    torch = sys.modules["torch"]
+    torch.set_num_threads(TORCH_THREADS["torch"])
+    try:
+      return fn()
+    finally:
+      torch.set_num_threads(TORCH_THREADS["restore"])
+
+  return run
+
+
 def alternate(fns: dict, rounds: int, reps: int) -> dict:
   """Times every callable in ``fns`` (after one warm-up call each, timed as ``first``) in
-  ``rounds`` rounds whose order alternates forward and backward (A B B A ...)."""
+  ``rounds`` rounds whose order alternates forward and backward (A B B A ...); theirs (torch's,
+  the authors') at ``TORCH_THREADS``."""
+  fns = {n: _with_torch_threads(f) if _is_theirs(n) else f for n, f in fns.items()}
   out = {n: {"first_cpu": 0.0, "cpu": [], "wall": []} for n in fns}
   for n, f in fns.items():
     c = time.process_time()
@@ -267,6 +309,21 @@ def _step_runner(engine, shared, images, labels, batch, steps):
   return run
 
 
+def _per_step(res: dict, fns: dict, steps_of, theirs: str) -> None:
+  """Adds to ``res`` the seconds per step of every timed callable (CPU and wall medians over
+  ``steps_of(name)`` steps) and each of ours' speedup against ``theirs`` (their time over ours;
+  above 1: ours is faster): ``speedup_vs_<theirs>`` of CPU seconds, ``wall_speedup_vs_<theirs>``
+  of wall seconds."""
+  ours = [n for n in fns if n.startswith("ours ")]
+  for k in ("cpu", "wall"):
+    per_step = {n: res[n][f"{k}_median"] / steps_of(n) for n in fns}
+    res[f"{k}_seconds_per_step"] = per_step
+    prefix = "" if k == "cpu" else "wall_"
+    res[f"{prefix}speedup_vs_{theirs}"] = {
+      n[len("ours ") :]: per_step[theirs] / per_step[n] for n in ours
+    }
+
+
 def _with_flax_pool(run):
   """``run`` with every model's max pooling traced as flax's ``nn.max_pool`` (the library's path
   before :mod:`fedjax_proj.models.pool`), for a side-by-side timing: the patch is held around every
@@ -280,7 +337,9 @@ def _with_flax_pool(run):
   return patched
 
 
-def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_ours, impls):
+def fedavg_step_case(
+  model_name, rounds, reps, steps, batch, torch_init_from_ours, impls, flax_pool=True
+):
   import jax
   import numpy as np
   import optax
@@ -306,7 +365,7 @@ def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_our
     program = client_lib.local_training_client(model, opt, client_lib.cross_entropy_loss(model))
     run = _step_runner(_our_engine(program, batch_fn), {"variables": variables}, x, y, batch, steps)
     fns[f"ours {impl}"] = run
-    if impl == impls[-1]:
+    if flax_pool and impl == impls[-1]:
       run = _step_runner(
         _our_engine(program, batch_fn), {"variables": variables}, x, y, batch, steps
       )
@@ -332,11 +391,7 @@ def fedavg_step_case(model_name, rounds, reps, steps, batch, torch_init_from_our
 
   fns["torch"] = torch_run
   res = alternate(fns, rounds, reps)
-  per_step = {n: res[n]["cpu_median"] / steps for n in fns}
-  res["cpu_seconds_per_step"] = per_step
-  res["speedup_vs_torch"] = {
-    n[len("ours ") :]: per_step["torch"] / per_step[n] for n in fns if n.startswith("ours ")
-  }
+  _per_step(res, fns, lambda n: steps, "torch")
   return res
 
 
@@ -362,7 +417,7 @@ def _authors_client(repo: Path, memory_batch: int):
   return namespace["Client_FedProj"]
 
 
-def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls):
+def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls, flax_pool=True):
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -402,7 +457,7 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls):
       "round0_ce": jnp.asarray(False),
     }
     fns[f"ours {impl}"] = _step_runner(_our_engine(program, batch_fn), shared, x, y, batch, steps)
-    if impl == impls[-1]:
+    if flax_pool and impl == impls[-1]:
       run = _step_runner(_our_engine(program, batch_fn), shared, x, y, batch, steps)
       fns[f"ours {impl} flax pool"] = _with_flax_pool(run)
   client_cls = _authors_client(Path(args.authors_repo), memory_batch)
@@ -425,11 +480,7 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls):
 
   fns["authors"] = authors_run
   res = alternate(fns, rounds, reps)
-  per_step = {n: res[n]["cpu_median"] / (2 * steps if n == "authors" else steps) for n in fns}
-  res["cpu_seconds_per_step"] = per_step
-  res["speedup_vs_authors"] = {
-    n[len("ours ") :]: per_step["authors"] / per_step[n] for n in fns if n.startswith("ours ")
-  }
+  _per_step(res, fns, lambda n: 2 * steps if n == "authors" else steps, "authors")
   return res
 
 
@@ -442,30 +493,71 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=2, help="calls per timing")
   ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
   ap.add_argument("--out", default=str(HERE / "results" / "cpu_step.json"))
+  ap.add_argument(
+    "--unpinned",
+    action="store_true",
+    help="every core: no affinity, XLA's default threading, OMP_NUM_THREADS as set (or unset), "
+    "speedups of wall seconds",
+  )
+  ap.add_argument(
+    "--torch_threads", type=int, default=0, help="torch's intra-op threads (default: 1 pinned, "
+    "every core unpinned)",
+  )  # fmt: skip
+  ap.add_argument(
+    "--conv_impls",
+    default="",
+    help="our conv_impl columns, comma-separated (default: all loadable)",
+  )
+  ap.add_argument(
+    "--flax_pool",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="also time the last conv_impl with flax's nn.max_pool (the library's pooling before)",
+  )
   args = ap.parse_args(argv)
-  cpu = _pin(args.cpu)
-  os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-  ).strip()
+  if args.unpinned and args.cpu is not None:
+    raise SystemExit("--cpu pins to one core; --unpinned runs on every core: pass one of them")
+  cpu = None if args.unpinned else _pin(args.cpu)
+  if not args.unpinned:
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "")
+      + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    ).strip()
+    # oneDNN's OpenMP threads (onednn_grad), read when libgomp loads.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  # oneDNN's OpenMP threads (onednn_grad), read when libgomp loads.
-  os.environ.setdefault("OMP_NUM_THREADS", "1")
   sys.path.insert(0, str(ROOT))
   import jax
   import torch
 
-  torch.set_num_threads(1)
+  # torch.get_num_threads() before any set_num_threads: OpenMP's default (OMP_NUM_THREADS, else
+  # one per core), which our side's oneDNN calls should see on every thread.
+  TORCH_THREADS["restore"] = torch.get_num_threads()
+  TORCH_THREADS["torch"] = args.torch_threads or (
+    len(os.sched_getaffinity(0)) if args.unpinned else 1
+  )
+  torch.set_num_threads(TORCH_THREADS["restore"])
   cases = args.cases.split(",")
   impls = conv_impls()
+  if args.conv_impls:
+    wanted = tuple(args.conv_impls.split(","))
+    if missing := [i for i in wanted if i not in impls]:
+      raise SystemExit(f"--conv_impls={args.conv_impls}: {missing} not among {impls}")
+    impls = wanted
+  measure = "wall" if args.unpinned else "cpu"
   result = {
     "command": " ".join(sys.argv),
     "cpu": cpu,
+    "unpinned": args.unpinned,
+    "cores": sorted(os.sched_getaffinity(0)),
+    "measure": measure,
     "machine": platform.processor() or platform.machine(),
     "jax": jax.__version__,
     "torch": torch.__version__,
-    "xla_flags": os.environ["XLA_FLAGS"],
-    "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+    "torch_threads": TORCH_THREADS["torch"],
+    "openmp_default_threads": TORCH_THREADS["restore"],
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     "conv_impls": impls,
     "loadavg_before": os.getloadavg(),
     "cases": {},
@@ -476,32 +568,34 @@ def main(argv=None):
   def record(name, res):
     result["cases"][name] = res
     result["loadavg_after"] = os.getloadavg()
+    # Oversubscription evidence: the process's threads (XLA's pool, torch's and OpenMP's teams)
+    # and which OpenMP runtimes are mapped (torch ships its own libgomp.so.1; a second copy of the
+    # same soname is not loaded, so oneDNN and torch share whichever loaded first).
+    result["threads_after"] = _threads()
+    result["openmp_libraries"] = _mapped("libgomp")
     out.write_text(json.dumps(result, indent=1))
     brief = {
-      k: round(v["cpu_median"] * 1e3, 2)
+      k: round(v[f"{measure}_median"] * 1e3, 2)
       for k, v in res.items()
-      if isinstance(v, dict) and "cpu_median" in v
+      if isinstance(v, dict) and f"{measure}_median" in v
     }
-    extra = {k: res[k] for k in ("speedup_vs_torch", "speedup_vs_authors") if k in res}
-    print(f"{name}: CPU ms {brief} {extra}", flush=True)
+    prefix = "" if measure == "cpu" else "wall_"
+    extra = {
+      k: res[k] for k in (f"{prefix}speedup_vs_torch", f"{prefix}speedup_vs_authors") if k in res
+    }
+    print(f"{name}: {measure} ms {brief} {extra}", flush=True)
 
+  step = dict(rounds=args.rounds, reps=args.reps, steps=args.steps, batch=64, impls=impls)
+  step["flax_pool"] = args.flax_pool
   if "cnn_step" in cases:
-    record(
-      "cnn_step b64", fedavg_step_case("cnn", args.rounds, args.reps, args.steps, 64, True, impls)
-    )
+    record("cnn_step b64", fedavg_step_case("cnn", torch_init_from_ours=True, **step))
   if "fedproj_step" in cases:
     if not args.authors_repo:
       raise SystemExit("fedproj_step needs --authors_repo=<checkout of FedProj_Neurips>")
     for mb in (64, 256):
-      record(
-        f"fedproj_step b64 memory{mb}",
-        fedproj_step_case(args, mb, args.rounds, args.reps, args.steps, 64, impls),
-      )
+      record(f"fedproj_step b64 memory{mb}", fedproj_step_case(args, mb, **step))
   if "resnet8_step" in cases:
-    record(
-      "resnet8_step b64",
-      fedavg_step_case("resnet8", args.rounds, args.reps, args.steps, 64, False, impls),
-    )
+    record("resnet8_step b64", fedavg_step_case("resnet8", torch_init_from_ours=False, **step))
   if "conv" in cases:
     for name in CONVS:
       record(f"conv {name}", conv_case(name, args.rounds, args.reps, impls))

@@ -323,6 +323,15 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
   np.testing.assert_array_equal(got, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding))
 
 
+def test_onednn_tests_skip_naming_the_reason_without_the_extra(onednn_missing):
+  """Where the extra is missing, the onednn_grad tests skip with the one line (they would
+  otherwise compare gemm_grad's fallback with itself); tests of other impls never skip."""
+  with pytest.raises(pytest.skip.Exception, match=r"onednn-cpu-gomp is not installed \(pip"):
+    _skip_without_onednn()
+  for impl in ("xla", "gemm_grad", "patches_grad", "patches"):
+    _skip_without_onednn(impl)
+
+
 def test_onednn_failed_build_says_so_in_one_line(monkeypatch, tmp_path):
   """A compiler that fails leaves no library behind and one line naming the source and compiler."""
   if reason := onednn.unavailable_reason():
