@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim
 
@@ -140,9 +141,12 @@ def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
   if claim.kind == "image":
     c.update(rounds=2, local_epochs=1, eval_every=1, test_subset=0, eval_batch_size=100)
     c["num_clients"] = min(c["num_clients"], 10)  # ExDir(2, .) needs 5+ to cover 10 classes
-    # A sequential chain keeps its clients per round (SFedKD's teachers come from them).
-    sequential = claim.entry.endswith("sequential.py")
-    c["clients_per_round"] = min(c["clients_per_round"], 10 if sequential else 2)
+    # Two clients per round; SFedKD keeps as many as its K teachers, which are the previous
+    # round's clients (sfedkd.cap_num_teachers), so that round 2 distils from all K.
+    kept = 2
+    if c.get("method") == "sfedkd":
+      kept = max(kept, SFedKDConfig(**dict(c.get("method_kwargs", {}))).num_teachers)
+    c["clients_per_round"] = min(c["clients_per_round"], kept)
     c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
     if c.get("train_subset"):  # keep a held-out part where the budget has one
       c["train_subset"] = TINY_TRAIN * 9 // 10

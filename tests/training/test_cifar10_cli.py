@@ -29,8 +29,9 @@ def _run(*args, timeout=300):
 
 def _main(capsys, *args) -> tuple[int, str]:
   """The entry point's ``main`` in this process: (exit code, stderr). The refusals below are the
-  parser's and the config's, the same code in a subprocess; a new Python process (2-3 s of CPU
-  importing JAX) per refusal tested nothing more. The runs above start the script for real."""
+  parser's and the config's, and the runs below the runner's, the same code in a subprocess; a new
+  Python process (2-3 s of CPU importing JAX) per test tested nothing more.
+  test_digits_run_learns_and_writes_outputs starts the script for real."""
   from fedjax_proj.configs import cifar10
 
   try:
@@ -98,15 +99,17 @@ def test_missing_data_names_offline_alternatives(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("method", ["feddf", "fedproj"])
-def test_public_data_methods_run_and_checkpoint(tmp_path, method):
-  """The distillation family end to end through the runner, checkpoints included."""
+def test_public_data_methods_run_and_checkpoint(tmp_path, method, capsys):
+  """The distillation family end to end through the runner, checkpoints included (the entry
+  point's ``main`` in this process: the script itself runs in the first test above)."""
   out = tmp_path / method
   # A public set the clients do not hold (the runner refuses the private training set itself):
   # unlabelled images of digits' shape.
   public = tmp_path / "public.npz"
   rng = np.random.default_rng(0)
   np.savez(public, image=rng.integers(0, 17, (300, 8, 8, 1), dtype=np.uint8))
-  proc = _run(
+  code, err = _main(
+    capsys,
     "--preset=smoke",
     "--dataset=digits",
     "--model=mlp",
@@ -118,28 +121,35 @@ def test_public_data_methods_run_and_checkpoint(tmp_path, method):
     "--checkpoint_every=1",
     f"--output_dir={out}",
   )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert code == 0, err[-3000:]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["final_test_accuracy"] is not None
   assert any((out / "checkpoints").iterdir())
 
 
 def test_client_chunk_flag_matches_unchunked_run(tmp_path, capsys):
+  """The flag's runs through the entry point's ``main`` in this process: what is tested is the
+  flag's effect on the run, which the script runs the same way (the runs above start it)."""
+  from fedjax_proj.configs import cifar10
+
   runs = {}
   for chunk in ("none", "2"):
     out = tmp_path / chunk
-    proc = _run(
-      "--preset=smoke",
-      "--dataset=digits",
-      "--model=mlp",
-      "--rounds=2",
-      "--progress=false",
-      "--clients_per_round=4",
-      f"--client_chunk={chunk}",
-      f"--output_dir={out}",
+    code = cifar10.main(
+      [
+        "--preset=smoke",
+        "--dataset=digits",
+        "--model=mlp",
+        "--rounds=2",
+        "--progress=false",
+        "--clients_per_round=4",
+        f"--client_chunk={chunk}",
+        f"--output_dir={out}",
+      ]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("chunks of 2" in proc.stdout) == (chunk == "2")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    assert ("chunks of 2" in captured.out) == (chunk == "2")
     runs[chunk] = json.loads((out / "summary.json").read_text())["final_test_accuracy"]
   assert abs(runs["none"] - runs["2"]) < 1e-6
   code, err = _main(capsys, "--preset=smoke", "--dataset=digits", "--client_chunk=-3")

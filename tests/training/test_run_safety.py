@@ -83,7 +83,7 @@ def no_compute(monkeypatch):
 # 1. One run per output directory. --------------------------------------------------------------
 
 
-def test_second_process_into_a_running_directory_is_refused_naming_the_holder(tmp_path):
+def test_second_process_into_a_running_directory_is_refused_naming_the_holder(tmp_path, capsys):
   out = tmp_path / "run"
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
   script = str(ROOT / "experiments" / "cifar10.py")
@@ -103,20 +103,19 @@ def test_second_process_into_a_running_directory_is_refused_naming_the_holder(tm
       assert first.poll() is None, first.communicate()[1][-2000:]
       assert time.monotonic() < deadline, "the first run did not start within 120 s"
       time.sleep(0.2)
-    second = subprocess.run(
-      [sys.executable, script, *flags, "--method=fedprox"],
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=120,
-    )
+    # The second run is this process (the first is another one): a third process would only
+    # add its start-up, while the first keeps training. One round: were it not refused, it would
+    # end (and fail below) instead of training in this process for 100000 rounds.
+    capsys.readouterr()
+    code = run(*flags, "--rounds=1", "--method=fedprox")
+    second_err = capsys.readouterr().err
   finally:
     first.send_signal(signal.SIGTERM)  # the first run stops after its round and saves
     _, first_err = first.communicate(timeout=120)
-  assert second.returncode == 1, second.stderr[-2000:]
-  assert f"is in use by another run (pid {first.pid}" in second.stderr
-  assert "--method=fedavg" in second.stderr  # the holder's command
-  assert "choose another --output_dir" in second.stderr
+  assert code == 1, second_err[-2000:]
+  assert f"is in use by another run (pid {first.pid}" in second_err
+  assert "--method=fedavg" in second_err  # the holder's command
+  assert "choose another --output_dir" in second_err
   # The first run was not disturbed: it stopped on SIGTERM with its own checkpoint and metrics.
   assert first.returncode == 128 + signal.SIGTERM, first_err[-2000:]
   rounds = rundir.checkpoint_rounds(out)
