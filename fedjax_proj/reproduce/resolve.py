@@ -87,7 +87,7 @@ def resolve_config(
 
 def effective_hparams(config: dict[str, Any]) -> dict[str, Any]:
   """The method's hyperparameters a run uses: the registry defaults, then the preset's
-  ``method_defaults`` for the method, then ``method_kwargs`` (training/config.method_hparams)."""
+  ``method_defaults`` for the method, then ``method_kwargs`` (training/config.resolved_hparams)."""
   from fedjax_proj.algorithms.registry import config_kwargs, declared_hparams
 
   # Hyperparameters read from config fields (e.g. FedProj's memory_size) show as those fields.

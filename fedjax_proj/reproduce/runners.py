@@ -145,7 +145,12 @@ def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
     # round's clients (sfedkd.cap_num_teachers), so that round 2 distils from all K.
     kept = 2
     if c.get("method") == "sfedkd":
-      kept = max(kept, SFedKDConfig(**dict(c.get("method_kwargs", {}))).num_teachers)
+      # The hyperparameters as the run resolves them (training/config.resolved_hparams).
+      hparams = {
+        **dict(c.get("method_defaults", {}).get("sfedkd", {})),
+        **c.get("method_kwargs", {}),
+      }
+      kept = max(kept, SFedKDConfig(**hparams).num_teachers)
     c["clients_per_round"] = min(c["clients_per_round"], kept)
     c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
     if c.get("train_subset"):  # keep a held-out part where the budget has one
