@@ -337,13 +337,35 @@ def _with_flax_pool(run):
   return patched
 
 
+def torch_client(net, images, labels, batch, steps):
+  """A torch FedAvg client of ``steps`` SGD-with-momentum steps of ``batch`` on the normalised NHWC
+  ``images``, each call starting from ``net``'s weights as given (the global model, as ours)."""
+  import numpy as np
+  import torch
+
+  init_state = copy.deepcopy(net.state_dict())
+  xt = torch.from_numpy(np.asarray(images).transpose(0, 3, 1, 2).copy())
+  yt = torch.from_numpy(np.asarray(labels).astype(np.int64))
+
+  def run():
+    net.load_state_dict(init_state)
+    net.train()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    for s in range(steps):
+      sl = slice(s * batch, (s + 1) * batch)
+      opt.zero_grad()
+      torch.nn.functional.cross_entropy(net(xt[sl]), yt[sl]).backward()
+      opt.step()
+
+  return run
+
+
 def fedavg_step_case(
   model_name, rounds, reps, steps, batch, torch_init_from_ours, impls, flax_pool=True
 ):
   import jax
   import numpy as np
   import optax
-  import torch
 
   from fedjax_proj.algorithms import client as client_lib
   from fedjax_proj.data import pipeline
@@ -375,21 +397,7 @@ def fedavg_step_case(
     from parity_fedproj import torch_state_from_flax
 
     net.load_state_dict(torch_state_from_flax(jax.tree.map(np.asarray, variables)))
-  init_state = copy.deepcopy(net.state_dict())
-  xt = torch.from_numpy(np.asarray(normalize(x)).transpose(0, 3, 1, 2).copy())
-  yt = torch.from_numpy(y.astype(np.int64))
-
-  def torch_run():
-    net.load_state_dict(init_state)  # every client starts from the global model, as ours
-    net.train()
-    opt_t = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    for s in range(steps):
-      sl = slice(s * batch, (s + 1) * batch)
-      opt_t.zero_grad()
-      torch.nn.functional.cross_entropy(net(xt[sl]), yt[sl]).backward()
-      opt_t.step()
-
-  fns["torch"] = torch_run
+  fns["torch"] = torch_client(net, normalize(x), y, batch, steps)
   res = alternate(fns, rounds, reps)
   _per_step(res, fns, lambda n: steps, "torch")
   return res
@@ -484,6 +492,16 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls, fla
   return res
 
 
+def one_thread_environment() -> None:
+  """XLA:CPU without its multi-threaded Eigen and oneDNN's OpenMP at one thread (unless
+  ``OMP_NUM_THREADS`` is set): both read when they load, so set before JAX is imported."""
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+  ).strip()
+  os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--authors_repo", default="", help="checkout of the FedProj authors' code")
@@ -519,12 +537,7 @@ def main(argv=None):
     raise SystemExit("--cpu pins to one core; --unpinned runs on every core: pass one of them")
   cpu = None if args.unpinned else _pin(args.cpu)
   if not args.unpinned:
-    os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "")
-      + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    ).strip()
-    # oneDNN's OpenMP threads (onednn_grad), read when libgomp loads.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    one_thread_environment()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, str(ROOT))
   import jax
