@@ -9,11 +9,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import ml_collections
 import numpy as np
 
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.configs import for_entry
 from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.training.config import resolved_hparams
 
 # Per-round keys kept in the curve (when the method logs them).
 CURVE_KEYS = (
@@ -144,13 +146,8 @@ def tiny(claim: Claim, config: dict[str, Any]) -> dict[str, Any]:
     # Two clients per round; SFedKD keeps as many as its K teachers, which are the previous
     # round's clients (sfedkd.cap_num_teachers), so that round 2 distils from all K.
     kept = 2
-    if c.get("method") == "sfedkd":
-      # The hyperparameters as the run resolves them (training/config.resolved_hparams).
-      hparams = {
-        **dict(c.get("method_defaults", {}).get("sfedkd", {})),
-        **c.get("method_kwargs", {}),
-      }
-      kept = max(kept, SFedKDConfig(**hparams).num_teachers)
+    if c.get("method") == "sfedkd":  # K as the run resolves it
+      kept = max(kept, SFedKDConfig(**resolved_hparams(ml_collections.ConfigDict(c))).num_teachers)
     c["clients_per_round"] = min(c["clients_per_round"], kept)
     c["model_kwargs"] = {**dict(c.get("model_kwargs", {})), **TINY_WIDTH.get(c["model"], {})}
     if c.get("train_subset"):  # keep a held-out part where the budget has one
