@@ -245,6 +245,9 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
   assert all(r["scale"] > 0 for r in corr["rows"])
   programs = {r["program"] for r in corr["rows"]}
   assert "fedavg/mlp" in programs and any(p.startswith("fedproj/") for p in programs)
+  # FedProj's round-2 metrics come one row each, so a failing row names its metric.
+  for k in ("distill_loss", "lmem_global", "projected_fraction", "mean_cos"):
+    assert any(p.endswith(f"round-2 {k}") for p in programs), (k, programs)
   thr = report["steps"]["throughput"]["result"]["rows"]
   jax_rows = [r for r in thr if r["framework"] == "jax"]
   assert {r["strategy"] for r in jax_rows} == set(strategies.STRATEGIES)
