@@ -8,10 +8,12 @@ name keyed by the source, oneDNN's and jaxlib's versions and the compiler; later
 that file. Loaded with ``ctypes`` and registered with ``jax.ffi.register_ffi_target``.
 
 :func:`unavailable_reason` is None when the handler is registered, else one line saying why not
-(extra not installed, no compiler, build failed); a model built with ``onednn_grad`` then
-computes ``gemm_grad``'s gradient. The CPU placement uses ``gemm_grad`` by default; ``onednn_grad``
-is opt-in (``fedjax_proj.training.placement.conv_impl_for``). See docs/performance.md, "The CPU
-convolution kernel gradient".
+(extra not installed, no compiler, build failed) and the fix; a model built with ``onednn_grad``
+then computes ``gemm_grad``'s gradient. The CPU placement uses ``onednn_grad`` where the handler
+loads, else ``gemm_grad`` with that line in the run's log
+(``fedjax_proj.training.placement.conv_impl_choice``). Nothing here runs at import: the handler is
+built on the first :func:`unavailable_reason`. See docs/performance.md, "The CPU convolution kernel
+gradient".
 """
 
 from __future__ import annotations
@@ -72,12 +74,19 @@ def _compiler() -> str:
   raise Unavailable("no C++ compiler found (install g++ or set CXX)")
 
 
+# What to do about a failed build, in its one line.
+BUILD_HINT = "check the compiler and the cpu-onednn extra (pip install --force-reinstall it)"
+
+
 def _build(lib_dir: Path, include_dir: Path, out: Path, cxx: str) -> None:
-  out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-  # Written under a temporary name and renamed: two processes building at once each write their
-  # own file, and the rename is atomic.
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-  os.close(fd)
+  try:
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Written under a temporary name and renamed: two processes building at once each write their
+    # own file, and the rename is atomic.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+  except OSError as e:
+    raise Unavailable(f"cannot write to {out.parent}: {e} (set XDG_CACHE_HOME elsewhere)") from None
   cmd = [
     cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{include_dir}",
     f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp, f"-L{lib_dir}", "-ldnnl",
@@ -87,10 +96,10 @@ def _build(lib_dir: Path, include_dir: Path, out: Path, cxx: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
       first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr[-200:])
-      raise Unavailable(f"building {SOURCE.name} with {cxx} failed: {first.strip()}")
+      raise Unavailable(f"building {SOURCE.name} with {cxx} failed: {first.strip()} ({BUILD_HINT})")
     os.replace(tmp, out)
   except (OSError, subprocess.TimeoutExpired) as e:
-    raise Unavailable(f"building {SOURCE.name} with {cxx} failed: {e}") from None
+    raise Unavailable(f"building {SOURCE.name} with {cxx} failed: {e} ({BUILD_HINT})") from None
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -131,11 +140,15 @@ def _load() -> None:
 @functools.cache
 def unavailable_reason() -> str | None:
   """None once the handler is built, loaded and registered; else one line saying why it is not
-  (computed once per process)."""
+  (computed once per process). Never raises: the CPU placement asks it for every run, and a
+  handler that cannot be had must cost the run its speed, not the run."""
   try:
     _load()
   except Unavailable as e:
     return f"onednn_grad unavailable: {e}"
+  except Exception as e:  # anything unforeseen in the lookup, build or load, as one line
+    line = " ".join(str(e).split())[:300]
+    return f"onednn_grad unavailable: {type(e).__name__}: {line} ({BUILD_HINT})"
   return None
 
 

@@ -313,7 +313,12 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
     "onednn_grad unavailable: onednn-cpu-gomp is not installed (pip install "
     "'fedjax_proj[cpu-onednn]')"
   )
-  assert placement.conv_impl_for("cpu") == "gemm_grad"
+  # The CPU placement falls back to gemm_grad, and the run's log line says why and the fix.
+  why = f"{reason}; the kernel gradient is gemm_grad's"
+  assert placement.conv_impl_choice("cpu") == ("gemm_grad", why)
+  kwargs = {}
+  assert placement.conv_impl_line(kwargs) == f"convolutions: conv_impl=gemm_grad ({why})"
+  assert kwargs == {"conv_impl": "gemm_grad"}
   x, g, ks, strides, padding = _kernel_grad_case()
   with pytest.warns(UserWarning) as caught:
     got = conv_lib.onednn_kernel_grad(x, g, ks, strides, padding)
@@ -321,6 +326,24 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
   assert len(caught) == 1 and "\n" not in str(caught[0].message)
   assert str(caught[0].message).startswith(reason)
   np.testing.assert_array_equal(got, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding))
+
+
+def test_onednn_unforeseen_failure_is_one_line_not_a_lost_run(monkeypatch):
+  """Any error while finding, building or loading the handler becomes the one line (the
+  placement asks for it on every CPU run, so it must never raise)."""
+
+  def boom():
+    raise RuntimeError("unexpected\n  two lines")
+
+  monkeypatch.setattr(onednn, "_load", boom)
+  onednn.unavailable_reason.cache_clear()
+  try:
+    reason = onednn.unavailable_reason()
+  finally:
+    onednn.unavailable_reason.cache_clear()
+  assert reason == (
+    f"onednn_grad unavailable: RuntimeError: unexpected two lines ({onednn.BUILD_HINT})"
+  )
 
 
 def test_onednn_tests_skip_naming_the_reason_without_the_extra(onednn_missing):
