@@ -35,6 +35,14 @@ import numpy as np
 from fedjax_proj.core.user_cache import user_cache_root
 
 TARGET = "fedjax_proj_onednn_conv_kernel_grad"
+FORWARD_TARGET = "fedjax_proj_onednn_conv_forward"
+INPUT_GRAD_TARGET = "fedjax_proj_onednn_conv_input_grad"
+# XLA's target name -> the handler's symbol in the built library.
+_SYMBOLS = {
+  TARGET: "FedjaxOnednnConvKernelGrad",
+  FORWARD_TARGET: "FedjaxOnednnConvForward",
+  INPUT_GRAD_TARGET: "FedjaxOnednnConvInputGrad",
+}
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 # The oneDNN build the extra pins: CPU only, GNU OpenMP (its libdnnl.so needs only libc, libstdc++
 # and libgomp). Newer "onednn" wheels depend on Intel's SYCL/TBB/OpenCL runtimes.
@@ -127,11 +135,12 @@ def _load() -> None:
     return
   try:
     handle = ctypes.CDLL(str(out))
-    capsule = jax.ffi.pycapsule(handle.FedjaxOnednnConvKernelGrad)
+    capsules = {t: jax.ffi.pycapsule(getattr(handle, sym)) for t, sym in _SYMBOLS.items()}
   except (OSError, AttributeError) as e:
     raise Unavailable(f"loading {out} failed: {e} (delete it to rebuild)") from None
   try:
-    jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+    for target, capsule in capsules.items():
+      jax.ffi.register_ffi_target(target, capsule, platform="cpu")
   except Exception as e:  # XLA's own refusal (JaxRuntimeError), reported as the one line
     raise Unavailable(f"registering {out.name} with XLA failed: {e}") from None
   _registered.append(out)
@@ -156,6 +165,41 @@ def available() -> bool:
   return unavailable_reason() is None
 
 
+def _attrs(strides: tuple[int, int], pads) -> dict:
+  (plo, phi), (qlo, qhi) = pads
+  return dict(
+    stride_h=np.int64(strides[0]),
+    stride_w=np.int64(strides[1]),
+    pad_h_lo=np.int64(plo),
+    pad_h_hi=np.int64(phi),
+    pad_w_lo=np.int64(qlo),
+    pad_w_hi=np.int64(qhi),
+  )
+
+
+def forward(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads) -> jax.Array:
+  """The NHWC/HWIO convolution of ``x`` with ``kernel`` (float32; explicit non-negative ``pads``
+  ((lo, hi), (lo, hi))), by oneDNN's forward primitive; under ``vmap`` as :func:`kernel_grad`."""
+  (plo, phi), (qlo, qhi) = pads
+  kh, kw, _, cout = kernel.shape[-4:]
+  b, h, w = x.shape[-4:-1]
+  ho, wo = (h + plo + phi - kh) // strides[0] + 1, (w + qlo + qhi - kw) // strides[1] + 1
+  out = jax.ShapeDtypeStruct((*x.shape[:-4], b, ho, wo, cout), jnp.float32)
+  call = jax.ffi.ffi_call(FORWARD_TARGET, out, vmap_method="broadcast_all")
+  return call(x, kernel, **_attrs(strides, pads))
+
+
+def input_grad(
+  g: jax.Array, kernel: jax.Array, input_shape, strides: tuple[int, int], pads
+) -> jax.Array:
+  """The input gradient of an NHWC/HWIO convolution of an input of ``input_shape`` [B, H, W, cin]
+  at output gradient ``g``, by oneDNN's backward-data primitive; under ``vmap`` as
+  :func:`kernel_grad`."""
+  out = jax.ShapeDtypeStruct((*g.shape[:-4], *input_shape[-4:]), jnp.float32)
+  call = jax.ffi.ffi_call(INPUT_GRAD_TARGET, out, vmap_method="broadcast_all")
+  return call(g, kernel, **_attrs(strides, pads))
+
+
 def kernel_grad(
   x: jax.Array, g: jax.Array, kernel_shape, strides: tuple[int, int], pads
 ) -> jax.Array:
@@ -165,16 +209,6 @@ def kernel_grad(
   Under ``vmap`` both operands are broadcast to the same leading axes (``broadcast_all``) and the
   handler computes one kernel gradient per leading index; it accepts any number of leading axes.
   """
-  (plo, phi), (qlo, qhi) = pads
   out = jax.ShapeDtypeStruct(tuple(kernel_shape), jnp.float32)
   call = jax.ffi.ffi_call(TARGET, out, vmap_method="broadcast_all")
-  return call(
-    x,
-    g,
-    stride_h=np.int64(strides[0]),
-    stride_w=np.int64(strides[1]),
-    pad_h_lo=np.int64(plo),
-    pad_h_hi=np.int64(phi),
-    pad_w_lo=np.int64(qlo),
-    pad_w_hi=np.int64(qhi),
-  )
+  return call(x, g, **_attrs(strides, pads))
