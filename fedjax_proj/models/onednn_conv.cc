@@ -164,11 +164,17 @@ const Plan& GetPlan(const Key& k) {
   return *slot;  // never erased, so the reference outlives the lock
 }
 
-// The calling thread's scratchpad buffer, grown to at least `bytes`: one execution at a time uses
+// Per-thread buffers: the scratchpad, and the operands and result in the primitive's layout.
+enum Slot { kScratch = 0, kA = 1, kB = 2, kOut = 3, kSlots = 4 };
+
+// The calling thread's buffer `slot`, grown to at least `bytes` and kept: one call at a time uses
 // it (a thread runs one handler call at a time, and a call runs its primitives in turn), so
-// concurrent calls on other threads never share it.
-void* ThreadScratch(size_t bytes) {
-  thread_local dnnl::memory buffer;
+// concurrent calls on other threads never share it. Kept rather than allocated per call: a
+// reordered activation of tens of MB, freshly allocated, is fresh pages each call, and faulting
+// them in cost more than the convolution (conv_impl="onednn"'s forward at batch 256).
+void* ThreadBuffer(Slot slot, size_t bytes) {
+  thread_local dnnl::memory buffers[kSlots];
+  dnnl::memory& buffer = buffers[slot];
   if (bytes == 0) return nullptr;
   if (!buffer || buffer.get_desc().get_size() < bytes) {
     const auto n = static_cast<dnnl::memory::dim>(bytes);
@@ -210,15 +216,16 @@ ffi::Error Run(Kind kind, const char* what, const float* a, const float* b, floa
     const Plan& p = GetPlan(key);
     // No lock: with user-managed scratchpads a cached primitive may run on several threads at
     // once (oneDNN's dnnl::scratchpad_mode::user), each with its own thread's buffer.
-    void* scratch = ThreadScratch(p.scratch_bytes);
+    void* scratch = ThreadBuffer(kScratch, p.scratch_bytes);
     dnnl::stream stream(Engine());
     const size_t a_size = p.a_user.get_size() / sizeof(float);
     const size_t b_size = p.b_user.get_size() / sizeof(float);
     const size_t out_size = p.out_user.get_size() / sizeof(float);
     dnnl::memory a_tmp, b_tmp, out_tmp;
-    if (p.a_reorder) a_tmp = dnnl::memory(p.a_prim, Engine());
-    if (p.b_reorder) b_tmp = dnnl::memory(p.b_prim, Engine());
-    if (p.out_reorder) out_tmp = dnnl::memory(p.out_prim, Engine());
+    if (p.a_reorder) a_tmp = dnnl::memory(p.a_prim, Engine(), ThreadBuffer(kA, p.a_prim.get_size()));
+    if (p.b_reorder) b_tmp = dnnl::memory(p.b_prim, Engine(), ThreadBuffer(kB, p.b_prim.get_size()));
+    if (p.out_reorder)
+      out_tmp = dnnl::memory(p.out_prim, Engine(), ThreadBuffer(kOut, p.out_prim.get_size()));
     for (int64_t i = 0; i < n; ++i) {
       // oneDNN's memory takes a non-const handle; it only reads the operands.
       dnnl::memory a_mem(p.a_user, Engine(), const_cast<float*>(a) + i * a_size);
