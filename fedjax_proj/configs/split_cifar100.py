@@ -132,8 +132,8 @@ def build(c):
   False: one head per task). Raises DataNotFoundError or ValueError naming the fix.
 
   The model's convolutions are the backend's, as the one-task runner's (``conv_impl_choice``: on
-  CPU oneDNN's kernel gradient where its handler loads, else the matmuls, with a one-line warning
-  naming why; docs/performance.md, "The CPU convolution kernel gradient")."""
+  CPU oneDNN's convolutions where its handler loads, else the matmul kernel gradient, with a
+  one-line warning naming why; docs/performance.md, "The CPU convolution kernel gradient")."""
   if c.norm not in _NORMS:
     raise ValueError(f"--norm must be one of {_NORMS}")
   from fedjax_proj.data.continual import split_cifar100

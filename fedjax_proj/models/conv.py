@@ -12,8 +12,9 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
   ``jax.custom_vjp`` whose kernel gradient is one matmul per batch chunk in the layout XLA:CPU
   moves and multiplies fast: the input's im2col built channel-major, [(kh, kw, cin), (b, ho,
   wo)], from a few whole-slab copies, times the output gradient's free reshape [(b, ho, wo),
-  cout]. The rule of the CPU placement (``fedjax_proj.training.placement.conv_impl_for``); see
-  docs/performance.md, "The CPU convolution kernel gradient".
+  cout]. The CPU placement's fallback where oneDNN's handler is unavailable
+  (``fedjax_proj.training.placement.conv_impl_choice``); see docs/performance.md, "The CPU
+  convolution kernel gradient".
 - ``"onednn_grad"``: the same forward convolution and input gradient, wrapped in a
   ``jax.custom_vjp`` whose kernel gradient is an XLA FFI call into oneDNN's convolution
   backward-weights primitive (:mod:`fedjax_proj.models.onednn`, the optional extra
@@ -23,7 +24,8 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
 - ``"onednn"``: the forward convolution, the input gradient and the kernel gradient all by oneDNN's
   primitives (forward, backward-data, backward-weights) through the same FFI handlers, in a
   ``jax.custom_vjp``; each falls back as ``onednn_grad``'s does (to XLA's convolution and input
-  gradient, and ``gemm_grad``'s kernel gradient).
+  gradient, and ``gemm_grad``'s kernel gradient). The CPU placement's choice where the handler
+  loads.
 - ``"patches"``: the whole convolution as im2col patches @ reshaped kernel, with no convolution
   primitive at all (patches are strided slices); gradients by autodiff (matmuls, slices, pads).
   Under ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped

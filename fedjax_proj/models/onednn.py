@@ -1,4 +1,5 @@
-"""oneDNN's convolution backward-weights as an XLA:CPU FFI call (``conv_impl="onednn_grad"``).
+"""oneDNN's convolution primitives as XLA:CPU FFI calls: backward-weights
+(``conv_impl="onednn_grad"``), and forward and backward-data too (``conv_impl="onednn"``).
 
 The C++ handler ``onednn_conv.cc`` ships in this package. On first use it is compiled with the
 system C++ compiler against the optional extra ``cpu-onednn`` (``onednn-cpu-gomp`` and
@@ -9,8 +10,8 @@ that file. Loaded with ``ctypes`` and registered with ``jax.ffi.register_ffi_tar
 
 :func:`unavailable_reason` is None when the handler is registered, else one line saying why not
 (extra not installed, no compiler, build failed) and the fix; a model built with ``onednn_grad``
-then computes ``gemm_grad``'s gradient. The CPU placement uses ``onednn_grad`` where the handler
-loads, else ``gemm_grad`` with that line in the run's log
+then computes ``gemm_grad``'s gradient (``onednn``: XLA's convolution too). The CPU placement
+uses ``onednn`` where the handler loads, else ``gemm_grad`` with that line in the run's log
 (``fedjax_proj.training.placement.conv_impl_choice``). Nothing here runs at import: the handler is
 built on the first :func:`unavailable_reason`. See docs/performance.md, "The CPU convolution kernel
 gradient".
@@ -154,10 +155,10 @@ def unavailable_reason() -> str | None:
   try:
     _load()
   except Unavailable as e:
-    return f"onednn_grad unavailable: {e}"
+    return f"oneDNN convolutions unavailable: {e}"
   except Exception as e:  # anything unforeseen in the lookup, build or load, as one line
     line = " ".join(str(e).split())[:300]
-    return f"onednn_grad unavailable: {type(e).__name__}: {line} ({BUILD_HINT})"
+    return f"oneDNN convolutions unavailable: {type(e).__name__}: {line} ({BUILD_HINT})"
   return None
 
 

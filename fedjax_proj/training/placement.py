@@ -30,19 +30,24 @@ def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
   """(the ``conv_impl`` a run's model uses on ``backend``, None or the one line saying why the
   CPU falls back); ``backend`` defaults to ``jax.default_backend()``.
 
-  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's:
-  ``onednn_grad`` (oneDNN's backward-weights primitive through an FFI call, on a par with
-  PyTorch's) where its handler loads, which builds it on the first call of a process that has no
-  built copy (:func:`fedjax_proj.models.onednn.unavailable_reason`). Where it does not (the
-  ``cpu-onednn`` extra missing, no compiler, a failed build or load): ``gemm_grad`` (the kernel
-  gradient as matmuls, 1.2-6x faster than XLA's on all but one of those convolutions) and the
-  handler's one line naming why and the fix, which the run logs. ``xla`` elsewhere, where the
-  convolution libraries have fast kernel gradients. All compute the same gradient up to float32
-  summation order (docs/performance.md, "The CPU convolution kernel gradient").
+  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's: ``onednn``
+  (the forward convolution, the input gradient and the kernel gradient all by oneDNN's primitives
+  through FFI calls, the library PyTorch's CPU convolutions run) where its handler loads, which
+  builds it on the first call of a process that has no built copy
+  (:func:`fedjax_proj.models.onednn.unavailable_reason`). Where it does not (the ``cpu-onednn``
+  extra missing, no compiler, a failed build or load): ``gemm_grad`` (XLA's convolution, the
+  kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of those convolutions) and
+  the handler's one line naming why and the fix, which the run logs. ``xla`` elsewhere, where the
+  convolution libraries have fast kernel gradients. All compute the same convolution and
+  gradients up to float32 summation order (docs/performance.md, "The CPU convolution kernel
+  gradient").
 
-  ``onednn_grad`` was opt-in until its segmentation faults (fixed) had held off through CI runs
-  with the extra installed and its step was measured on idle cores (docs/performance.md, "Steps
-  on idle cores"); ``--model_kwargs=conv_impl=...`` overrides the choice.
+  History: ``gemm_grad`` was the CPU default until 2026-11-28, ``onednn_grad`` (oneDNN's kernel
+  gradient only) opt-in until its segmentation faults (fixed) had held off through CI runs with the
+  extra installed and its step was measured with the claim runs paused (docs/performance.md, "Steps
+  on idle cores"); ``onednn`` then ran the CNN, FedProj and ResNet-8 steps 1.04-1.21x faster than
+  ``onednn_grad`` (docs/performance.md, "oneDNN's forward and input gradient too").
+  ``--model_kwargs=conv_impl=...`` overrides the choice.
   """
   if (backend or jax.default_backend()) != "cpu":
     return "xla", None
@@ -51,8 +56,8 @@ def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
 
   reason = onednn.unavailable_reason()
   if reason is None:
-    return "onednn_grad", None
-  return "gemm_grad", f"{reason}; the kernel gradient is gemm_grad's"
+    return "onednn", None
+  return "gemm_grad", f"{reason}; the convolutions are XLA's with gemm_grad's kernel gradient"
 
 
 def conv_impl_for(backend: str | None = None) -> str:

@@ -290,7 +290,8 @@ def test_onednn_kernel_grad_is_the_ffi_call_and_batches_under_vmap():
 
 def test_onednn_impl_is_the_ffi_calls_on_cpu_only():
   """``conv_impl="onednn"``'s jitted forward and gradients are oneDNN's three custom calls on
-  CPU and none elsewhere; an empty batch gives an empty output and zero gradients."""
+  CPU and none elsewhere, and the engine's ``has_convolution`` (the ``auto`` strategy's model
+  kind) still finds its convolution; an empty batch gives an empty output and zero gradients."""
   _skip_without_onednn("onednn")
   x, g, ks, strides, padding = _kernel_grad_case()
   kernel = _normal(ks, 41, 0.3)
@@ -304,6 +305,8 @@ def test_onednn_impl_is_the_ffi_calls_on_cpu_only():
   cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
   for target in (onednn.FORWARD_TARGET, onednn.INPUT_GRAD_TARGET, onednn.TARGET):
     assert target in cpu and target not in cuda, target
+  # The auto strategy still sees a convolution (in platform_dependent's non-CPU branch).
+  assert has_convolution(lambda x, k: conv_lib.conv2d(x, k, strides, padding, "onednn"), x, kernel)
   y, (dx, dk) = f(x[:0], kernel)
   assert y.shape == (0, 5, 4, 6) and dx.shape == (0, 9, 8, 4)
   np.testing.assert_array_equal(dk, np.zeros(ks, np.float32))
@@ -357,11 +360,11 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
 
   reason = onednn.unavailable_reason()
   assert reason == (
-    "onednn_grad unavailable: onednn-cpu-gomp is not installed (pip install "
+    "oneDNN convolutions unavailable: onednn-cpu-gomp is not installed (pip install "
     "'fedjax_proj[cpu-onednn]')"
   )
   # The CPU placement falls back to gemm_grad, and the run's log line says why and the fix.
-  why = f"{reason}; the kernel gradient is gemm_grad's"
+  why = f"{reason}; the convolutions are XLA's with gemm_grad's kernel gradient"
   assert placement.conv_impl_choice("cpu") == ("gemm_grad", why)
   kwargs = {}
   assert placement.conv_impl_line(kwargs) == f"convolutions: conv_impl=gemm_grad ({why})"
@@ -389,7 +392,7 @@ def test_onednn_unforeseen_failure_is_one_line_not_a_lost_run(monkeypatch):
   finally:
     onednn.unavailable_reason.cache_clear()
   assert reason == (
-    f"onednn_grad unavailable: RuntimeError: unexpected two lines ({onednn.BUILD_HINT})"
+    f"oneDNN convolutions unavailable: RuntimeError: unexpected two lines ({onednn.BUILD_HINT})"
   )
 
 
@@ -414,5 +417,6 @@ def test_onednn_failed_build_says_so_in_one_line(monkeypatch, tmp_path):
   finally:
     onednn.unavailable_reason.cache_clear()
   assert reason is not None and "\n" not in reason, reason
-  assert reason.startswith("onednn_grad unavailable: building onednn_conv.cc with /bin/false")
+  want = "oneDNN convolutions unavailable: building onednn_conv.cc with /bin/false"
+  assert reason.startswith(want), reason
   assert not list(tmp_path.rglob("*.so"))

@@ -68,8 +68,8 @@ def test_a_chunk_larger_than_the_round_is_the_round_and_logged_so():
   assert logs == ["clients run in chunks of 2 with streaming aggregation"]
 
 
-def test_cpu_convolutions_are_onednn_grad_where_it_loads_and_xla_elsewhere():
-  """The CPU placement picks oneDNN's kernel gradient where its handler loads (the fallback to
+def test_cpu_convolutions_are_onednn_where_it_loads_and_xla_elsewhere():
+  """The CPU placement picks oneDNN's convolutions where its handler loads (the fallback to
   gemm_grad, with the extra hidden, is tests/models/test_conv.py's
   test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad); other backends keep XLA's; the
   run's log line names the implementation, and --model_kwargs overrides it."""
@@ -79,11 +79,11 @@ def test_cpu_convolutions_are_onednn_grad_where_it_loads_and_xla_elsewhere():
   assert placement.conv_impl_for("tpu") == "xla"
   if reason := onednn.unavailable_reason():
     pytest.skip(reason)
-  assert placement.conv_impl_choice("cpu") == ("onednn_grad", None)
-  assert placement.conv_impl_for("cpu") == "onednn_grad"
+  assert placement.conv_impl_choice("cpu") == ("onednn", None)
+  assert placement.conv_impl_for("cpu") == "onednn"
   kwargs = {"dropout": 0.1}
-  assert placement.conv_impl_line(kwargs) == "convolutions: conv_impl=onednn_grad"
-  assert kwargs == {"dropout": 0.1, "conv_impl": "onednn_grad"}
+  assert placement.conv_impl_line(kwargs) == "convolutions: conv_impl=onednn"
+  assert kwargs == {"dropout": 0.1, "conv_impl": "onednn"}
   kwargs = {"conv_impl": "gemm_grad"}
   assert placement.conv_impl_line(kwargs) == "convolutions: conv_impl=gemm_grad (--model_kwargs)"
   assert kwargs == {"conv_impl": "gemm_grad"}
