@@ -35,7 +35,9 @@ def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
   through FFI calls, the library PyTorch's CPU convolutions run) where its handler loads, which
   builds it on the first call of a process that has no built copy
   (:func:`fedjax_proj.models.onednn.unavailable_reason`). Where it does not (the ``cpu-onednn``
-  extra missing, no compiler, a failed build or load): ``gemm_grad`` (XLA's convolution, the
+  extra missing, no compiler, a failed build or load), and where the process sees several CPU
+  devices (the client axis may be sharded over them, and XLA cannot partition the FFI calls):
+  ``gemm_grad`` (XLA's convolution, the
   kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of those convolutions) and
   the handler's one line naming why and the fix, which the run logs. ``xla`` elsewhere, where the
   convolution libraries have fast kernel gradients. All compute the same convolution and
@@ -51,6 +53,15 @@ def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
   """
   if (backend or jax.default_backend()) != "cpu":
     return "xla", None
+  if (devices := jax.device_count()) > 1:
+    # XLA's partitioner has no rule for the FFI calls: sharded over clients, every device would
+    # gather the operands and compute every client's convolutions (measured on forced host
+    # devices: the result came back replicated).
+    return "gemm_grad", (
+      f"{devices} CPU devices: oneDNN's convolutions (FFI calls without a partitioning rule) are "
+      "not used where clients may be sharded; the convolutions are XLA's with gemm_grad's kernel "
+      "gradient (--model_kwargs=conv_impl=onednn to use them anyway)"
+    )
   # Imported here: the handler is looked up (and built) only when a run asks for its placement.
   from fedjax_proj.models import onednn  # noqa: PLC0415
 

@@ -162,7 +162,7 @@ def test_smoke_preset_completes_every_method(name, method, tiny_data, tmp_path):
 
 
 def test_split_cifar100_builds_the_placements_convolution(tiny_data, monkeypatch):
-  # build takes the backend's conv_impl (on CPU onednn_grad where it loads, else gemm_grad), as
+  # build takes the backend's conv_impl (on CPU onednn where it loads, else gemm_grad), as
   # the one-task runner does: an impl the model refuses, planted in the placement, must reach it.
   c = split_cifar100.get_config("smoke")
   c.data_dir = str(tiny_data["split_cifar100"])

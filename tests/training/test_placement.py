@@ -87,3 +87,13 @@ def test_cpu_convolutions_are_onednn_where_it_loads_and_xla_elsewhere():
   kwargs = {"conv_impl": "gemm_grad"}
   assert placement.conv_impl_line(kwargs) == "convolutions: conv_impl=gemm_grad (--model_kwargs)"
   assert kwargs == {"conv_impl": "gemm_grad"}
+
+
+def test_several_cpu_devices_keep_xla_convolutions_and_say_why(monkeypatch):
+  """oneDNN's FFI calls have no partitioning rule, so a process with several CPU devices (whose
+  clients may be sharded) gets gemm_grad, and the log line says why and how to override it."""
+  monkeypatch.setattr(jax, "device_count", lambda: 4)
+  impl, why = placement.conv_impl_choice("cpu")
+  assert impl == "gemm_grad" and why.startswith("4 CPU devices: oneDNN's convolutions"), why
+  assert "--model_kwargs=conv_impl=onednn" in why and "\n" not in why
+  assert placement.conv_impl_choice("gpu") == ("xla", None)
