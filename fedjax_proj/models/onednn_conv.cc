@@ -12,8 +12,9 @@
 // Attributes: strides and the (low, high) padding of each spatial dimension, already resolved by
 // the caller.
 //
-// oneDNN picks its own layouts ("any") for the operands and the result; reorders to and from
-// the caller's NHWC/HWIO are built once per shape with the primitive and cached.
+// oneDNN picks its own layouts ("any") for the kernel, and for the activations of the kernel
+// gradient (the forward and the input gradient use NHWC as given); reorders to and from the
+// caller's NHWC/HWIO are built once per shape with the primitive and cached.
 //
 // Every primitive is built with a user-managed scratchpad (dnnl::scratchpad_mode::user), handed
 // to each execution from a buffer owned by the executing thread. With oneDNN's default
@@ -111,8 +112,14 @@ std::unique_ptr<Plan> Build(const Key& k) {
   const dnnl::memory::desc x_user({b, ci, h, w}, dt::f32, tag::nhwc);
   const dnnl::memory::desc y_user({b, co, ho, wo}, dt::f32, tag::nhwc);
   const dnnl::memory::desc k_user({co, ci, kh, kw}, dt::f32, tag::hwio);
-  const dnnl::memory::desc x_any({b, ci, h, w}, dt::f32, tag::any);
-  const dnnl::memory::desc y_any({b, co, ho, wo}, dt::f32, tag::any);
+  // The forward and the input gradient take and give the caller's NHWC activations (oneDNN's
+  // brgconv / jit kernels for NHWC; no reorder of the activations): side by side on one core,
+  // faster than with the layouts oneDNN picks and the reorders to them on every convolution of
+  // the CNN and ResNet-8 (docs/performance.md, "oneDNN's forward and input gradient too"). The
+  // kernel gradient keeps its own choice ("any"), onednn_grad's since it was measured.
+  const auto act = kind == kKernelGrad ? tag::any : tag::nhwc;
+  const dnnl::memory::desc x_any({b, ci, h, w}, dt::f32, act);
+  const dnnl::memory::desc y_any({b, co, ho, wo}, dt::f32, act);
   const dnnl::memory::desc k_any({co, ci, kh, kw}, dt::f32, tag::any);
   const dnnl::memory::dims strides = {sh, sw}, lo = {ph, pw}, hi = {ph_hi, pw_hi};
   // The forward's descriptor is also the backward primitives' hint; its scratchpad mode matters
