@@ -20,7 +20,9 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
 - ``conv``: each convolution's kernel gradient (ours: XLA's own, ``xla``, the matmul one,
   ``gemm_grad``, and oneDNN's through an FFI call, ``onednn_grad``, when the ``cpu-onednn`` extra
   is installed; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
-  ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64.
+  ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64; with the
+  extra also ``conv_impl="onednn"``'s forward and input gradient (oneDNN's forward and
+  backward-data primitives) against XLA's and torch's forward.
 - ``pool``: the CNN's ReLU and 2x2 max pooling, forward and gradient, at its two activation
   shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter),
   the same maximum as a reshape to the 2x2 windows and ``jnp.max`` (its gradient splits ties), and
@@ -28,9 +30,9 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
   against torch's.
 - ``cnn_step``: a FedAvg client step of the CNN (SGD with momentum, batch 64): our sequential
   strategy's jitted step (:class:`fedjax_proj.core.engine.ClientEngine`) with ``conv_impl`` xla,
-  gemm_grad and (when available) onednn_grad, against a torch loop step; the last ``conv_impl``
-  also with the models' pooling traced as flax's ``nn.max_pool`` (``... flax pool``), the library
-  before :mod:`fedjax_proj.models.pool`, side by side.
+  gemm_grad and (when available) onednn_grad and onednn, against a torch loop step; the last
+  ``conv_impl`` also with the models' pooling traced as flax's ``nn.max_pool`` (``... flax
+  pool``), the library before :mod:`fedjax_proj.models.pool`, side by side.
 - ``fedproj_step``: a FedProj client step inside the projection window (our client with the
   ``paper_code`` preset's Adam, memory batch 64 and 256) against the authors' ``Client_FedProj``
   (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
@@ -68,15 +70,15 @@ def _pin(cpu: int | None) -> int:
 
 
 def conv_impls() -> tuple[str, ...]:
-  """Our ``conv_impl`` columns: xla, gemm_grad, and onednn_grad where its handler loads (else the
-  one line saying why not is printed and the column left out)."""
+  """Our ``conv_impl`` columns: xla, gemm_grad, and onednn_grad and onednn where the handler loads
+  (else the one line saying why not is printed and those columns left out)."""
   from fedjax_proj.models import onednn
 
   reason = onednn.unavailable_reason()
   if reason:
     print(reason, flush=True)
     return ("xla", "gemm_grad")
-  return ("xla", "gemm_grad", "onednn_grad")
+  return ("xla", "gemm_grad", "onednn_grad", "onednn")
 
 
 def _threads() -> int | None:
@@ -182,6 +184,9 @@ def conv_case(name, rounds, reps, impls):
   dw_gemm = jax.jit(lambda x, w, g: conv_lib.gemm_kernel_grad(x, g, w.shape, (s, s), pad))
   dw_onednn = jax.jit(lambda x, w, g: conv_lib.onednn_kernel_grad(x, g, w.shape, (s, s), pad))
   dx = jax.jit(lambda x, w, g: jax.vjp(lambda x: conv(x, w), x)[1](g)[0])
+  dx_onednn = jax.jit(lambda x, w, g: conv_lib.onednn_input_grad(g, w, x.shape, (s, s), pad))
+  fwd = jax.jit(conv)
+  fwd_onednn = jax.jit(lambda x, w: conv_lib.onednn_forward(x, w, (s, s), pad))
   xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
   wt = torch.from_numpy(w.transpose(3, 2, 0, 1).copy())
   gt = torch.from_numpy(g.transpose(0, 3, 1, 2).copy())
@@ -204,12 +209,30 @@ def conv_case(name, rounds, reps, impls):
   }
   if "onednn_grad" in impls:
     fns["ours dW onednn_grad"] = lambda: dw_onednn(x, w, g).block_until_ready()
+  if "onednn" in impls:  # conv_impl="onednn": oneDNN's forward and input gradient too
+    fns["ours fwd xla"] = lambda: fwd(x, w).block_until_ready()
+    fns["ours fwd onednn"] = lambda: fwd_onednn(x, w).block_until_ready()
+    fns["torch fwd"] = lambda: torch_fwd()
+    fns["ours dX onednn"] = lambda: dx_onednn(x, w, g).block_until_ready()
+
+  def torch_fwd():
+    with torch.no_grad():
+      return torch.nn.functional.conv2d(xt, wt, None, (s, s), (p, p))
+
   res = alternate(fns, rounds, reps)
   scale = float(np.abs(ref).max())
   res["max_rel_diff"] = {
     "gemm_grad_vs_xla": float(np.abs(got - ref).max() / scale),
     "torch_vs_xla": float(np.abs(theirs - ref).max() / scale),
   }
+  if "onednn" in impls:
+    y_ref, dx_ref = np.asarray(fwd(x, w)), np.asarray(dx(x, w, g))
+    res["max_rel_diff"]["onednn_fwd_vs_xla"] = float(
+      np.abs(np.asarray(fwd_onednn(x, w)) - y_ref).max() / np.abs(y_ref).max()
+    )
+    res["max_rel_diff"]["onednn_dx_vs_xla"] = float(
+      np.abs(np.asarray(dx_onednn(x, w, g)) - dx_ref).max() / np.abs(dx_ref).max()
+    )
   if "onednn_grad" in impls:
     mine = np.asarray(dw_onednn(x, w, g))
     res["max_rel_diff"]["onednn_grad_vs_xla"] = float(np.abs(mine - ref).max() / scale)

@@ -1,11 +1,14 @@
-"""Stress the oneDNN kernel-gradient handler (``conv_impl="onednn_grad"``) from several threads.
+"""Stress the oneDNN handlers (``conv_impl="onednn"``: forward, input and kernel gradient) from
+several threads.
 
 Why: the handler ended processes in segmentation faults (docs/performance.md, "The CPU
 convolution kernel gradient"). Its cached oneDNN primitives had library-managed scratchpads,
 which oneDNN keeps per thread: a primitive may only run on the thread that created it, while XLA
 calls the handler from whichever thread runs the program (the caller's, or one of PJRT's). This
 script creates some shapes' primitives on the main thread and the others on worker threads, then
-runs every shape from several threads at once, and checks each result against ``gemm_grad``'s.
+runs every shape from several threads at once, and checks each result (the convolution and both
+gradients, ``conv_impl="onednn"``'s vjp) against XLA's convolution with ``gemm_grad``'s kernel
+gradient (before 2026-11-28 the kernel gradient alone, ``onednn_grad``'s).
 The shapes include convolutions for which oneDNN picks its GEMM-based backward weights (the
 ResNet-18 layers on 1x1 and 2x2 inputs), whose scratchpad holds the im2col matrix: a call on a
 thread without it wrote through a null pointer.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import json
 import os
 import random
@@ -67,21 +71,25 @@ def _cases(shapes):
     conv = lambda x, k, s=strides, p=padding: conv_lib.conv2d(x, k, s, p)  # noqa: E731
     gs = jax.eval_shape(conv, jnp.zeros(xs), jnp.zeros(ks)).shape
 
-    def grad(x, g, ks=ks, strides=strides, padding=padding):
-      return conv_lib.onednn_kernel_grad(x, g, ks, strides, padding)
+    def vjp(impl, x, k, g, strides=strides, padding=padding):
+      """(output, input gradient, kernel gradient) of the convolution with ``impl``."""
+      y, back = jax.vjp(lambda x, k: conv_lib.conv2d(x, k, strides, padding, impl), x, k)
+      return (y, *back(g))
 
-    def ref(x, g, ks=ks, strides=strides, padding=padding):
-      return conv_lib.gemm_kernel_grad(x, g, ks, strides, padding)
-
+    # conv_impl="onednn": all three of oneDNN's handlers (forward, backward-data, backward-weights)
+    # against XLA's convolution with gemm_grad's kernel gradient.
+    grad, ref = functools.partial(vjp, "onednn"), functools.partial(vjp, "gemm_grad")
     for batched in (False, True):
       lead = (CLIENTS,) if batched else ()
       x = jnp.asarray(rng.standard_normal(lead + xs), jnp.float32)
+      k = jnp.asarray(rng.standard_normal(lead + ks) * 0.3, jnp.float32)
       g = jnp.asarray(rng.standard_normal(lead + gs), jnp.float32)
       f, r = (jax.vmap(grad), jax.vmap(ref)) if batched else (grad, ref)
       # Compiled here, run later: compiling never calls the handler, so no primitive exists yet.
-      compiled = jax.jit(f).lower(x, g).compile()
+      compiled = jax.jit(f).lower(x, k, g).compile()
       name = f"x{xs} k{ks} s{strides} p{padding}" + (f" vmap{CLIENTS}" if batched else "")
-      cases.append((name, compiled, (x, g), np.asarray(jax.jit(r)(x, g))))
+      want = tuple(np.asarray(w) for w in jax.jit(r)(x, k, g))
+      cases.append((name, compiled, (x, k, g), want))
   return cases
 
 
@@ -90,12 +98,12 @@ def stress(threads: int, rounds: int, shapes=SHAPES, seed: int = 0) -> int:
   cases = _cases(shapes)
   errors: list[str] = []
 
-  def call(name, compiled, args, want):
-    got = np.asarray(compiled(*args))
-    scale = float(np.max(np.abs(want)))
-    if not np.allclose(got, want, rtol=0, atol=1e-5 * scale):
-      diff = float(np.max(np.abs(got - want)))
-      errors.append(f"{name}: largest difference {diff:.3g} (scale {scale:.3g})")
+  def call(name, compiled, args, wants):
+    for part, got, want in zip(("output", "dx", "dk"), compiled(*args), wants, strict=True):
+      got, scale = np.asarray(got), float(np.max(np.abs(want)))
+      if not np.allclose(got, want, rtol=0, atol=1e-5 * scale):
+        diff = float(np.max(np.abs(got - want)))
+        errors.append(f"{name} {part}: largest difference {diff:.3g} (scale {scale:.3g})")
 
   # Half the cases get their primitives on this thread, the rest on whichever worker runs first.
   for case in cases[::2]:

@@ -17,13 +17,15 @@ Checkpoints, ``--resume``, ``--overwrite`` and Ctrl-C as ``experiments/pmnist.py
 
 from __future__ import annotations
 
+import warnings
+
 import ml_collections
 
 from fedjax_proj.configs import pmnist
 from fedjax_proj.core import ranges
 from fedjax_proj.training import fields
 from fedjax_proj.training.fields import Field
-from fedjax_proj.training.placement import conv_impl_for
+from fedjax_proj.training.placement import conv_impl_choice
 
 _NORMS = ("none", "batch")
 # The family's fields: the continual ones but the MLP's and the per-task subsets (the pool is
@@ -129,13 +131,17 @@ def build(c):
   """What config ``c`` trains: (the Split-CIFAR100 benchmark, the AlexNet-like multi-head model,
   False: one head per task). Raises DataNotFoundError or ValueError naming the fix.
 
-  The model's convolutions are the backend's, as the one-task runner's (``conv_impl_for``: on CPU
-  the kernel gradient as matmuls, docs/performance.md, "The CPU convolution kernel gradient")."""
+  The model's convolutions are the backend's, as the one-task runner's (``conv_impl_choice``: on
+  CPU oneDNN's convolutions where its handler loads, else the matmul kernel gradient, with a
+  one-line warning naming why; docs/performance.md, "The CPU convolution kernel gradient")."""
   if c.norm not in _NORMS:
     raise ValueError(f"--norm must be one of {_NORMS}")
   from fedjax_proj.data.continual import split_cifar100
   from fedjax_proj.models import multi_head
 
+  conv_impl, why = conv_impl_choice()
+  if why:
+    warnings.warn(why, stacklevel=2)
   bench = split_cifar100(
     c.data_dir or None, num_tasks=10, seed=c.seed, test_fraction=c.test_fraction
   )
@@ -146,7 +152,7 @@ def build(c):
     head_bias=False,
     norm=c.norm,
     fc_features=c.fc_features,
-    conv_impl=conv_impl_for(),
+    conv_impl=conv_impl,
   )
   return bench, model, False
 

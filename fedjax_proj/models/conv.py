@@ -12,14 +12,20 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
   ``jax.custom_vjp`` whose kernel gradient is one matmul per batch chunk in the layout XLA:CPU
   moves and multiplies fast: the input's im2col built channel-major, [(kh, kw, cin), (b, ho,
   wo)], from a few whole-slab copies, times the output gradient's free reshape [(b, ho, wo),
-  cout]. The rule of the CPU placement (``fedjax_proj.training.placement.conv_impl_for``); see
-  docs/performance.md, "The CPU convolution kernel gradient".
+  cout]. The CPU placement's fallback where oneDNN's handler is unavailable
+  (``fedjax_proj.training.placement.conv_impl_choice``); see docs/performance.md, "The CPU
+  convolution kernel gradient".
 - ``"onednn_grad"``: the same forward convolution and input gradient, wrapped in a
   ``jax.custom_vjp`` whose kernel gradient is an XLA FFI call into oneDNN's convolution
   backward-weights primitive (:mod:`fedjax_proj.models.onednn`, the optional extra
   ``cpu-onednn``; built on first use). Where the handler is unavailable (extra not installed, no
   compiler, build failed) or the call is outside its domain (not float32, negative padding, a
   backend other than CPU) the kernel gradient is ``gemm_grad``'s, with one warning line.
+- ``"onednn"``: the forward convolution, the input gradient and the kernel gradient all by oneDNN's
+  primitives (forward, backward-data, backward-weights) through the same FFI handlers, in a
+  ``jax.custom_vjp``; each falls back as ``onednn_grad``'s does (to XLA's convolution and input
+  gradient, and ``gemm_grad``'s kernel gradient). The CPU placement's choice where the handler
+  loads.
 - ``"patches"``: the whole convolution as im2col patches @ reshaped kernel, with no convolution
   primitive at all (patches are strided slices); gradients by autodiff (matmuls, slices, pads).
   Under ``vmap`` over per-client kernels this stays a batched matmul instead of becoming a grouped
@@ -48,7 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CONV_IMPLS = ("xla", "patches_grad", "gemm_grad", "onednn_grad", "patches")
+CONV_IMPLS = ("xla", "patches_grad", "gemm_grad", "onednn_grad", "onednn", "patches")
 
 # NHWC activations and HWIO kernels are flax's conventions; fixing them here keeps the three
 # implementations bit-compatible in their parameter layout.
@@ -226,9 +232,29 @@ conv_gemm_grad.defvjp(_conv_patches_grad_fwd, _bwd_with_kernel_grad(gemm_kernel_
 
 
 @functools.cache
-def _warn_onednn_fallback(reason: str) -> None:
-  msg = f"{reason}; conv_impl='onednn_grad' computes the kernel gradient as gemm_grad's"
-  warnings.warn(msg, stacklevel=3)
+def _warn_onednn_fallback(reason: str, impl: str = "onednn_grad") -> None:
+  if impl == "onednn_grad":
+    msg = f"{reason}; conv_impl='onednn_grad' computes the kernel gradient as gemm_grad's"
+  else:
+    msg = f"{reason}; conv_impl='onednn' computes XLA's convolution and gemm_grad's kernel gradient"
+  warnings.warn(msg, stacklevel=4)
+
+
+def _onednn_pads(impl: str, x_shape, kernel_shape, strides, padding, *operands):
+  """The explicit (lo, hi) pads when oneDNN's handler can take this call (float32 operands,
+  non-negative padding, handler loaded), else None: the caller computes XLA's or gemm_grad's. An
+  unloaded handler warns once per process with its one line."""
+  from fedjax_proj.models import onednn
+
+  if (reason := onednn.unavailable_reason()) is not None:
+    _warn_onednn_fallback(reason, impl)
+    return None
+  if isinstance(padding, str):
+    padding = tuple(lax.padtype_to_pads(x_shape[1:3], kernel_shape[:2], strides, padding))
+  pads = tuple(tuple(int(v) for v in p) for p in padding)
+  if any(a.dtype != jnp.float32 for a in operands) or min(min(p) for p in pads) < 0:
+    return None
+  return pads
 
 
 def onednn_kernel_grad(
@@ -239,24 +265,53 @@ def onednn_kernel_grad(
   unavailable: the last says so once per process); an empty batch gives zeros."""
   from fedjax_proj.models import onednn
 
-  if isinstance(padding, str):
-    padding = tuple(lax.padtype_to_pads(x.shape[1:3], kernel_shape[:2], strides, padding))
-  pads = tuple(tuple(int(v) for v in p) for p in padding)
-
   def gemm(x, g):
     return gemm_kernel_grad(x, g, kernel_shape, strides, padding)
 
-  reason = onednn.unavailable_reason()
-  if reason is not None:
-    _warn_onednn_fallback(reason)
-    return gemm(x, g)
-  if x.dtype != jnp.float32 or g.dtype != jnp.float32 or min(min(p) for p in pads) < 0:
+  pads = _onednn_pads("onednn_grad", x.shape, kernel_shape, strides, padding, x, g)
+  if pads is None:
     return gemm(x, g)
   if 0 in x.shape or 0 in g.shape:  # oneDNN rejects empty tensors; the gradient is zeros
     return jnp.zeros(kernel_shape, jnp.float32)
   # The handler is registered for CPU only; elsewhere the same gradient as gemm_grad computes it.
   return lax.platform_dependent(
     x, g, cpu=lambda x, g: onednn.kernel_grad(x, g, kernel_shape, strides, pads), default=gemm
+  )
+
+
+def onednn_forward(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  """:func:`conv2d` by oneDNN's forward primitive on CPU, else XLA's (as
+  :func:`onednn_kernel_grad` falls back)."""
+  from fedjax_proj.models import onednn
+
+  def xla(x, kernel):
+    return _xla_conv(x, kernel, strides, padding)
+
+  pads = _onednn_pads("onednn", x.shape, kernel.shape, strides, padding, x, kernel)
+  if pads is None or 0 in x.shape:  # oneDNN rejects empty tensors
+    return xla(x, kernel)
+  return lax.platform_dependent(
+    x, kernel, cpu=lambda x, k: onednn.forward(x, k, strides, pads), default=xla
+  )
+
+
+def onednn_input_grad(
+  g: jax.Array, kernel: jax.Array, x_shape, strides: tuple[int, int], padding: Padding
+) -> jax.Array:
+  """The input gradient of :func:`conv2d` at output gradient ``g`` by oneDNN's backward-data
+  primitive on CPU, else autodiff's of XLA's convolution (as :func:`onednn_kernel_grad` falls
+  back)."""
+  from fedjax_proj.models import onednn
+
+  def xla(g, kernel):
+    conv = lambda x: _xla_conv(x, kernel, strides, padding)  # noqa: E731
+    return jax.vjp(conv, jnp.zeros(x_shape, g.dtype))[1](g)[0]
+
+  pads = _onednn_pads("onednn", x_shape, kernel.shape, strides, padding, g, kernel)
+  if pads is None or 0 in g.shape:  # oneDNN rejects empty tensors; the gradient is zeros
+    return xla(g, kernel) if pads is None else jnp.zeros(x_shape, jnp.float32)
+  return lax.platform_dependent(
+    g, kernel, cpu=lambda g, k: onednn.input_grad(g, k, x_shape, strides, pads), default=xla
   )
 
 
@@ -267,6 +322,27 @@ def conv_onednn_grad(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], 
 
 
 conv_onednn_grad.defvjp(_conv_patches_grad_fwd, _bwd_with_kernel_grad(onednn_kernel_grad))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def conv_onednn(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], padding: Padding):
+  """The convolution, its input gradient and its kernel gradient all by oneDNN's primitives on
+  CPU (:func:`onednn_forward`, :func:`onednn_input_grad`, :func:`onednn_kernel_grad`)."""
+  return onednn_forward(x, kernel, strides, padding)
+
+
+def _conv_onednn_fwd(x, kernel, strides, padding):
+  return onednn_forward(x, kernel, strides, padding), (x, kernel)
+
+
+def _conv_onednn_bwd(strides, padding, residuals, g):
+  x, kernel = residuals
+  dx = onednn_input_grad(g, kernel, x.shape, strides, padding)
+  dk = onednn_kernel_grad(x, g, kernel.shape, strides, padding)
+  return dx.astype(x.dtype), dk.astype(kernel.dtype)
+
+
+conv_onednn.defvjp(_conv_onednn_fwd, _conv_onednn_bwd)
 
 
 def conv2d(
@@ -298,6 +374,8 @@ def conv2d(
     return conv_gemm_grad(x, kernel, strides, pad)
   if impl == "onednn_grad":
     return conv_onednn_grad(x, kernel, strides, pad)
+  if impl == "onednn":
+    return conv_onednn(x, kernel, strides, pad)
   if impl == "patches":
     return conv_patches(x, kernel, strides, pad)
   raise ValueError(f"unknown conv impl {impl!r}; valid: {CONV_IMPLS}")

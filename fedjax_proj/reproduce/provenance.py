@@ -68,7 +68,7 @@ def machine_info() -> dict:
     # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products
     # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
     "matmul_precision": jax.config.jax_default_matmul_precision or "default",
-    # The CPU placement's convolution kernel gradient (placement.conv_impl_for), another
+    # The CPU placement's convolution implementation (placement.conv_impl_for), another
     # summation order of the same gradient than XLA's; None off CPU
     # (docs/performance.md, "The CPU convolution kernel gradient").
     "cpu_conv_impl": conv_impl_for() if jax.default_backend() == "cpu" else None,

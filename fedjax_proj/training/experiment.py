@@ -56,7 +56,7 @@ from fedjax_proj.training.inputs import (
 )
 from fedjax_proj.training.loop import train
 from fedjax_proj.training.optimizers import client_optimizer, make_server_optimizer
-from fedjax_proj.training.placement import build_round, conv_impl_for
+from fedjax_proj.training.placement import build_round, conv_impl_line
 from fedjax_proj.training.processes import init_processes
 from fedjax_proj.training.session import run_io
 from fedjax_proj.training.text_inputs import is_text_run, text_loader, token_ids
@@ -136,9 +136,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   model_kwargs = {**registry.model_kwargs(c.method), **dict(c.get("model_kwargs", {}))}
   if c.model in CONV_MODELS:
     # The backend's convolution implementation, unless --model_kwargs names one.
-    if "conv_impl" not in model_kwargs:
-      model_kwargs["conv_impl"] = conv_impl_for()
-    log(f"convolutions: conv_impl={model_kwargs['conv_impl']}")
+    log(conv_impl_line(model_kwargs))
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   normalize = (

@@ -6,8 +6,8 @@ axis is sharded and over which devices (:func:`client_mesh_for`) and whether cli
 with streaming aggregation, and how many (``auto``:
 :func:`~fedjax_proj.core.chunked.auto_client_chunk`). :func:`build_round` builds a method's round
 on it and :func:`placed_round` puts each round's inputs on the mesh (docs/performance.md;
-docs/design.md, "Execution"). :func:`conv_impl_for` picks the convolution implementation of the
-run's model for its backend. The models' max pooling picks its own
+docs/design.md, "Execution"). :func:`conv_impl_choice` picks the convolution implementation of
+the run's model for its backend. The models' max pooling picks its own
 (:func:`fedjax_proj.models.pool.pool_impl_for`, from the backend at trace time): its two
 implementations compute the same numbers bit for bit, so the choice is not the run's to record.
 """
@@ -26,27 +26,65 @@ from fedjax_proj.core.executor import Executor
 from fedjax_proj.training.fields import value_of
 
 
-def conv_impl_for(backend: str | None = None) -> str:
-  """The ``conv_impl`` (:data:`fedjax_proj.models.conv.CONV_IMPLS`) a run's model uses on
-  ``backend`` (default: ``jax.default_backend()``).
+def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
+  """(the ``conv_impl`` a run's model uses on ``backend``, None or the one line saying why the
+  CPU falls back); ``backend`` defaults to ``jax.default_backend()``.
 
-  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's: ``gemm_grad``
-  (the kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of those
-  convolutions). ``xla`` elsewhere, where the convolution libraries have fast kernel gradients
-  (docs/performance.md, "The CPU convolution kernel gradient"). All compute the same gradient up
-  to float summation order.
+  On XLA:CPU, whose own kernel-gradient convolution is 2-9x slower than PyTorch's: ``onednn``
+  (the forward convolution, the input gradient and the kernel gradient all by oneDNN's primitives
+  through FFI calls, the library PyTorch's CPU convolutions run) where its handler loads, which
+  builds it on the first call of a process that has no built copy
+  (:func:`fedjax_proj.models.onednn.unavailable_reason`). Where it does not (the ``cpu-onednn``
+  extra missing, no compiler, a failed build or load), and where the process sees several CPU
+  devices (the client axis may be sharded over them, and XLA cannot partition the FFI calls):
+  ``gemm_grad`` (XLA's convolution, the
+  kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of those convolutions) and
+  the handler's one line naming why and the fix, which the run logs. ``xla`` elsewhere, where the
+  convolution libraries have fast kernel gradients. All compute the same convolution and
+  gradients up to float32 summation order (docs/performance.md, "The CPU convolution kernel
+  gradient").
 
-  ``onednn_grad`` (oneDNN's backward-weights primitive through an FFI call, on a par with
-  PyTorch's) is opt-in (``--model_kwargs=conv_impl=onednn_grad``), not the default. Its
-  segmentation faults (a cached primitive run on another thread than its creator's, with
-  oneDNN's per-thread scratchpad) are fixed, and unpinned on 2 loaded cores it ran steps
-  1.1-1.6x faster than ``gemm_grad`` without oversubscribing. CI installs its extra without making
-  it the default; it becomes the default where it builds once that has held and a step on idle
-  cores is measured (docs/performance.md, "The CPU convolution kernel gradient").
+  History: ``gemm_grad`` was the CPU default until 2026-11-28, ``onednn_grad`` (oneDNN's kernel
+  gradient only) opt-in until its segmentation faults (fixed) had held off through CI runs with the
+  extra installed and its step was measured with the claim runs paused (docs/performance.md, "Steps
+  on idle cores"); ``onednn`` then ran the CNN, FedProj and ResNet-8 steps 1.04-1.21x faster than
+  ``onednn_grad`` (docs/performance.md, "oneDNN's forward and input gradient too").
+  ``--model_kwargs=conv_impl=...`` overrides the choice.
   """
   if (backend or jax.default_backend()) != "cpu":
-    return "xla"
-  return "gemm_grad"
+    return "xla", None
+  if (devices := jax.device_count()) > 1:
+    # XLA's partitioner has no rule for the FFI calls: sharded over clients, every device would
+    # gather the operands and compute every client's convolutions (measured on forced host
+    # devices: the result came back replicated).
+    return "gemm_grad", (
+      f"{devices} CPU devices: oneDNN's convolutions (FFI calls without a partitioning rule) are "
+      "not used where clients may be sharded; the convolutions are XLA's with gemm_grad's kernel "
+      "gradient (--model_kwargs=conv_impl=onednn to use them anyway)"
+    )
+  # Imported here: the handler is looked up (and built) only when a run asks for its placement.
+  from fedjax_proj.models import onednn  # noqa: PLC0415
+
+  reason = onednn.unavailable_reason()
+  if reason is None:
+    return "onednn", None
+  return "gemm_grad", f"{reason}; the convolutions are XLA's with gemm_grad's kernel gradient"
+
+
+def conv_impl_for(backend: str | None = None) -> str:
+  """The ``conv_impl`` (:data:`fedjax_proj.models.conv.CONV_IMPLS`) a run's model uses on
+  ``backend``: :func:`conv_impl_choice`'s."""
+  return conv_impl_choice(backend)[0]
+
+
+def conv_impl_line(model_kwargs: dict) -> str:
+  """Sets ``model_kwargs["conv_impl"]`` to the placement's choice unless it names one, and
+  returns the run log's line naming the implementation used (and why, where the CPU fell back)."""
+  if "conv_impl" in model_kwargs:
+    return f"convolutions: conv_impl={model_kwargs['conv_impl']} (--model_kwargs)"
+  impl, why = conv_impl_choice()
+  model_kwargs["conv_impl"] = impl
+  return f"convolutions: conv_impl={impl}" + (f" ({why})" if why else "")
 
 
 def client_mesh_for(c, strategy: str, log):

@@ -162,13 +162,13 @@ def test_smoke_preset_completes_every_method(name, method, tiny_data, tmp_path):
 
 
 def test_split_cifar100_builds_the_placements_convolution(tiny_data, monkeypatch):
-  # build takes the backend's conv_impl (gemm_grad on CPU), as the one-task runner does: an
-  # impl the model refuses, planted in the placement, must reach the model.
+  # build takes the backend's conv_impl (on CPU onednn where it loads, else gemm_grad), as
+  # the one-task runner does: an impl the model refuses, planted in the placement, must reach it.
   c = split_cifar100.get_config("smoke")
   c.data_dir = str(tiny_data["split_cifar100"])
   _, model, _ = split_cifar100.build(c)
   jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-  monkeypatch.setattr(split_cifar100, "conv_impl_for", lambda: "fft")
+  monkeypatch.setattr(split_cifar100, "conv_impl_choice", lambda: ("fft", None))
   _, model, _ = split_cifar100.build(c)
   with pytest.raises(ValueError, match="conv impl"):
     jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))

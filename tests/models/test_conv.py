@@ -22,8 +22,9 @@ CIN, COUT = 3, 5
 
 
 def _skip_without_onednn(impl="onednn_grad"):
-  """onednn_grad without its handler would compute gemm_grad's gradient; skip it, saying why."""
-  if impl == "onednn_grad" and (reason := onednn.unavailable_reason()):
+  """onednn_grad (onednn) without its handler would compute gemm_grad's gradient (and XLA's
+  convolution); skip it, saying why."""
+  if impl in ("onednn_grad", "onednn") and (reason := onednn.unavailable_reason()):
     pytest.skip(reason)
 
 
@@ -71,7 +72,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "onednn_grad", "patches"])
+@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "onednn_grad", "onednn", "patches"])
 @pytest.mark.parametrize("kernel,strides,padding", CASES)
 def test_conv_matches_nn_conv(impl, kernel, strides, padding):
   _skip_without_onednn(impl)
@@ -96,7 +97,7 @@ def test_xla_impl_and_param_layout():
   _close(grads, grads_ref)
 
 
-@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "onednn_grad", "patches"])
+@pytest.mark.parametrize("impl", ["patches_grad", "gemm_grad", "onednn_grad", "onednn", "patches"])
 def test_conv_grads_under_vmap_and_scan(impl):
   """The engine's setting: per-client kernels (vmap) and a loop of local steps (scan)."""
   _skip_without_onednn(impl)
@@ -175,33 +176,58 @@ def _convolutions(name):
   return found
 
 
-@pytest.mark.parametrize("impl", ["gemm_grad", "onednn_grad"])
 @pytest.mark.parametrize("name", CONV_MODELS)
-def test_kernel_grad_equals_autodiff_on_every_model_convolution(name, impl):
-  """``gemm_grad``'s and ``onednn_grad``'s kernel gradients equal ``jax.grad`` of the plain
-  convolution on each of the model's convolutions (shapes, strides, padding as the model calls
-  it)."""
-  _skip_without_onednn(impl)
-  kernel_grad = {"gemm_grad": conv_lib.gemm_kernel_grad, "onednn_grad": conv_lib.onednn_kernel_grad}
+def test_gemm_kernel_grad_equals_autodiff_on_every_model_convolution(name):
+  """``gemm_grad``'s kernel gradient equals ``jax.grad`` of the plain convolution on each of the
+  model's convolutions (shapes, strides, padding as the model calls it). ``onednn_grad``'s, the
+  same function as ``onednn``'s, is checked there
+  (``test_onednn_forward_and_gradients_equal_xla_on_every_model_convolution``)."""
   convs = _convolutions(name)
   assert convs
   for n, (xs, ks, strides, padding) in enumerate(sorted(convs)):
-    # oneDNN takes no negative (cropping) padding; onednn_grad would fall back to gemm_grad.
-    assert min(min(p) for p in padding) >= 0, (name, padding)
     x, kernel = _normal(xs, 10 + n), _normal(ks, 20 + n, 0.3)
     conv = functools.partial(conv_lib.conv2d, strides=strides, padding=padding)
     g = _normal(jax.eval_shape(conv, x, kernel).shape, 30 + n)
 
     def both(x, kernel, g, conv=conv, ks=ks, strides=strides, padding=padding):
       ref = jax.vjp(lambda k: conv(x, k), kernel)[1](g)[0]
-      return ref, kernel_grad[impl](x, g, ks, strides, padding)
+      return ref, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding)
 
     ref, mine = jit(both)(x, kernel, g)
     scale = float(jnp.max(jnp.abs(ref)))
     np.testing.assert_allclose(mine, ref, rtol=0, atol=1e-5 * scale, err_msg=str((xs, ks)))
 
 
-@pytest.mark.parametrize("impl", ["gemm_grad", "onednn_grad"])
+@pytest.mark.parametrize("name", CONV_MODELS)
+def test_onednn_forward_and_gradients_equal_xla_on_every_model_convolution(name):
+  """``conv_impl="onednn"``'s forward, input gradient and kernel gradient (all oneDNN's) equal
+  the plain convolution's and ``jax.grad``'s on each of the model's convolutions (shapes,
+  strides, padding as the model calls it), each within float32 round-off of its largest entry."""
+  _skip_without_onednn("onednn")
+  convs = _convolutions(name)
+  assert convs
+  for n, (xs, ks, strides, padding) in enumerate(sorted(convs)):
+    # oneDNN takes no negative (cropping) padding; onednn would fall back to XLA and gemm_grad.
+    assert min(min(p) for p in padding) >= 0, (name, padding)
+    x, kernel = _normal(xs, 10 + n), _normal(ks, 20 + n, 0.3)
+    conv = functools.partial(conv_lib.conv2d, strides=strides, padding=padding)
+    g = _normal(jax.eval_shape(conv, x, kernel).shape, 30 + n)
+
+    def both(x, kernel, g, conv=conv):
+      outs = []
+      for impl in ("xla", "onednn"):
+        y, vjp = jax.vjp(functools.partial(conv, impl=impl), x, kernel)
+        outs.append((y, *vjp(g)))
+      return outs
+
+    ref, mine = jit(both)(x, kernel, g)
+    for part, a, b in zip(("forward", "input grad", "kernel grad"), mine, ref, strict=True):
+      scale = float(jnp.max(jnp.abs(b)))
+      assert scale > 0, (name, part, xs)
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale, err_msg=f"{part} {(xs, ks)}")
+
+
+@pytest.mark.parametrize("impl", ["gemm_grad", "onednn_grad", "onednn"])
 @pytest.mark.parametrize("name", ["cnn", "resnet8"])
 def test_model_gradients_equal_autodiff_under_vmap(name, impl):
   """A whole model's parameter and input gradients with ``gemm_grad`` / ``onednn_grad`` equal
@@ -262,6 +288,30 @@ def test_onednn_kernel_grad_is_the_ffi_call_and_batches_under_vmap():
   np.testing.assert_array_equal(grad(x[:0], g[:0]), np.zeros(ks, np.float32))
 
 
+def test_onednn_impl_is_the_ffi_calls_on_cpu_only():
+  """``conv_impl="onednn"``'s jitted forward and gradients are oneDNN's three custom calls on
+  CPU and none elsewhere, and the engine's ``has_convolution`` (the ``auto`` strategy's model
+  kind) still finds its convolution; an empty batch gives an empty output and zero gradients."""
+  _skip_without_onednn("onednn")
+  x, g, ks, strides, padding = _kernel_grad_case()
+  kernel = _normal(ks, 41, 0.3)
+
+  def f(x, kernel):
+    y, vjp = jax.vjp(lambda x, k: conv_lib.conv2d(x, k, strides, padding, "onednn"), x, kernel)
+    return y, vjp(jnp.ones_like(y))
+
+  traced = jax.jit(f).trace(x, kernel)
+  cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+  cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+  for target in (onednn.FORWARD_TARGET, onednn.INPUT_GRAD_TARGET, onednn.TARGET):
+    assert target in cpu and target not in cuda, target
+  # The auto strategy still sees a convolution (in platform_dependent's non-CPU branch).
+  assert has_convolution(lambda x, k: conv_lib.conv2d(x, k, strides, padding, "onednn"), x, kernel)
+  y, (dx, dk) = f(x[:0], kernel)
+  assert y.shape == (0, 5, 4, 6) and dx.shape == (0, 9, 8, 4)
+  np.testing.assert_array_equal(dk, np.zeros(ks, np.float32))
+
+
 def test_onednn_kernel_grad_runs_on_any_thread_and_concurrently():
   """Each shape's cached oneDNN primitives, created on one thread, compute the right gradient when
   called from other threads, several at once (benchmarks/onednn_stress.py, in a subprocess that a
@@ -310,10 +360,15 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
 
   reason = onednn.unavailable_reason()
   assert reason == (
-    "onednn_grad unavailable: onednn-cpu-gomp is not installed (pip install "
+    "oneDNN convolutions unavailable: onednn-cpu-gomp is not installed (pip install "
     "'fedjax_proj[cpu-onednn]')"
   )
-  assert placement.conv_impl_for("cpu") == "gemm_grad"
+  # The CPU placement falls back to gemm_grad, and the run's log line says why and the fix.
+  why = f"{reason}; the convolutions are XLA's with gemm_grad's kernel gradient"
+  assert placement.conv_impl_choice("cpu") == ("gemm_grad", why)
+  kwargs = {}
+  assert placement.conv_impl_line(kwargs) == f"convolutions: conv_impl=gemm_grad ({why})"
+  assert kwargs == {"conv_impl": "gemm_grad"}
   x, g, ks, strides, padding = _kernel_grad_case()
   with pytest.warns(UserWarning) as caught:
     got = conv_lib.onednn_kernel_grad(x, g, ks, strides, padding)
@@ -321,6 +376,24 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
   assert len(caught) == 1 and "\n" not in str(caught[0].message)
   assert str(caught[0].message).startswith(reason)
   np.testing.assert_array_equal(got, conv_lib.gemm_kernel_grad(x, g, ks, strides, padding))
+
+
+def test_onednn_unforeseen_failure_is_one_line_not_a_lost_run(monkeypatch):
+  """Any error while finding, building or loading the handler becomes the one line (the
+  placement asks for it on every CPU run, so it must never raise)."""
+
+  def boom():
+    raise RuntimeError("unexpected\n  two lines")
+
+  monkeypatch.setattr(onednn, "_load", boom)
+  onednn.unavailable_reason.cache_clear()
+  try:
+    reason = onednn.unavailable_reason()
+  finally:
+    onednn.unavailable_reason.cache_clear()
+  assert reason == (
+    f"oneDNN convolutions unavailable: RuntimeError: unexpected two lines ({onednn.BUILD_HINT})"
+  )
 
 
 def test_onednn_tests_skip_naming_the_reason_without_the_extra(onednn_missing):
@@ -344,5 +417,6 @@ def test_onednn_failed_build_says_so_in_one_line(monkeypatch, tmp_path):
   finally:
     onednn.unavailable_reason.cache_clear()
   assert reason is not None and "\n" not in reason, reason
-  assert reason.startswith("onednn_grad unavailable: building onednn_conv.cc with /bin/false")
+  want = "oneDNN convolutions unavailable: building onednn_conv.cc with /bin/false"
+  assert reason.startswith(want), reason
   assert not list(tmp_path.rglob("*.so"))

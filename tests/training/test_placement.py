@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
@@ -67,9 +68,32 @@ def test_a_chunk_larger_than_the_round_is_the_round_and_logged_so():
   assert logs == ["clients run in chunks of 2 with streaming aggregation"]
 
 
-def test_convolutions_are_gemm_grad_on_cpu_only():
-  """The CPU placement picks the matmul kernel gradient (oneDNN's is opt-in until a crash seen
-  with it as the default is explained); other backends keep XLA's."""
-  assert placement.conv_impl_for("cpu") == "gemm_grad"
-  assert placement.conv_impl_for("gpu") == "xla"
+def test_cpu_convolutions_are_onednn_where_it_loads_and_xla_elsewhere():
+  """The CPU placement picks oneDNN's convolutions where its handler loads (the fallback to
+  gemm_grad, with the extra hidden, is tests/models/test_conv.py's
+  test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad); other backends keep XLA's; the
+  run's log line names the implementation, and --model_kwargs overrides it."""
+  from fedjax_proj.models import onednn
+
+  assert placement.conv_impl_choice("gpu") == ("xla", None)
   assert placement.conv_impl_for("tpu") == "xla"
+  if reason := onednn.unavailable_reason():
+    pytest.skip(reason)
+  assert placement.conv_impl_choice("cpu") == ("onednn", None)
+  assert placement.conv_impl_for("cpu") == "onednn"
+  kwargs = {"dropout": 0.1}
+  assert placement.conv_impl_line(kwargs) == "convolutions: conv_impl=onednn"
+  assert kwargs == {"dropout": 0.1, "conv_impl": "onednn"}
+  kwargs = {"conv_impl": "gemm_grad"}
+  assert placement.conv_impl_line(kwargs) == "convolutions: conv_impl=gemm_grad (--model_kwargs)"
+  assert kwargs == {"conv_impl": "gemm_grad"}
+
+
+def test_several_cpu_devices_keep_xla_convolutions_and_say_why(monkeypatch):
+  """oneDNN's FFI calls have no partitioning rule, so a process with several CPU devices (whose
+  clients may be sharded) gets gemm_grad, and the log line says why and how to override it."""
+  monkeypatch.setattr(jax, "device_count", lambda: 4)
+  impl, why = placement.conv_impl_choice("cpu")
+  assert impl == "gemm_grad" and why.startswith("4 CPU devices: oneDNN's convolutions"), why
+  assert "--model_kwargs=conv_impl=onednn" in why and "\n" not in why
+  assert placement.conv_impl_choice("gpu") == ("xla", None)
