@@ -241,9 +241,9 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
       f"fedproj/{name} (2 rounds)", flats, scale_of_update(flats["vmap_scan"], init)
     )
     # One row per metric, each measured against the largest of the four values (the mark the
-    # step has always used), so a failing row names its metric (docs/performance.md, "a.
-    # correctness"): `projected_fraction` moves in whole steps' shares when a step's <g, g_mem>
-    # sits near 0 and another summation order flips its projection.
+    # step has always used), so a failing row names its metric.
+    # docs/performance.md, "Running the GPU suite": `projected_fraction` moves in whole steps'
+    # shares when a step's <g, g_mem> sits near 0 and another summation order flips its projection.
     metric_scale = float(np.abs(mets["vmap_scan"]).max())
     for i, k in enumerate(keys):
       rows += compare_rows(
