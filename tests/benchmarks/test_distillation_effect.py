@@ -40,6 +40,7 @@ def _tiny_config(data_root, **kwargs):
   return c
 
 
+@pytest.mark.compute_bound
 def test_instrumented_run_equals_the_plain_run_and_is_written_per_seed(
   data_root, tmp_path, monkeypatch
 ):
@@ -69,6 +70,7 @@ def test_instrumented_run_equals_the_plain_run_and_is_written_per_seed(
   assert distillation_effect.main([f"--summarize={out}"]) == json.loads(out.read_text())
 
 
+@pytest.mark.compute_bound
 def test_without_distillation_the_gain_is_zero(data_root):
   rows = distillation_effect.diagnose(
     _tiny_config(data_root, distill_epochs=0), log=lambda *a, **k: None

@@ -161,6 +161,7 @@ CONFORMANCE = {"rounds": 20}
 
 
 @pytest.mark.slow
+@pytest.mark.compute_bound
 @pytest.mark.parametrize("method", sequential.METHODS)
 def test_sequential_methods_beat_chance_on_real_mnist(method, tmp_path):
   _need("mnist")
