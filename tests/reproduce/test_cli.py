@@ -392,6 +392,27 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
   assert report._seed_ranges([4]) == "seed 4"
 
 
+def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
+  # A budget whose runs all ran on an accelerator (the gpu budget) is timed from them, and says
+  # so; one CPU result makes the CPU's seconds the estimate again, the accelerator's left out.
+  for seed in (0, 1, 2):
+    _write(tmp_path, "fedavg", seed, 70.0)
+  _write(tmp_path, "fedproj", 0, 90.0)
+  for path in tmp_path.glob("*.json"):
+    r = json.loads(path.read_text())
+    r["machine"], r["wall_seconds"] = {"backend": "gpu"}, 40.0
+    path.write_text(json.dumps(r))
+  found, _, _ = report.load_results(tmp_path)
+  (line, _) = report.completion_lines(PILOT, found, "cpu")
+  assert "about 80 s in one process for 2 run(s)" in line  # fedproj's 40 s, twice
+  assert line.endswith("no recorded time, timed on gpu.")
+  _write(tmp_path, "fedproj", 1, 90.0)  # a CPU run, 1 s
+  found, _, _ = report.load_results(tmp_path)
+  (line, _) = report.completion_lines(PILOT, found, "cpu")
+  assert "about 1 s in one process for 1 run(s)" in line
+  assert "timed on" not in line
+
+
 @pytest.mark.parametrize(
   "argv, message",
   [

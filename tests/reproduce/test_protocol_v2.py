@@ -78,7 +78,7 @@ def test_an_incomplete_v2_replication_says_what_it_lacks_with_its_command(tmp_pa
     for method in ("fedavg", "feddf", "fedproj"):
       _write(tmp_path, method, seed, [30, 40, 50, 50, 50])
   text = report.write_report(CLAIM, "drift", tmp_path, None)
-  assert "No results yet." in text  # v1 has none here
+  assert "No protocol v1 results; the v2 ones are below." in text  # v1 has none here
   v2_part = text.split("#### Protocol v2")[1]
   assert "| incomplete |" in v2_part
   assert "42 run(s) of the pre-registered seeds are missing" in v2_part

@@ -64,7 +64,7 @@ def completion_lines(
 ) -> list[str]:
   """What the verdicts still lack: the pre-registered (method, seed) runs without a current
   result (a diverged one is an outcome, not missing), and their time at the mean wall time this
-  budget's CPU results recorded."""
+  budget's CPU results recorded (or, where none ran on a CPU, its accelerator results, named)."""
   b = claim.budgets.get(budget)
   if b is None:
     return []
@@ -73,12 +73,16 @@ def completion_lines(
   missing = {m: s for m, s in missing.items() if s}
   if not missing:
     return []
-  # The docs' estimate is for a CPU machine: a GPU run's seconds would understate it many times.
+  # The estimate is for a CPU machine where the budget has CPU results: a GPU run's seconds would
+  # understate it many times. A budget that only ran on an accelerator (the gpu budget) is timed
+  # from that backend's runs, and the line says so.
+  backends = {backend_of(r) for rs in found.values() for r in rs.values()}
+  backend = "cpu" if "cpu" in backends or not backends else sorted(backends)[0]
   recorded = {
     m: [
       float(r["wall_seconds"])
       for r in rs.values()
-      if "wall_seconds" in r and backend_of(r) == "cpu"
+      if "wall_seconds" in r and backend_of(r) == backend
     ]
     for m, rs in found.items()
   }
@@ -88,6 +92,6 @@ def completion_lines(
   return [
     f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
     f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}` runs them: "
-    f"{eta(queue, recorded)}.",
+    f"{eta(queue, recorded)}" + ("" if backend == "cpu" else f", timed on {backend}") + ".",
     "",
   ]

@@ -111,9 +111,9 @@ def render(
   if corrupt:
     lines += [f"Corrupt result files (not used; rerun them): {', '.join(corrupt)}.", ""]
   if not everything:
-    return "\n".join(
-      lines + ["No results yet.", ""] + v2_section(full, budget, found_v2, equivalent)
-    )
+    # A budget with only v2 runs (the gpu budget has no v1 seeds) has results: say which are absent.
+    none = "No protocol v1 results; the v2 ones are below." if found_v2 else "No results yet."
+    return "\n".join(lines + [none, ""] + v2_section(full, budget, found_v2, equivalent))
   results = [r for rs in everything.values() for r in rs.values()]
   commits = sorted({r["git_commit"][:12] for r in results})
   codes = sorted({code_of(r) or "unknown" for r in results})
