@@ -74,6 +74,11 @@ BUDGETS = {
 # Step a's pass mark: a strategy's largest difference to vmap_scan over the round's largest
 # parameter update (compare_rows says why relative).
 TOLERANCE = 1e-2
+# FedProj's `projected_fraction` is a count of projected steps over all steps: another summation
+# order may flip the projection of a step whose <g, g_mem> sits at 0, which moves the fraction by
+# one step's share (compare_steps). Chosen after the 2026-11-28 H200 run (docs/performance.md,
+# "Running the GPU suite").
+MAX_FLIPPED_STEPS = 1
 
 # --tiny is a smoke test of the code paths, not a measurement: on a loaded shared CPU its steps may
 # take minutes of wall time, so they are not cut short.
@@ -246,14 +251,20 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
     # shares when a step's <g, g_mem> sits near 0 and another summation order flips its projection.
     metric_scale = float(np.abs(mets["vmap_scan"]).max())
     for i, k in enumerate(keys):
-      rows += compare_rows(
-        f"fedproj/{name} round-2 {k}", {s: m[i : i + 1] for s, m in mets.items()}, metric_scale
-      )
+      per = {s: m[i : i + 1] for s, m in mets.items()}
+      program = f"fedproj/{name} round-2 {k}"
+      if k == "projected_fraction":  # a count of steps, judged in steps
+        rows += compare_steps(program, per, cfg.clients * cfg.steps, metric_scale)
+      else:
+        rows += compare_rows(program, per, metric_scale, cfg.tolerance)
   results["max_abs_diff"] = max(r["max_abs_diff"] for r in rows)
-  results["max_rel_diff"] = max(r["rel_diff"] for r in rows)
+  results["max_rel_diff"] = max(r["rel_diff"] for r in rows if "flipped_steps" not in r)
   results["tolerance"] = cfg.tolerance
-  results["tolerance_kind"] = "relative to the largest parameter update (metrics: value)"
-  results["passed"] = bool(results["max_rel_diff"] <= cfg.tolerance)
+  results["tolerance_kind"] = (
+    "relative to the largest parameter update (metrics: value); projected_fraction: at most "
+    f"{MAX_FLIPPED_STEPS} step flipped"
+  )
+  results["passed"] = all(r["passed"] for r in rows)
   return results["passed"]
 
 
@@ -264,7 +275,20 @@ def scale_of_update(final, init) -> float:
   return float(np.abs(np.asarray(final) - np.asarray(init)).max())
 
 
-def compare_rows(program: str, values: dict, scale: float) -> list[dict]:
+def compare_steps(program: str, values: dict, steps: int, scale: float) -> list[dict]:
+  """``compare_rows`` for a fraction of ``steps`` decisions (FedProj's projected fraction): each
+  strategy's difference also in decisions (``flipped_steps``); it passes with at most
+  MAX_FLIPPED_STEPS flipped. A projection skipped or inverted moves many steps and fails."""
+  rows = compare_rows(program, values, scale)
+  for r in rows:
+    r["flipped_steps"] = int(round(r["max_abs_diff"] * steps))
+    r["passed"] = r["flipped_steps"] <= MAX_FLIPPED_STEPS
+  return rows
+
+
+def compare_rows(
+  program: str, values: dict, scale: float, tolerance: float = TOLERANCE
+) -> list[dict]:
   """Each strategy's largest difference to vmap_scan, absolute and relative to ``scale``.
 
   Why relative: the same round computed in another order (a per-client conv against a batched
@@ -287,6 +311,7 @@ def compare_rows(program: str, values: dict, scale: float) -> list[dict]:
         "rel_diff": diff / scale if scale > 0 else (float("inf") if diff > 0 else 0.0),
       }
     )
+    rows[-1]["passed"] = rows[-1]["rel_diff"] <= tolerance
   return rows
 
 
@@ -518,12 +543,15 @@ def markdown(report: dict) -> str:
   if res.get("rows"):
     lines += ["", "## a. correctness (max |param diff| to vmap_scan)", ""]
     lines += [
-      "| program | strategy | max abs diff | largest update | relative |",
-      "|---|---|---:|---:|---:|",
+      "| program | strategy | max abs diff | largest update | relative | passed |",
+      "|---|---|---:|---:|---:|---|",
     ]
     lines += [
       f"| {r['program']} | {r['strategy']} | {r['max_abs_diff']:.2e} | "
-      f"{r.get('scale', float('nan')):.2e} | {r.get('rel_diff', float('nan')):.2e} |"
+      f"{r.get('scale', float('nan')):.2e} | {r.get('rel_diff', float('nan')):.2e} | "
+      + ("yes" if r.get("passed", True) else "**no**")
+      + (f" ({r['flipped_steps']} step(s) flipped)" if "flipped_steps" in r else "")
+      + " |"
       for r in res["rows"]
     ]
   res = report["steps"]["throughput"].get("result", {})

@@ -326,6 +326,23 @@ def test_correctness_mark_passes_another_order_and_fails_a_wrong_learning_rate()
   assert still[1]["rel_diff"] == 0.0 and moved[1]["rel_diff"] == float("inf")
 
 
+def test_projected_fraction_is_judged_in_flipped_steps():
+  """FedProj's projected fraction (of 4 clients x 5 steps here) may differ by one step's
+  decision in another summation order; two flips, or the projection gone, fail."""
+  share = 1 / 20
+  values = {
+    "vmap_scan": np.array([0.30]),
+    "one flip": np.array([0.30 + share]),
+    "two flips": np.array([0.30 - 2 * share]),
+    "never projects": np.array([0.0]),
+  }
+  rows = {r["strategy"]: r for r in gpu_suite.compare_steps("p", values, 20, 0.30)}
+  assert [rows[k]["flipped_steps"] for k in values] == [0, 1, 2, 6]
+  assert [rows[k]["passed"] for k in values] == [True, True, False, False]
+  # The relative mark alone would fail the single flip (1/20 of 0.30 is 0.17 of it).
+  assert rows["one flip"]["rel_diff"] > gpu_suite.TOLERANCE
+
+
 @pytest.mark.parametrize("name", ["cnn", "resnet8"])
 def test_torch_models_match_ours_in_parameter_count(name):
   """The suite's PyTorch loop trains the same architectures (runs only where torch is installed)."""
