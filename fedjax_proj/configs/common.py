@@ -23,6 +23,9 @@ programs (the next seed, a resumed run) loads them instead of compiling (default
 ``$FEDJAX_PROJ_COMPILATION_CACHE``, else ``$XDG_CACHE_HOME/fedjax_proj/jax``, else
 ``~/.cache/fedjax_proj/jax``; fedjax_proj/training/compilation_cache.py).
 
+Before anything computes, an entry point keeps XLA:CPU's per-step working memory in the heap
+between steps (:func:`keep_step_memory`; fedjax_proj/training/host_memory.py).
+
 Several processes / hosts: run the same command on every process with ``--num_processes=N
 --process_id=<rank> --coordinator_address=<process 0's host:port> --output_dir=<shared dir>``
 (``--cpu_collectives=gloo`` for CPU-only jobs; ``--num_processes=0`` auto-detects Cloud TPU, Slurm
