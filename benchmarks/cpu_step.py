@@ -525,14 +525,14 @@ def one_thread_environment() -> None:
   os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def keep_freed_memory() -> list[str]:
+def keep_freed_memory() -> dict[str, str]:
   """What a training run's entry point does first (fedjax_proj.configs.common.keep_step_memory):
   XLA:CPU's per-step buffers kept in the heap; the parts that could not apply, printed."""
   from fedjax_proj.training import host_memory
 
   missing = host_memory.keep_freed_memory()
-  for line in missing:
-    print(f"note: {line}", flush=True)
+  for part, line in missing.items():
+    print(f"note: {part}: {line}", flush=True)
   return missing
 
 

@@ -214,11 +214,13 @@ def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
 def keep_step_memory() -> None:
   """XLA:CPU's per-step buffers kept in the heap between steps instead of mapped afresh
   (:func:`fedjax_proj.training.host_memory.keep_freed_memory`: 23-35% of a CNN or ResNet-8 CPU
-  step's time was its page faults). An entry point calls it first, before anything computes; a
-  part that could not apply is one ``note:`` line on stderr, and the run goes on as before."""
+  step's time was its page faults). An entry point calls it first, before anything computes; where
+  ``malloc`` is not glibc's, one ``note:`` line on stderr says so, and the run goes on as before.
+  Called in-process after JAX started (a test, a user's program calling ``main``), the executions
+  stay on JAX's worker threads, silently: the thresholds still keep buffers up to 64 MB."""
   from fedjax_proj.training import host_memory
 
-  for line in host_memory.keep_freed_memory():
+  if line := host_memory.keep_freed_memory().get("malloc"):
     print(f"note: {line}", file=sys.stderr)
 
 

@@ -69,30 +69,33 @@ def _backends_started() -> bool:
   return bool(getattr(xla_bridge, "backends_are_initialized", lambda: False)())
 
 
-def keep_freed_memory() -> list[str]:
+def keep_freed_memory() -> dict[str, str]:
   """Keeps XLA:CPU's per-execution buffers in the heap between steps (the module's docstring).
 
   Call it first in a process, before its first JAX computation; calling it again is harmless.
 
   Returns:
-    One line per part that could not apply, naming why (empty when both did): not glibc (no
-    ``mallopt``; other ``malloc`` implementations have their own rules), ``mallopt`` refusing the
-    threshold, or JAX's backends already started (the executions stay on JAX's worker threads,
-    where buffers above 64 MB are still mapped afresh).
+    The parts that could not apply, each with one line naming why (empty when both did):
+    ``"malloc"`` when it is not glibc's (no ``mallopt``; other ``malloc`` implementations have
+    their own rules) or ``mallopt`` refused the threshold; ``"dispatch"`` when JAX's backends had
+    already started (the executions stay on JAX's worker threads, where buffers above 64 MB are
+    still mapped afresh; those up to 64 MB are kept by the thresholds).
   """
   import jax
 
-  missing = []
+  missing = {}
   libc = _glibc()
   if libc is None:
-    missing.append("not glibc's malloc: its mmap and trim thresholds were left as they are")
+    missing["malloc"] = "not glibc's malloc: its mmap and trim thresholds were left as they are"
   else:
     for name, param in (("mmap", M_MMAP_THRESHOLD), ("trim", M_TRIM_THRESHOLD)):
       if libc.mallopt(param, THRESHOLD_BYTES) != 1:
-        missing.append(f"glibc's mallopt refused the {name} threshold of {THRESHOLD_BYTES} bytes")
+        missing["malloc"] = (
+          f"glibc's mallopt refused the {name} threshold of {THRESHOLD_BYTES} bytes"
+        )
   if _backends_started():
     if jax.config.values.get(ASYNC_DISPATCH, True):
-      missing.append(
+      missing["dispatch"] = (
         "JAX's backends had started: the CPU client keeps running executions on its worker "
         "threads (call keep_freed_memory before the process's first computation)"
       )

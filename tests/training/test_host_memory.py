@@ -94,9 +94,10 @@ def test_keep_freed_memory_reuses_the_step_buffers_and_changes_no_result(tmp_pat
   if host_memory._glibc() is None:
     pytest.skip("not glibc's malloc: keep_freed_memory leaves its thresholds as they are")
   kept, plain = _run_both(tmp_path)
-  assert kept["first"] == [] and kept["again"] == []  # both parts applied, before computing
+  assert kept["first"] == {} and kept["again"] == {}  # both parts applied, before computing
   # First called after computing: the dispatch part cannot apply any more, and says so.
-  assert len(plain["again"]) == 1 and "backends had started" in plain["again"][0], plain
+  assert list(plain["again"]) == ["dispatch"], plain
+  assert "backends had started" in plain["again"]["dispatch"]
   # Mapped afresh, each call faults in the whole intermediate again; kept, it reuses it. (The
   # median call: now and then a call of either faults in some other buffer of XLA's anew.)
   assert np.median(plain["faults"]) > 0.9 * _PAGES, plain
