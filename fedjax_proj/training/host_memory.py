@@ -7,8 +7,8 @@ serves a request above its mmap threshold (by its own dynamic rule at most 32 MB
 ``mmap`` and gives it back with ``munmap`` on ``free``, so every step faulted in and zeroed every
 page of its buffer again: 11,300 page faults and about 30 ms of system time a CNN step at batch 64
 (out of 136 CPU ms), 16,500 and 50 ms a ResNet-8 step (docs/performance.md, "The step's page
-faults"). PyTorch's step has no such buffer: its tensors are allocated one by one, each under the
-threshold, and reused from the heap.
+faults"). PyTorch allocates each tensor on its own, most of them under the threshold and reused
+from the heap.
 
 :func:`keep_freed_memory` makes the buffer a reused one:
 
@@ -39,8 +39,8 @@ import functools
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 # Requests below it come from the heap and free memory at the heap's top up to it is kept: 1 GiB,
-# above any training step's buffer of the models here (ResNet-18 at batch 256 is the largest
-# measured, under 1 GiB) and far above glibc's 32 MB. mallopt takes an int.
+# 8x the largest step buffer measured (the CNN's at batch 256, 134 MB), far above glibc's 32 MB;
+# mallopt takes an int.
 THRESHOLD_BYTES = 1 << 30
 # JAX's setting: False runs a single-device CPU computation on the calling thread.
 ASYNC_DISPATCH = "jax_cpu_enable_async_dispatch"
