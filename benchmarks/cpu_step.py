@@ -525,6 +525,17 @@ def one_thread_environment() -> None:
   os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def keep_freed_memory() -> dict[str, str]:
+  """What a training run's entry point does first (fedjax_proj.configs.common.keep_step_memory):
+  XLA:CPU's per-step buffers kept in the heap; the parts that could not apply, printed."""
+  from fedjax_proj.training import host_memory
+
+  missing = host_memory.keep_freed_memory()
+  for part, line in missing.items():
+    print(f"note: {part}: {line}", flush=True)
+  return missing
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--authors_repo", default="", help="checkout of the FedProj authors' code")
@@ -555,6 +566,13 @@ def main(argv=None):
     default=True,
     help="also time the last conv_impl with flax's nn.max_pool (the library's pooling before)",
   )
+  ap.add_argument(
+    "--keep_freed_memory",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="as the entry points do, keep XLA:CPU's per-step buffers in the heap "
+    "(fedjax_proj.training.host_memory; --no-keep_freed_memory: the library before it)",
+  )
   args = ap.parse_args(argv)
   if args.unpinned and args.cpu is not None:
     raise SystemExit("--cpu pins to one core; --unpinned runs on every core: pass one of them")
@@ -563,6 +581,7 @@ def main(argv=None):
     one_thread_environment()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, str(ROOT))
+  kept = keep_freed_memory() if args.keep_freed_memory else None
   import jax
   import torch
 
@@ -595,6 +614,8 @@ def main(argv=None):
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
     "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     "conv_impls": impls,
+    # None: not applied (--no-keep_freed_memory); else the parts that could not apply.
+    "keep_freed_memory": kept,
     "loadavg_before": os.getloadavg(),
     "cases": {},
   }

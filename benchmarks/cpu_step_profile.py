@@ -61,6 +61,12 @@ def main(argv=None) -> int:
   ap.add_argument("--reps", type=int, default=5, help="profiled calls per side")
   ap.add_argument("--conv_impls", default="gemm_grad,onednn_grad")
   ap.add_argument("--out", default=str(HERE / "results" / "cpu_step_profile.json"))
+  ap.add_argument(
+    "--keep_freed_memory",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="as the entry points do (benchmarks/cpu_step.py's flag)",
+  )
   args = ap.parse_args(argv)
   sys.path.insert(0, str(HERE))
   import cpu_step
@@ -69,6 +75,7 @@ def main(argv=None) -> int:
   cpu_step.one_thread_environment()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, str(ROOT))
+  kept = cpu_step.keep_freed_memory() if args.keep_freed_memory else None
   import jax
   import numpy as np
   import optax
@@ -90,6 +97,7 @@ def main(argv=None) -> int:
   batch_fn = pipeline.make_batch_fn(normalize, augment=False)
   opt = optax.sgd(0.01, momentum=0.9)
   result = {"command": " ".join(sys.argv), "cpu": cpu, "steps": steps, "reps": args.reps}
+  result["keep_freed_memory"] = kept
   result["loadavg_before"] = os.getloadavg()
   variables = None
   per_step = steps * args.reps

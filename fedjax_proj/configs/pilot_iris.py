@@ -289,6 +289,9 @@ def run_config(config: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
+  from fedjax_proj.configs import common  # noqa: PLC0415
+
+  common.keep_step_memory()
   p = build_parser()
   args = fields_lib.parse_checked(p, argv, FIELDS)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -349,6 +349,7 @@ def parse(
     c.output_dir = str(
       Path("runs") / f"{Path(sys.argv[0]).stem}-{c.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+  common.keep_step_memory()
   common.use_compilation_cache(parser, args.compilation_cache)
   return c
 

@@ -29,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+from fedjax_proj.configs import common
 from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
 from fedjax_proj.reproduce.claim_queue import RunsFailed, current_fingerprints, run_claim
@@ -110,6 +111,7 @@ def parse_args(argv) -> argparse.Namespace:
   # The parent's name for this command, shared by its workers (run.run_one's ``attempt``).
   p.add_argument("--job_attempt", default="", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
+  common.keep_step_memory()  # before anything computes (the claim runs' steps)
   try:
     # Before anything compiles; the workers of --jobs get the folder resolved here.
     cache = compilation_cache.enable(args.compilation_cache)
