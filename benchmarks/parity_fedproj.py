@@ -680,6 +680,11 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.merge:
     return merge([Path(p) for p in args.merge.split(",")], Path(args.out))
+  # What our entry points do first (docs/performance.md, "The step's page faults"), so our side
+  # runs as a user's run does; torch shares the process's malloc settings.
+  from fedjax_proj.training import host_memory
+
+  kept = host_memory.keep_freed_memory()
   repo = Path(args.authors_repo)
   if not args.authors_repo or not (repo / "src" / "client" / "client_fedproj.py").is_file():
     ap.error(
@@ -712,6 +717,8 @@ def main(argv=None):
     + " ".join(argv if argv is not None else sys.argv[1:]),
     "commit": _commit(),
     "authors_commit": authors_commit,
+    # The parts of keep_freed_memory that could not apply (empty: both did).
+    "keep_freed_memory": kept,
     "defects": args.defects,
     "seeds": seeds,
     "proj_rounds": list(window),
