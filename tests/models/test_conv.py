@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from models_testutil import built, jit, key
+from models_testutil import built, jit, key, traceable
 
 from fedjax_proj.core.engine import has_convolution
 from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS, Conv, get_model, onednn
@@ -147,18 +147,16 @@ def test_conv_models_are_the_models_with_a_convolution():
   """The registry's CONV_MODELS (which the CPU placement gives ``gemm_grad``) is exactly the set
   of registered models whose traced forward has a convolution."""
   for name in MODELS:
-    b = built(name)
-    has = has_convolution(
-      lambda v, x, b=b: b.model.apply(v, x, train=False).logits, b.variables, b.x
-    )
+    model, variables, x = traceable(name)  # shapes: has_convolution only traces
+    has = has_convolution(lambda v, x, m=model: m.apply(v, x, train=False).logits, variables, x)
     assert has == (name in CONV_MODELS), name
 
 
 def _convolutions(name):
   """{(input shape, kernel shape, strides, padding)} of the model's convolutions, from its jaxpr
   (tracing only: compiling each model's gradient twice took 13 CPU s per model)."""
-  b = built(name)
-  jaxpr = jax.make_jaxpr(lambda v, x: b.model.apply(v, x, train=False).logits)(b.variables, b.x)
+  model, variables, x = traceable(name)
+  jaxpr = jax.make_jaxpr(lambda v, x: model.apply(v, x, train=False).logits)(variables, x)
   found = set()
 
   def walk(jx):
