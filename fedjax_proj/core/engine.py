@@ -331,7 +331,7 @@ class ClientEngine:
     self.traceable = one_program(strategy)
     # One jitted step per combination of the program's static_shared values (host-looped only).
     self._steps: dict[tuple, Callable[..., PyTree]] = {}
-    # Jitted: traced eagerly under vmap it took about 5 ms of host time per run, as much as the
+    # Jitted: traced eagerly under vmap it took about 7 ms of host time per run, as much as the
     # rest of a run's host loop over one client of a few steps.
     self._split_keys = jax.jit(jax.vmap(_split_client_key))
     p = program
