@@ -682,9 +682,9 @@ def main(argv=None):
     return merge([Path(p) for p in args.merge.split(",")], Path(args.out))
   # What our entry points do first (docs/performance.md, "The step's page faults"), so our side
   # runs as a user's run does; torch shares the process's malloc settings.
-  from fedjax_proj.training import host_memory
+  import cpu_step
 
-  kept = host_memory.keep_freed_memory()
+  kept = cpu_step.keep_freed_memory()
   repo = Path(args.authors_repo)
   if not args.authors_repo or not (repo / "src" / "client" / "client_fedproj.py").is_file():
     ap.error(
