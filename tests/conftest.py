@@ -119,6 +119,24 @@ SLOW = (
   "tests/training/test_pilot_iris.py",
   "tests/training/test_resume.py",
   "tests/training/test_run_safety.py",
+  # Measured in the quick tier itself (2026-12-02, 338.7 s wall on 2 cores with these in it):
+  # real-data and text learning runs, the paper budgets' first rounds, end-to-end runs through an
+  # entry point or the claim runner, child processes, and the three largest models' contract
+  # (3.5-29 s each).
+  "tests/configs/test_nlp.py::test_smoke_run_learns_the_words",
+  "tests/configs/test_quickstart.py::test_quickstart_runs_both_methods_and_plots",
+  "tests/reproduce/test_paper_first_round.py::test_paper_budget_first_rounds_run",
+  "tests/reproduce/test_nlp_claims.py::test_smoke_budget_runs_through_the_runner",
+  "tests/reproduce/test_resume_claim.py::test_a_stopped_claim_run_continues_and_equals",
+  "tests/models/test_bert.py::test_pretrained_minilm_matches_numpy_reference",
+  "tests/models/test_models_contract.py::test_shapes_purity_jit_vmap[resnet18]",
+  "tests/models/test_models_contract.py::test_shapes_purity_jit_vmap[resnet10]",
+  "tests/models/test_models_contract.py::test_shapes_purity_jit_vmap[alexnet8]",
+  "tests/training/test_host_memory.py",
+  "tests/training/test_reproducible.py::test_same_seed_same_metrics_bytes_and_parameters",
+  "tests/training/test_compilation_cache.py::test_a_second_process_loads_the_program",
+  "tests/benchmarks/test_parity_inputs.py::test_exported_inputs_are_the_runners",
+  "tests/benchmarks/test_parity_continual.py::test_our_fishers_are_each_clients_empirical",
 )
 
 
