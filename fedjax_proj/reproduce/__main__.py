@@ -34,6 +34,7 @@ from fedjax_proj.reproduce import claims as claims_lib
 from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
 from fedjax_proj.reproduce.claim_queue import RunsFailed, current_fingerprints, run_claim
 from fedjax_proj.reproduce.claim_queue import planned_config as planned_config
+from fedjax_proj.reproduce.runners import STEP_TIMERS
 from fedjax_proj.training import compilation_cache
 from fedjax_proj.training.rundir import check_writable
 from fedjax_proj.training.signals import TrainingInterrupted
@@ -81,6 +82,13 @@ def parse_args(argv) -> argparse.Namespace:
   )
   p.add_argument("--report", action="store_true", help="write report.md and figures")
   p.add_argument("--no_run", action="store_true", help="only list statuses / report")
+  p.add_argument(
+    "--time_step",
+    action="store_true",
+    help="with --no_run: estimate the runs of methods with no recorded time from one local step "
+    "of each, timed now (loads the data and compiles the step: a minute or more a method on a "
+    "CPU; image and text claims)",
+  )
   p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")
   p.add_argument("--sweep", action="store_true", help="fedproj-iris-pilot: run the regime grid")
   p.add_argument("--update_docs", action="store_true", help="regenerate docs' results section")
@@ -193,6 +201,19 @@ def parse_args(argv) -> argparse.Namespace:
       )
     if args.sweep and claim.name != claims_lib.PILOT.name:
       p.error(f"--sweep applies to {claims_lib.PILOT.name} only")
+    if args.time_step and not args.no_run:
+      p.error(
+        "--time_step estimates a queue without running it: add --no_run (a run times its own "
+        "step before round 1)"
+      )
+    if args.time_step and claim.kind not in STEP_TIMERS:
+      p.error(
+        f"--time_step: {claim.name} is a {claim.kind} claim, whose runs have no step timer (a "
+        "continual run's cost is in its end-of-task passes); run one seed (--seeds=N) to record "
+        "a time"
+      )
+    if args.time_step and args.sweep:
+      p.error("--time_step does not apply to --sweep")
   return args
 
 

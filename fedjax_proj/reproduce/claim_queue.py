@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import jobs, report, run, sweep
+from fedjax_proj.reproduce import jobs, report, run, runners, sweep
 from fedjax_proj.training import signals
 from fedjax_proj.training.signals import TrainingInterrupted
 
@@ -50,6 +50,26 @@ def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, 
   return out
 
 
+def time_steps(claim, queue: list[PlannedRun], recorded: dict, root: Path) -> dict[str, float]:
+  """{method: seconds of local steps a run} for each queued method with no recorded time, from
+  one local step of its first queued run's config timed now (runners.STEP_TIMERS; the data is
+  loaded and the step compiled, a minute or more a method on a CPU). ``--no_run --time_step``."""
+  timer = runners.STEP_TIMERS[claim.kind]
+  timed: dict[str, float] = {}
+  for p in queue:
+    if recorded.get(p.method) or p.method in timed:
+      continue
+    print(f"timing one local step of {p.method} (seed {p.seed}'s config) ...", flush=True)
+    t = timer(claim, run.substitute_data(p.config, root))
+    timed[p.method] = t["seconds"]
+    print(
+      f"timed {p.method}: {t['step_seconds'] * 1e3:.1f} ms a step x {t['steps']:,} local steps "
+      f"= {t['seconds']:.0f} s a run",
+      flush=True,
+    )
+  return timed
+
+
 def queue_summary(
   plan: list[PlannedRun],
   queue: list[PlannedRun],
@@ -57,6 +77,8 @@ def queue_summary(
   rerun_stale: bool,
   n_jobs: int = 1,
   continuing: int = 0,
+  timed: dict[str, float] | None = None,
+  timeable: bool = True,
 ) -> str:
   """One line before the first run: what is done, what will run (``continuing`` of it from a
   stopped attempt's checkpoint), what is left alone, and how long the queue takes in one process
@@ -81,7 +103,7 @@ def queue_summary(
     f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
   )
   first = min((p.seed for p in queue), default=0)
-  left = report.eta([p.method for p in queue], recorded, n_jobs, first)
+  left = report.eta([p.method for p in queue], recorded, n_jobs, first, timed, timeable)
   line = f"queue: {', '.join(parts)}; {left}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
@@ -136,7 +158,12 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     code = run.code_fingerprint()
     work = {p.path.with_suffix(".work"): expected[f"{p.method}-seed{p.seed}"] for p in queue}
     continuing = sum(run.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
-    print(queue_summary(plan, queue, recorded, args.rerun_stale, args.jobs, continuing), flush=True)
+    timed = time_steps(claim, queue, recorded, root) if getattr(args, "time_step", False) else None
+    timeable = claim.kind in runners.STEP_TIMERS
+    summary = queue_summary(
+      plan, queue, recorded, args.rerun_stale, args.jobs, continuing, timed, timeable
+    )
+    print(summary, flush=True)
   parallel = args.jobs > 1 and not args.no_run
   ran = 0
   signals.clear_stop_request()

@@ -122,6 +122,22 @@ RUNNERS = {
 }
 
 
+def _time_image(claim: Claim, config: dict) -> dict:
+  """The run's local steps timed from one step now (experiment.time_step_estimate): the data
+  loaded and the method's client step compiled and timed as the run would; nothing written."""
+  from fedjax_proj.training.experiment import time_step_estimate
+
+  c = ml_collections.ConfigDict({**config, "method_kwargs": config.get("method_kwargs", {})})
+  c.progress = False
+  return time_step_estimate(c, log=lambda *args, **kwargs: None)
+
+
+# ``--no_run --time_step``'s timers by claim kind. Continual and pilot claims have none: a
+# continual run's cost sits in its end-of-task passes (subspace extraction, Fisher, replay),
+# which one local step does not show.
+STEP_TIMERS = {"image": _time_image, "nlp": _time_image}
+
+
 # The test hook of tests/reproduce/test_paper_first_round.py: fields :func:`tiny` shrinks. Only
 # data sizes, round and task counts, the number of clients and the model's width change; the
 # architecture, the method's hyperparameters and everything else stay as resolved, so a budget

@@ -84,6 +84,14 @@ def _format_duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h"
 
 
+def run_steps(c, fed: FederatedData, start_round: int = 0, padded: bool = True) -> int:
+  """The local steps ``c``'s clients run from ``start_round`` on: rounds x clients per round x
+  steps per client (every client the longest client's count when ``padded``, vmap_scan's fixed
+  shapes; otherwise the mean client's)."""
+  per_client = fed.num_steps if padded else float(np.mean([fed.steps_for(n) for n in fed.sizes]))
+  return int(round((c.rounds - start_round) * c.clients_per_round * per_client))
+
+
 def estimate_run(
   c, fed: FederatedData, step_seconds: float | None, start_round: int = 0, padded: bool = True
 ) -> str:
@@ -97,8 +105,7 @@ def estimate_run(
   ``padded``: every client runs the longest client's step count (vmap_scan's fixed shapes);
   otherwise each runs its own, and the mean client's count is used.
   """
-  per_client = fed.num_steps if padded else float(np.mean([fed.steps_for(n) for n in fed.sizes]))
-  steps = int(round((c.rounds - start_round) * c.clients_per_round * per_client))
+  steps = run_steps(c, fed, start_round, padded)
   if step_seconds is None:
     return ""
   total = steps * step_seconds

@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -43,6 +44,7 @@ from fedjax_proj.training.estimate import (
   available_memory,
   estimate_memory,
   estimate_run,
+  run_steps,
   time_client_step,
 )
 from fedjax_proj.training.evaluate import make_evaluator
@@ -97,8 +99,22 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
     return _run(c, output_dir, log)
 
 
-def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
-  """The body of :func:`run_experiment` once the output directory is held."""
+class _Prepared(NamedTuple):
+  """What a run trains with, built and checked before anything trains (:func:`_prepare`)."""
+
+  algorithm: Any
+  executor: Any
+  variables: dict
+  fed: FederatedData
+  train: tuple  # (images, labels) on the host
+  test: tuple
+  round_inputs: dict
+  model: Any
+  normalize: Any
+
+
+def _prepare(c: ml_collections.ConfigDict, output_dir: str, log) -> _Prepared:
+  """Loads the data and builds the model, algorithm and executor of ``c``; compiles nothing."""
   data_dir = c.data_dir or None
   text_run = is_text_run(c)
   # Text runs tokenise their splits (docs/nlp.md); the arrays they give are used as images are.
@@ -186,23 +202,69 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   )
   if warning:
     log(warning)
+  return _Prepared(
+    algorithm,
+    executor,
+    variables,
+    fed,
+    (train_x, train_y),
+    (test_x, test_y),
+    round_inputs,
+    model,
+    normalize,
+  )
+
+
+def _step_seconds(p: _Prepared, c: ml_collections.ConfigDict) -> float:
+  """Seconds per local step of ``c``'s method, timed now (estimate.time_client_step)."""
+  images, labels = p.train
+  return time_client_step(
+    p.algorithm,
+    p.executor,
+    p.variables,
+    p.fed,
+    jax.device_put(images),
+    jax.device_put(np.asarray(labels, np.int32)),
+    p.round_inputs,
+    c.clients_per_round,
+    c.seed,
+  )
+
+
+def time_step_estimate(c: ml_collections.ConfigDict, log=print) -> dict:
+  """The time ``c``'s run needs for its local steps, from one step timed now; trains nothing.
+
+  Loads the data and builds everything as :func:`run_experiment` would (the same checks, the same
+  executor), times the method's own local step (estimate.time_client_step), and counts the run's
+  steps (estimate.run_steps). Writes nothing: ``output_dir`` is neither created nor held. Returns
+  ``{"step_seconds", "steps", "seconds"}``; the server's work (aggregation, distillation) and the
+  first compile come on top, as in the entry points' estimate line.
+  """
+  validate_config(c)
+  p = _prepare(c, c.get("output_dir") or default_output_dir(c.method), log)
+  step = _step_seconds(p, c)
+  steps = run_steps(c, p.fed, padded=p.executor.one_program)
+  return {"step_seconds": step, "steps": steps, "seconds": step * steps}
+
+
+def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
+  """The body of :func:`run_experiment` once the output directory is held."""
+  p = _prepare(c, output_dir, log)
+  algorithm, executor, variables, fed, round_inputs = (
+    p.algorithm,
+    p.executor,
+    p.variables,
+    p.fed,
+    p.round_inputs,
+  )
+  (train_x, train_y), (test_x, test_y) = p.train, p.test
+  model, normalize = p.model, p.normalize
   if c.clients_per_round * c.rounds * fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
     "resume", False
   ):
     # Compiling and timing a large model's step is silent for up to minutes on a CPU: say so.
     log("timing one local step for the time estimate (compiles the client step first) ...")
-    step_seconds = time_client_step(
-      algorithm,
-      executor,
-      variables,
-      fed,
-      jax.device_put(train_x),
-      jax.device_put(np.asarray(train_y, np.int32)),
-      round_inputs,
-      c.clients_per_round,
-      c.seed,
-    )
-    log(estimate_run(c, fed, step_seconds, padded=executor.one_program))
+    log(estimate_run(c, fed, _step_seconds(p, c), padded=executor.one_program))
   round_fn = build_round(algorithm, executor, log)
   sys.stdout.flush()
   _, summary = train(

@@ -752,3 +752,64 @@ def test_a_finished_run_leaves_no_lock_file(tmp_path, monkeypatch):
     "fedavg-seed0.json",
     "fedavg-seed1.json",
   ]
+
+
+def test_time_step_estimates_an_unrecorded_queue_from_one_step_per_method(
+  tmp_path, capsys, monkeypatch
+):
+  from fedjax_proj.reproduce import runners
+
+  calls = []
+
+  def timer(claim, config):
+    calls.append((config["method"], config["seed"], "{data}" in json.dumps(config)))
+    return {"step_seconds": 0.1, "steps": 100, "seconds": 10.0}
+
+  monkeypatch.setitem(runners.STEP_TIMERS, "image", timer)
+  args = ["fedproj-cifar10-dir0.5", "--budget=smoke", "--seeds=0,1", "--methods=fedavg,fedproj"]
+  args += [f"--results={tmp_path}", "--no_run"]
+  # Without --time_step: no guess, and both ways to get an estimate are named.
+  assert cli.main(args) == 0
+  assert (
+    "no estimate; run one seed (--seeds=0) or time one step of each (--no_run --time_step) to "
+    "get one"
+  ) in capsys.readouterr().out
+  assert calls == []
+  assert cli.main([*args, "--time_step"]) == 0
+  out = capsys.readouterr().out
+  # One step of each method, from its first queued run's config with the data folder filled in.
+  assert calls == [("fedavg", 0, False), ("fedproj", 0, False)]
+  assert "timed fedavg: 100.0 ms a step x 100 local steps = 10 s a run" in out
+  assert (
+    "queue: 0 done, 4 to run, 4 missing; about 40 s of local steps for 4 run(s) of fedavg, "
+    "fedproj with no recorded time, from one step of each timed now"
+  ) in out
+  assert list(tmp_path.iterdir()) == []  # nothing written, nothing run
+  # A method with recorded times keeps them; only the others are timed.
+  monkeypatch.setitem(run.RUNNERS, "image", lambda *a: ({"test_accuracy": 50.0}, [{"round": 1}]))
+  assert cli.main([*args[:2], "--seeds=0", "--methods=fedavg", f"--results={tmp_path}"]) == 0
+  capsys.readouterr()
+  calls.clear()
+  assert cli.main([*args, "--time_step"]) == 0
+  out = capsys.readouterr().out
+  assert calls == [("fedproj", 0, False)]
+  assert "0 s in one process for 1 run(s) at this budget's recorded times" in out
+  assert "about 20 s of local steps for 2 run(s) of fedproj with no recorded time" in out
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["fedproj-cifar10-dir0.5", "--time_step"], "--time_step estimates a queue without running"),
+    (
+      ["fot-pmnist-iid", "--no_run", "--time_step"],
+      "--time_step: fot-pmnist-iid is a continual claim, whose runs have no step timer",
+    ),
+    (["fedproj-iris-pilot", "--no_run", "--time_step"], "is a pilot claim"),
+  ],
+)
+def test_time_step_is_refused_where_it_cannot_apply(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err

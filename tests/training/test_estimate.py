@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
@@ -66,3 +67,32 @@ def test_memory_estimate_warns_only_when_the_state_alone_nears_what_is_available
   assert "--clients_per_round" in text
   assert estimate_memory(4 * mib, 10, 2, 0, None) == ""  # unknown: no guess
   assert (available_memory() or 1) > 0
+
+
+def test_time_step_estimate_times_the_runs_steps_and_writes_nothing(tmp_path):
+  import numpy as np
+
+  from fedjax_proj.data.partition import partition
+  from fedjax_proj.data.sources import load_dataset
+  from fedjax_proj.training import experiment
+  from fedjax_proj.training.config import base_config
+
+  c = base_config()
+  c.update(
+    dataset="digits", model="mlp", num_clients=10, clients_per_round=3, rounds=7, local_epochs=2,
+    batch_size=16, progress=False, output_dir=str(tmp_path / "run"), method="fedavg",
+  )  # fmt: skip
+  t = experiment.time_step_estimate(c, log=lambda *a: None)
+  # The run's steps: every round's clients each run the longest client's count (one program, as
+  # the run's executor plans on a CPU for an MLP) or each its own (host-looped): 7 rounds x 3
+  # clients x 2 epochs of batches of 16.
+  labels = load_dataset("digits", "train").labels
+  steps = [2 * -(-len(p) // 16) for p in partition(labels, c.partition, 10, c.seed)]
+  assert t["steps"] in (7 * 3 * max(steps), round(7 * 3 * float(np.mean(steps))))
+  assert math.isfinite(t["step_seconds"]) and t["step_seconds"] > 0
+  assert t["seconds"] == pytest.approx(t["step_seconds"] * t["steps"])
+  assert not (tmp_path / "run").exists()  # neither created nor held
+  # The same checks as a run, before anything is timed.
+  c.batch_size = 100_000
+  with pytest.raises(ValueError, match="exceeds the largest client's data"):
+    experiment.time_step_estimate(c, log=lambda *a: None)

@@ -8,6 +8,7 @@ from pathlib import Path
 from fedjax_proj.reproduce import protocol, run
 from fedjax_proj.reproduce.claims import Claim
 from fedjax_proj.reproduce.report.results import _seed_ranges, backend_of
+from fedjax_proj.reproduce.runners import STEP_TIMERS
 
 
 def recorded_seconds(directory: Path, backend: str | None = None) -> dict[str, list[float]]:
@@ -31,16 +32,25 @@ def _duration(seconds: float) -> str:
 
 
 def eta(
-  methods: list[str], recorded: dict[str, list[float]], n_jobs: int = 1, first_seed: int = 0
+  methods: list[str],
+  recorded: dict[str, list[float]],
+  n_jobs: int = 1,
+  first_seed: int = 0,
+  timed: dict[str, float] | None = None,
+  timeable: bool = True,
 ) -> str:
   """The time ``methods`` (one entry per queued run) take at the mean recorded time of each
   method, in one process and, with ``n_jobs`` > 1, spread over that many (assumed to share the
-  runs evenly); methods never recorded are named, not guessed, with the command that times them
-  (one seed's runs: ``first_seed``, the first queued)."""
+  runs evenly). A method never recorded uses ``timed`` (seconds a run, from one local step timed
+  now: ``--no_run --time_step``) where it has it, said apart; others are named, not guessed, with
+  the commands that time them (one seed's runs: ``first_seed``, the first queued; and, where the
+  claim's kind has a step timer, ``timeable``, ``--no_run --time_step``)."""
   if not methods:
     return "nothing left"
+  timed = timed or {}
   known = [m for m in methods if recorded.get(m)]
-  unknown = sorted({m for m in methods if not recorded.get(m)})
+  stepped = [m for m in methods if not recorded.get(m) and m in timed]
+  unknown = sorted({m for m in methods if not recorded.get(m) and m not in timed})
   total = sum(sum(recorded[m]) / len(recorded[m]) for m in known)
   parts = []
   if known:
@@ -49,12 +59,22 @@ def eta(
       f"{spread or 'about '}{_duration(total)} in one process for {len(known)} run(s) at this "
       "budget's recorded times"
     )
-  if unknown:
+  if stepped:
+    steps = sum(timed[m] for m in stepped)
+    spread = f" (about {_duration(steps / n_jobs)} with {n_jobs} jobs)" if n_jobs > 1 else ""
     parts.append(
-      f"{len(methods) - len(known)} run(s) of {', '.join(unknown)} with no recorded time"
-      # Timing a step of every method as the entry points do would load the data and compile
-      # each method's round: minutes before a queue is even listed. One seed's runs time them.
-      + ("" if known else f": no estimate; run one seed (--seeds={first_seed}) to get one")
+      f"about {_duration(steps)}{spread} of local steps for {len(stepped)} run(s) of "
+      f"{', '.join(sorted(set(stepped)))} with no recorded time, from one step of each timed "
+      "now (the server's work and compiling come on top)"
+    )
+  if unknown:
+    how = f"run one seed (--seeds={first_seed})"
+    how += " or time one step of each (--no_run --time_step)" if timeable else ""
+    parts.append(
+      f"{len(methods) - len(known) - len(stepped)} run(s) of {', '.join(unknown)} with no "
+      "recorded time" + ("" if known or stepped else f": no estimate; {how} to get one")
+      # Timing a step loads the data and compiles each method's step: a minute or more a method,
+      # so only on request (--time_step), never before a queue is listed.
     )
   return "; ".join(parts)
 
@@ -92,6 +112,8 @@ def completion_lines(
   return [
     f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
     f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}` runs them: "
-    f"{eta(queue, recorded)}" + ("" if backend == "cpu" else f", timed on {backend}") + ".",
+    f"{eta(queue, recorded, timeable=claim.kind in STEP_TIMERS)}"
+    + ("" if backend == "cpu" else f", timed on {backend}")
+    + ".",
     "",
   ]
