@@ -181,6 +181,28 @@ def test_summary_verdict_rule():
     runs[("fedavg", "authors", s)]["cpu_seconds"] = 0.5
   out = parity.summarize(runs, seeds, (1, 3), ["fedavg", "fedproj"])
   assert out["fedavg"]["cpu_ratio_authors_over_ours"] == pytest.approx(1.5 / 6.0)
+  # Ours less its compiling: none without compile_seconds, then the sums' ratio less them.
+  assert out["fedavg"]["cpu_ratio_authors_over_ours_without_compile"] is None
+  for s in seeds:
+    runs[("fedavg", "ours", s)]["compile_seconds"] = 0.5
+  out = parity.summarize(runs, seeds, (1, 3), ["fedavg", "fedproj"])
+  assert out["fedavg"]["cpu_ratio_authors_over_ours_without_compile"] == pytest.approx(1.5 / 4.5)
+  assert out["fedavg"]["compile_seconds_ours"] == [0.5, 0.5, 0.5]
+
+
+def test_compile_seconds_count_only_programs_built_while_active():
+  parity = _parity_module()
+  f = jax.jit(lambda x: jnp.sin(x) * 3.0 + x)
+  x = jnp.arange(7.0)
+  with parity._CompileSeconds() as compiling:
+    f(x).block_until_ready()
+  built = compiling.seconds
+  assert built > 0
+  with parity._CompileSeconds() as again:
+    f(x).block_until_ready()  # the same program: nothing traced or compiled
+  assert again.seconds == 0.0
+  jax.jit(lambda x: jnp.cos(x) - x)(x).block_until_ready()  # after the context: not counted
+  assert compiling.seconds == built
 
 
 def test_torch_cnn_reproduces_the_flax_logits():
