@@ -215,4 +215,4 @@ def test_the_gpu_budget_is_drift_three_times_as_long_declared_for_v2_only(tmp_pa
   out = capsys.readouterr().out
   assert "missing fedproj-cifar10-dir0.3 gpu fedproj seed 1019" in out and "seed 1020" not in out
   # No recorded time at this budget: the way to get one names a seed the v2 command accepts.
-  assert "run one seed (--seeds=1000) to get one" in out
+  assert "run one seed (--seeds=1000) or time one step of each (--no_run --time_step)" in out
