@@ -86,7 +86,7 @@ def parse_args(argv) -> argparse.Namespace:
     "--time_step",
     action="store_true",
     help="with --no_run: estimate the runs of methods with no recorded time from one local step "
-    "of each, timed now (loads the data and compiles the step: a minute or more a method on a "
+    "of each, timed now (loads the data and compiles the step: 10-40 s a method on a 2-core "
     "CPU; image and text claims)",
   )
   p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")

@@ -53,7 +53,7 @@ def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, 
 def time_steps(claim, queue: list[PlannedRun], recorded: dict, root: Path) -> dict[str, float]:
   """{method: seconds of local steps a run} for each queued method with no recorded time, from
   one local step of its first queued run's config timed now (runners.STEP_TIMERS; the data is
-  loaded and the step compiled, a minute or more a method on a CPU). ``--no_run --time_step``."""
+  loaded and the step compiled: 10-40 s a method on a 2-core CPU). ``--no_run --time_step``."""
   timer = runners.STEP_TIMERS[claim.kind]
   timed: dict[str, float] = {}
   for p in queue:
@@ -158,7 +158,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     code = run.code_fingerprint()
     work = {p.path.with_suffix(".work"): expected[f"{p.method}-seed{p.seed}"] for p in queue}
     continuing = sum(run.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
-    timed = time_steps(claim, queue, recorded, root) if getattr(args, "time_step", False) else None
+    timed = time_steps(claim, queue, recorded, root) if args.time_step else None
     timeable = claim.kind in runners.STEP_TIMERS
     summary = queue_summary(
       plan, queue, recorded, args.rerun_stale, args.jobs, continuing, timed, timeable

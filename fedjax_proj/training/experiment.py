@@ -250,37 +250,28 @@ def time_step_estimate(c: ml_collections.ConfigDict, log=print) -> dict:
 def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   """The body of :func:`run_experiment` once the output directory is held."""
   p = _prepare(c, output_dir, log)
-  algorithm, executor, variables, fed, round_inputs = (
-    p.algorithm,
-    p.executor,
-    p.variables,
-    p.fed,
-    p.round_inputs,
-  )
-  (train_x, train_y), (test_x, test_y) = p.train, p.test
-  model, normalize = p.model, p.normalize
-  if c.clients_per_round * c.rounds * fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
+  if c.clients_per_round * c.rounds * p.fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
     "resume", False
   ):
     # Compiling and timing a large model's step is silent for up to minutes on a CPU: say so.
     log("timing one local step for the time estimate (compiles the client step first) ...")
-    log(estimate_run(c, fed, _step_seconds(p, c), padded=executor.one_program))
-  round_fn = build_round(algorithm, executor, log)
+    log(estimate_run(c, p.fed, _step_seconds(p, c), padded=p.executor.one_program))
+  round_fn = build_round(p.algorithm, p.executor, log)
   sys.stdout.flush()
   _, summary = train(
-    algorithm,
+    p.algorithm,
     round_fn,
-    fed,
-    (train_x, train_y),
-    (test_x, test_y),
-    make_evaluator(model, normalize, c.eval_batch_size),
-    variables,
+    p.fed,
+    p.train,
+    p.test,
+    make_evaluator(p.model, p.normalize, c.eval_batch_size),
+    p.variables,
     rounds=c.rounds,
     clients_per_round=c.clients_per_round,
     seed=c.seed,
     eval_every=c.eval_every,
-    round_inputs=round_inputs,
-    summary_extra=setup.summary_extra(c, executor, output_dir=output_dir),
+    round_inputs=p.round_inputs,
+    summary_extra=setup.summary_extra(c, p.executor, output_dir=output_dir),
     run=run_io(c, output_dir),
   )
   log(

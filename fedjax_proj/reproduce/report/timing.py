@@ -68,13 +68,13 @@ def eta(
       "now (the server's work and compiling come on top)"
     )
   if unknown:
+    # Timing a step loads the data and compiles each method's step (10-40 s a method on a CPU),
+    # so only on request (--time_step), never before a queue is listed.
     how = f"run one seed (--seeds={first_seed})"
     how += " or time one step of each (--no_run --time_step)" if timeable else ""
     parts.append(
       f"{len(methods) - len(known) - len(stepped)} run(s) of {', '.join(unknown)} with no "
       "recorded time" + ("" if known or stepped else f": no estimate; {how} to get one")
-      # Timing a step loads the data and compiles each method's step: a minute or more a method,
-      # so only on request (--time_step), never before a queue is listed.
     )
   return "; ".join(parts)
 
