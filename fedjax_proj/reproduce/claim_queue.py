@@ -147,7 +147,8 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   queue = [
     p for p in plan if p.state in rerun or (p.state == run.RunState.STALE and args.rerun_stale)
   ]
-  if claim.kind == "nlp" and not args.no_run:  # the queue's text data is here before a run starts
+  # The queue's text data is here before a run (or --time_step's timing) starts.
+  if claim.kind == "nlp" and (not args.no_run or args.time_step):
     missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p.config, root)))
     if missing:
       raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fedjax_proj.reproduce import availability, claims, run
+from fedjax_proj.reproduce import availability, claims, run, runners
 
 NLP = [c for c in claims.CLAIMS.values() if c.kind == "nlp"]
 
@@ -66,4 +66,12 @@ def test_missing_text_data_is_one_line_before_any_run(tmp_path, capsys, monkeypa
   err = capsys.readouterr().err
   assert "the private set 'sst2' (TFDS glue/sst2) is not prepared here" in err
   assert "the public set 'sentiment140' (TFDS sentiment140)" in err and err.count("\n") == 1
+  # --no_run --time_step loads the data to time a step: the same line, before any timing.
+  timed = []
+  monkeypatch.setitem(runners.STEP_TIMERS, "nlp", lambda *args: timed.append(args))
+  argv = ["fedproj-sst2-dir0.3", *base, f"--data={tmp_path}", "--no_run", "--time_step"]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert "the private set 'sst2' (TFDS glue/sst2) is not prepared here" in err
+  assert err.count("\n") == 1 and timed == []
   assert started == [] and not list(tmp_path.glob("**/*.json"))
