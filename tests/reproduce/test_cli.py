@@ -383,6 +383,13 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
   # fedproj's recorded second counts for its 2 runs; feddf has none, so its 3 are not guessed.
   assert "about 2 s in one process for 2 run(s)" in line
   assert "3 run(s) of feddf with no recorded time" in line
+  # Nothing recorded at all: the seed it names to time one is the first missing, not 0.
+  (line, _) = report.completion_lines(PILOT, {"fedavg": found["fedavg"]}, "cpu", timing={})
+  assert "no estimate; run one seed (--seeds=0)" in line
+  both = {m: {0: found["fedavg"][0]} for m in ("fedavg", "feddf", "fedproj")}
+  (line, _) = report.completion_lines(PILOT, both, "cpu", timing={})
+  assert "(fedavg seeds 1-2; feddf seeds 1-2; fedproj seeds 1-2)" in line
+  assert "no estimate; run one seed (--seeds=1) to get one" in line
   for seed in (0, 1, 2):
     _write(tmp_path, "feddf", seed, 60.0)
     _write(tmp_path, "fedproj", seed, 90.0)

@@ -85,6 +85,23 @@ def test_an_incomplete_v2_replication_says_what_it_lacks_with_its_command(tmp_pa
   assert "--budget=drift --protocol=v2` runs them" in v2_part
 
 
+def test_a_v2_replication_with_no_run_says_what_it_lacks_timed_from_the_v1_runs(tmp_path):
+  # v1 has run (FedAvg 100 s and FedDF 300 s a run); v2 nothing: its section lists every declared
+  # run with its command, timed from the budget's v1 runs (the same configs but for the seed).
+  for seed in range(10):
+    for method, seconds in (("fedavg", 100.0), ("feddf", 300.0)):
+      _write(tmp_path, method, seed, [30, 40, 50, 50, 50])
+      path = tmp_path / f"{method}-seed{seed}.json"
+      path.write_text(path.read_text().replace('"wall_seconds": 1.0', f'"wall_seconds": {seconds}'))
+  v2_part = report.write_report(CLAIM, "drift", tmp_path, None).split("#### Protocol v2")[1]
+  assert "No protocol v2 results yet." in v2_part
+  assert "51 run(s) of the pre-registered seeds are missing" in v2_part
+  assert "--budget=drift --protocol=v2` runs them" in v2_part
+  # 17 FedAvg runs at 100 s and 17 FedDF runs at 300 s: 6,800 s; FedProj has no recorded time.
+  assert "about 1.9 h in one process for 34 run(s) at this budget's recorded times" in v2_part
+  assert "17 run(s) of fedproj with no recorded time" in v2_part
+
+
 def test_pairs_of_different_machines_or_deviations_are_refused(tmp_path):
   cpu = {"backend": "cpu", "device_kind": "cpu", "matmul_precision": None}
   h200 = {"backend": "gpu", "device_kind": "NVIDIA H200", "matmul_precision": "float32"}

@@ -80,11 +80,17 @@ def eta(
 
 
 def completion_lines(
-  claim: Claim, found: dict, budget: str, diverged: dict | None = None
+  claim: Claim,
+  found: dict,
+  budget: str,
+  diverged: dict | None = None,
+  timing: dict | None = None,
 ) -> list[str]:
   """What the verdicts still lack: the pre-registered (method, seed) runs without a current
   result (a diverged one is an outcome, not missing), and their time at the mean wall time this
-  budget's CPU results recorded (or, where none ran on a CPU, its accelerator results, named)."""
+  budget's CPU results recorded (or, where none ran on a CPU, its accelerator results, named):
+  the results of ``timing`` where given (the report passes the budget's runs of both protocols),
+  else of ``found``."""
   b = claim.budgets.get(budget)
   if b is None:
     return []
@@ -96,7 +102,8 @@ def completion_lines(
   # The estimate is for a CPU machine where the budget has CPU results: a GPU run's seconds would
   # understate it many times. A budget that only ran on an accelerator (the gpu budget) is timed
   # from that backend's runs, and the line says so.
-  backends = {backend_of(r) for rs in found.values() for r in rs.values()}
+  timing = found if timing is None else timing
+  backends = {backend_of(r) for rs in timing.values() for r in rs.values()}
   backend = "cpu" if "cpu" in backends or not backends else sorted(backends)[0]
   recorded = {
     m: [
@@ -104,15 +111,16 @@ def completion_lines(
       for r in rs.values()
       if "wall_seconds" in r and backend_of(r) == backend
     ]
-    for m, rs in found.items()
+    for m, rs in timing.items()
   }
   queue = [m for m, seeds in missing.items() for _ in seeds]
+  first = min(s for seeds in missing.values() for s in seeds)
   runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
   v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
   return [
     f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
     f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}` runs them: "
-    f"{eta(queue, recorded, timeable=claim.kind in STEP_TIMERS)}"
+    f"{eta(queue, recorded, first_seed=first, timeable=claim.kind in STEP_TIMERS)}"
     + ("" if backend == "cpu" else f", timed on {backend}")
     + ".",
     "",
