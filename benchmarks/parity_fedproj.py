@@ -193,9 +193,9 @@ class _CompileSeconds:
     return self
 
   def __exit__(self, *exc):
-    from jax._src import monitoring  # no public unregister in jax.monitoring
+    import jax.monitoring
 
-    monitoring.unregister_event_duration_listener(self)
+    jax.monitoring.unregister_event_duration_listener(self)
 
 
 def run_ours(c) -> dict:
