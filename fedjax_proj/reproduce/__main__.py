@@ -86,8 +86,8 @@ def parse_args(argv) -> argparse.Namespace:
     "--time_step",
     action="store_true",
     help="with --no_run: estimate the runs of methods with no recorded time from one local step "
-    "of each, timed now (loads the data and compiles the step: 10-40 s a method on a 2-core "
-    "CPU; image and text claims)",
+    "of each, timed now (loads the data and compiles the step: 10-40 s for the first method on "
+    "a 2-core CPU, seconds for each further one; image and text claims)",
   )
   p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")
   p.add_argument("--sweep", action="store_true", help="fedproj-iris-pilot: run the regime grid")

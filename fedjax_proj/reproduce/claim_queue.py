@@ -53,7 +53,8 @@ def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, 
 def time_steps(claim, queue: list[PlannedRun], recorded: dict, root: Path) -> dict[str, float]:
   """{method: seconds of local steps a run} for each queued method with no recorded time, from
   one local step of its first queued run's config timed now (runners.STEP_TIMERS; the data is
-  loaded and the step compiled: 10-40 s a method on a 2-core CPU). ``--no_run --time_step``."""
+  loaded and the step compiled: 10-40 s for the first method on a 2-core CPU, seconds for each
+  further one). ``--no_run --time_step``."""
   timer = runners.STEP_TIMERS[claim.kind]
   timed: dict[str, float] = {}
   for p in queue:

@@ -68,8 +68,8 @@ def eta(
       "now (the server's work and compiling come on top)"
     )
   if unknown:
-    # Timing a step loads the data and compiles each method's step (10-40 s a method on a CPU),
-    # so only on request (--time_step), never before a queue is listed.
+    # Timing a step loads the data and compiles each method's step (10-40 s for the first method
+    # on a CPU, seconds for each further one), so only on request (--time_step).
     how = f"run one seed (--seeds={first_seed})"
     how += " or time one step of each (--no_run --time_step)" if timeable else ""
     parts.append(
