@@ -69,8 +69,35 @@ def test_v2_scores_its_own_seeds_on_the_late_mean_and_leaves_v1_as_it_was(tmp_pa
   assert by[("v2", "fedavg")]["verdict"] == "reproduced" and by[("v2", "fedavg")]["declared"] == 17
   assert by[("v2", "feddf")]["verdict"] == "not reproduced"
   # The glance table shows both, v1 first.
-  glance = [line for line in report.glance_table(results) if line.startswith(f"| {CLAIM.name}")]
+  glance = [
+    line for line in report.glance_table(results) if line.startswith(f"| {CLAIM.name} | drift |")
+  ]
   assert [line.split(" | ")[2] for line in glance] == ["v1", "v1", "v2", "v2"]
+
+
+def test_the_glance_table_states_declared_v2_replications_with_no_run_as_owed(tmp_path):
+  # Nothing has run: no glance table at all, however many replications are declared.
+  assert report.glance_table(tmp_path) == []
+  # Only dir0.5 drift's v1 has run. Its v2 and every other declared v2 replication (gpu here, and
+  # other claims' without even a directory) get their orderings at 0 of their declared seeds.
+  directory = tmp_path / CLAIM.name / "drift"
+  for seed in range(10):
+    for method in ("fedavg", "feddf", "fedproj"):
+      _write(directory, method, seed, [30, 40, 50, 50, 50 + (method == "fedproj") + seed % 2])
+  report.write_report(CLAIM, "drift", directory, None)
+  rows = [line.split(" | ") for line in report.glance_table(tmp_path) if line.startswith("| ")]
+  by = {(r[0][2:], r[1], r[2], r[3]): r for r in rows[1:]}  # past the header
+  v1 = by[(CLAIM.name, "drift", "v1", "fedproj > fedavg")]
+  assert v1[6] == "10/10" and v1[-1] != "incomplete: no runs yet |"
+  for budget in ("drift", "gpu"):
+    declared = CLAIM.budgets[budget].v2.seeds
+    owed = by[(CLAIM.name, budget, "v2", "fedproj > feddf")]
+    assert owed[4] == "late_test_accuracy" and owed[6] == f"0/{declared}"
+    assert owed[-1] == "incomplete: no runs yet |"
+  declared_v2 = {
+    (c.name, b) for c in claims.CLAIMS.values() for b, spec in c.budgets.items() if spec.v2
+  }
+  assert {(k[0], k[1]) for k in by if k[2] == "v2"} == declared_v2
 
 
 def test_an_incomplete_v2_replication_says_what_it_lacks_with_its_command(tmp_path):
