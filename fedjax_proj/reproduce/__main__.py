@@ -165,6 +165,17 @@ def parse_args(argv) -> argparse.Namespace:
         f"claim {claim.name} budget {args.budget} pre-registers no protocol v1 seeds; it is "
         "declared for protocol v2 only: add --protocol=v2"
       )
+    runs = not (args.no_run or args.dry_run or args.power)
+    device = b.v2.device if args.protocol == "v2" and b.v2 is not None else None
+    if runs and device is not None and run.local_backend() != device:
+      # All of a replication's runs on the machine kind it declared (docs/reproduction.md,
+      # "Protocol v2"): a run here would be one the report refuses to pair, its time lost.
+      p.error(
+        f"claim {claim.name} budget {args.budget}: its protocol v2 runs are declared to run on "
+        f'a {device} (docs/reproduction.md, "Protocol v2"), and this machine has none; run '
+        f"them on one with `{b.v2.command(claim.name, args.budget)}`, or add --no_run to see "
+        "what is left"
+      )
     try:
       declared = (
         protocol.v2_view(claim, args.budget).budgets[args.budget].declared

@@ -129,6 +129,67 @@ def test_a_v2_replication_with_no_run_says_what_it_lacks_timed_from_the_v1_runs(
   assert "17 run(s) of fedproj with no recorded time" in v2_part
 
 
+def test_a_replication_declared_for_a_device_names_its_command_there_and_its_times(tmp_path):
+  # The drift replication as if declared for a GPU: v1's CPU runs (100 s, 300 s) would time it
+  # for a CPU, not where it runs, so its missing runs get the device's command and no estimate.
+  drift = CLAIM.budgets["drift"]
+  on_gpu = CLAIM._replace(
+    budgets={**CLAIM.budgets, "drift": drift._replace(v2=drift.v2._replace(device="gpu"))}
+  )
+  for seed in range(10):
+    for method, seconds in (("fedavg", 100.0), ("feddf", 300.0)):
+      _write(tmp_path, method, seed, [30, 40, 50, 50, 50])
+      path = tmp_path / f"{method}-seed{seed}.json"
+      path.write_text(path.read_text().replace('"wall_seconds": 1.0', f'"wall_seconds": {seconds}'))
+  v2_part = report.write_report(on_gpu, "drift", tmp_path, None).split("#### Protocol v2")[1]
+  command = f"EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 {CLAIM.name}:drift"
+  assert f"`{command}` runs them on a gpu, where they are declared to run (its data" in v2_part
+  assert "51 run(s) of fedavg, feddf, fedproj with no recorded time: no estimate" in v2_part
+  assert "1.9 h" not in v2_part and "timed on" not in v2_part
+  line = next(x for x in v2_part.splitlines() if x.startswith("To complete"))
+  assert "python -m fedjax_proj.reproduce" not in line
+
+
+@pytest.mark.parametrize(
+  "argv", [["fot-pmnist-iid", "--budget=cpu"], ["fedproj-cifar10-dir0.3", "--budget=gpu"]]
+)
+def test_a_replication_declared_for_a_gpu_refuses_to_run_elsewhere(argv, tmp_path, monkeypatch):
+  argv = [*argv, "--protocol=v2", f"--results={tmp_path}"]
+  monkeypatch.setattr(run, "local_backend", lambda: "cpu")
+  with pytest.raises(SystemExit) as e:
+    cli.parse_args(argv)
+  assert e.value.code == 2
+  cli.parse_args([*argv, "--no_run"])  # seeing what is left is not a run
+  cli.parse_args([*argv, "--power"])
+  monkeypatch.setattr(run, "local_backend", lambda: "gpu")
+  assert cli.parse_args(argv).protocol == "v2"  # on the machine it is declared for
+  # Every replication declared for a device says so, and those not declared for one run anywhere.
+  on_device = {
+    (c.name, k)
+    for c in claims.CLAIMS.values()
+    for k, b in c.budgets.items()
+    if b.v2 and b.v2.device
+  }
+  assert on_device == {
+    ("fot-pmnist-iid", "cpu"),
+    ("fedproj-cifar10-dir0.3", "gpu"),
+    ("fedproj-cifar10-dir0.5", "gpu"),
+  }
+
+
+def test_the_refusal_names_the_device_command(tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(run, "local_backend", lambda: "cpu")
+  argv = ["fot-pmnist-iid", "--budget=cpu", "--protocol=v2", f"--results={tmp_path}"]
+  with pytest.raises(SystemExit):
+    cli.main(argv)
+  err = capsys.readouterr().err
+  assert "its protocol v2 runs are declared to run on a gpu" in err
+  assert (
+    "`EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 fot-pmnist-iid:cpu`" in err
+  )
+  assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
 def test_pairs_of_different_machines_or_deviations_are_refused(tmp_path):
   cpu = {"backend": "cpu", "device_kind": "cpu", "matmul_precision": None}
   h200 = {"backend": "gpu", "device_kind": "NVIDIA H200", "matmul_precision": "float32"}

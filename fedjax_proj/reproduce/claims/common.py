@@ -69,6 +69,9 @@ class Replication(NamedTuple):
       once on it. A continual claim's ACC and FGT are means over all tasks' accuracies at the end
       of training, not one evaluation of a curve that swings, so its replication scores its own
       orderings on them, as v1 (docs/reproduction.md, "Protocol v2").
+    device: the JAX backend all its runs are declared to run on ("gpu": one kind of NVIDIA GPU,
+      through ``benchmarks/claims_on_device.sh``), a run on any other refused before it starts;
+      None: any (the report refuses to pair runs of different machine kinds).
   """
 
   seeds: int
@@ -76,6 +79,13 @@ class Replication(NamedTuple):
   power_source: str
   effect_metric: str = "test_accuracy"
   metrics: tuple[str, ...] | None = None
+  device: str | None = None
+
+  def command(self, claim: str, budget: str) -> str:
+    """The command that runs the replication's missing runs where they are declared to run."""
+    if self.device == "gpu":  # one call of a device lease; docs/reproduction.md, "Protocol v2"
+      return f"EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 {claim}:{budget}"
+    return f"python -m fedjax_proj.reproduce {claim} --budget={budget} --protocol=v2"
 
 
 class Ordering(NamedTuple):

@@ -178,7 +178,7 @@ FEDPROJ_DIR03 = _fedproj_cifar(
   FEDPROJ_SD,
   FEDPROJ_SD_SOURCE,
   Replication(20, 4.17, "fedproj-cifar10-dir0.3 drift v1 results, seeds 0-9 (commit a97d70a)"),
-  Replication(20, 3.39, GPU_SD_SOURCE.format(beta="0.3")),
+  Replication(20, 3.39, GPU_SD_SOURCE.format(beta="0.3"), device="gpu"),
 )
 FEDPROJ_DIR05 = _fedproj_cifar(
   "0.5",
@@ -186,7 +186,7 @@ FEDPROJ_DIR05 = _fedproj_cifar(
   FEDPROJ_SD,
   FEDPROJ_SD_SOURCE + ", borrowed for Dir(0.5)",
   Replication(17, 2.19, "fedproj-cifar10-dir0.5 drift v1 results, seeds 0-9 (commit 57b3c62)"),
-  Replication(20, 2.65, GPU_SD_SOURCE.format(beta="0.5")),
+  Replication(20, 2.65, GPU_SD_SOURCE.format(beta="0.5"), device="gpu"),
 )
 
 # --- NLP: FedProj (paper 001, Table 2) ---------------------------------------------------------

@@ -77,7 +77,10 @@ FOT_V2_SD = {"acc": 1.08, "fgt": 0.89}
 FOT_V2_SOURCE = "fot-pmnist-noniid cpu v1 results, seeds 0-5 (FOT's energy rule at b76b9ab)"
 FOT_V2 = {
   False: Replication(7, FOT_V2_SD, FOT_V2_SOURCE, metrics=("acc", "fgt")),
-  True: Replication(9, FOT_V2_SD, FOT_V2_SOURCE + ", borrowed for IID", metrics=("acc", "fgt")),
+  # Declared for a GPU on 2026-11-28, before any of its runs (docs/reproduction.md, "Protocol v2").
+  True: Replication(
+    9, FOT_V2_SD, FOT_V2_SOURCE + ", borrowed for IID", metrics=("acc", "fgt"), device="gpu"
+  ),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedjax_proj.reproduce import protocol, run
-from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce.claims import Claim, Replication
 from fedjax_proj.reproduce.report.results import _seed_ranges, backend_of
 from fedjax_proj.reproduce.runners import STEP_TIMERS
 
@@ -85,12 +85,14 @@ def completion_lines(
   budget: str,
   diverged: dict | None = None,
   timing: dict | None = None,
+  replication: Replication | None = None,
 ) -> list[str]:
   """What the verdicts still lack: the pre-registered (method, seed) runs without a current
   result (a diverged one is an outcome, not missing), and their time at the mean wall time this
   budget's CPU results recorded (or, where none ran on a CPU, its accelerator results, named):
   the results of ``timing`` where given (the report passes the budget's runs of both protocols),
-  else of ``found``."""
+  else of ``found``. A v2 ``replication`` declared for a device names its command there and is
+  timed from that backend's runs only."""
   b = claim.budgets.get(budget)
   if b is None:
     return []
@@ -105,6 +107,8 @@ def completion_lines(
   timing = found if timing is None else timing
   backends = {backend_of(r) for rs in timing.values() for r in rs.values()}
   backend = "cpu" if "cpu" in backends or not backends else sorted(backends)[0]
+  device = replication.device if replication is not None else None
+  backend = device or backend
   recorded = {
     m: [
       float(r["wall_seconds"])
@@ -117,11 +121,19 @@ def completion_lines(
   first = min(s for seeds in missing.values() for s in seeds)
   runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
   v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
+  command = f"python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}"
+  where = ""
+  if device is not None:  # where the replication was declared to run, not this machine
+    command = replication.command(claim.name, budget)
+    where = (
+      f" on a {device}, where they are declared to run (its data and packages: "
+      'docs/reproduction.md, "Running claims on a GPU")'
+    )
   return [
     f"To complete the verdicts: {len(queue)} run(s) of the pre-registered seeds are missing "
-    f"({runs}); `python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}` runs them: "
+    f"({runs}); `{command}` runs them{where}: "
     f"{eta(queue, recorded, first_seed=first, timeable=claim.kind in STEP_TIMERS)}"
-    + ("" if backend == "cpu" else f", timed on {backend}")
+    + ("" if backend == "cpu" or device else f", timed on {backend}")
     + ".",
     "",
   ]

@@ -65,7 +65,7 @@ def v2_section(
     "",
   ]
   if not found:  # what the verdicts lack is all of it: said with the command that runs it
-    left = completion_lines(view, {}, budget, {}, timing)
+    left = completion_lines(view, {}, budget, {}, timing, b.v2)
     return lines + ["No protocol v2 results yet.", "", *left]
   valid, diverged = split_diverged(found)
   results = [r for rs in found.values() for r in rs.values()]
@@ -74,7 +74,7 @@ def v2_section(
     lines += ["Deviations: " + "; ".join(deviations) + ".", ""]
   lines += method_table(view.at(budget), valid)
   lines += verdict_table(view, valid, budget, equivalent, diverged)
-  lines += diverged_lines(diverged) + completion_lines(view, valid, budget, diverged, timing)
+  lines += diverged_lines(diverged) + completion_lines(view, valid, budget, diverged, timing, b.v2)
   lines += exploratory_table(view.at(budget), valid, budget)
   commits = sorted({r["git_commit"][:12] for r in results})
   codes = sorted({code_of(r) or "unknown" for r in results})
