@@ -119,7 +119,7 @@ def run_one(
   lock = _lock_run(path)
   try:
     fp = fingerprint(config)
-    failed = _claim_run(path, fp, attempt)
+    failed = _claim_run(path, fp, attempt, lock)
     if on_start is not None:  # the run is this process's now (the runner announces it)
       on_start()
     work = path.with_suffix(".work")
@@ -155,12 +155,15 @@ def _lock_run(path: Path):
   return lock
 
 
-def _claim_run(path: Path, fp: str, attempt: str | None) -> Path:
-  """Under the lock, checks that the run is still due: not finished by another process meanwhile,
+def _claim_run(path: Path, fp: str, attempt: str | None, lock) -> Path:
+  """Under ``lock``, checks that the run is still due: not finished by another process meanwhile,
   not failed in another job of the same ``attempt`` (either: :class:`RunLocked`); keeps a corrupt
   result aside as ``<name>.json.corrupt``. Returns the run's ``.failed`` marker path."""
   state = status(path, fp)
   if state == RunState.DONE:  # another process finished it while this one waited in its queue
+    # The finisher removed its lock file; taking the lock made a new one. Removed while held, as
+    # _write_result does, so a finished run leaves no empty .lock whoever checked it last.
+    Path(lock.lock_file).unlink(missing_ok=True)
     raise RunLocked(f"{path.name} was finished by another process meanwhile")
   failed = path.with_suffix(".failed")
   if attempt is not None and failed_in(failed, attempt):

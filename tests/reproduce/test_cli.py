@@ -761,6 +761,22 @@ def test_a_finished_run_leaves_no_lock_file(tmp_path, monkeypatch):
   ]
 
 
+def test_a_run_found_finished_under_its_lock_leaves_no_lock_file(tmp_path, monkeypatch):
+  # As when a second runner reaches a run another finished while it waited in its queue: it takes
+  # the lock, finds the result done, and leaves it alone, without leaving a .lock beside it.
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  done = run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
+  with pytest.raises(run.RunLocked, match="finished by another process meanwhile"):
+    run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
+  assert calls == [0]  # run once
+  directory = tmp_path / "fedproj-iris-pilot" / "smoke"
+  assert sorted(p.name for p in directory.iterdir()) == ["fedavg-seed0.json"]
+  assert json.loads((directory / "fedavg-seed0.json").read_text()) == json.loads(
+    json.dumps(done, default=str)
+  )
+
+
 def test_time_step_estimates_an_unrecorded_queue_from_one_step_per_method(
   tmp_path, capsys, monkeypatch
 ):
