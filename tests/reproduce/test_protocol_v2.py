@@ -112,14 +112,19 @@ def test_an_incomplete_v2_replication_says_what_it_lacks_with_its_command(tmp_pa
   assert "--budget=drift --protocol=v2` runs them" in v2_part
 
 
+def _write_timed_v1_runs(directory):
+  """v1 seeds 0-9 of FedAvg at 100 s a run and FedDF at 300 s; FedProj never ran."""
+  for seed in range(10):
+    for method, seconds in (("fedavg", 100.0), ("feddf", 300.0)):
+      _write(directory, method, seed, [30, 40, 50, 50, 50])
+      path = directory / f"{method}-seed{seed}.json"
+      path.write_text(path.read_text().replace('"wall_seconds": 1.0', f'"wall_seconds": {seconds}'))
+
+
 def test_a_v2_replication_with_no_run_says_what_it_lacks_timed_from_the_v1_runs(tmp_path):
   # v1 has run (FedAvg 100 s and FedDF 300 s a run); v2 nothing: its section lists every declared
   # run with its command, timed from the budget's v1 runs (the same configs but for the seed).
-  for seed in range(10):
-    for method, seconds in (("fedavg", 100.0), ("feddf", 300.0)):
-      _write(tmp_path, method, seed, [30, 40, 50, 50, 50])
-      path = tmp_path / f"{method}-seed{seed}.json"
-      path.write_text(path.read_text().replace('"wall_seconds": 1.0', f'"wall_seconds": {seconds}'))
+  _write_timed_v1_runs(tmp_path)
   v2_part = report.write_report(CLAIM, "drift", tmp_path, None).split("#### Protocol v2")[1]
   assert "No protocol v2 results yet." in v2_part
   assert "51 run(s) of the pre-registered seeds are missing" in v2_part
@@ -136,11 +141,7 @@ def test_a_replication_declared_for_a_device_names_its_command_there_and_its_tim
   on_gpu = CLAIM._replace(
     budgets={**CLAIM.budgets, "drift": drift._replace(v2=drift.v2._replace(device="gpu"))}
   )
-  for seed in range(10):
-    for method, seconds in (("fedavg", 100.0), ("feddf", 300.0)):
-      _write(tmp_path, method, seed, [30, 40, 50, 50, 50])
-      path = tmp_path / f"{method}-seed{seed}.json"
-      path.write_text(path.read_text().replace('"wall_seconds": 1.0', f'"wall_seconds": {seconds}'))
+  _write_timed_v1_runs(tmp_path)
   v2_part = report.write_report(on_gpu, "drift", tmp_path, None).split("#### Protocol v2")[1]
   command = f"EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 {CLAIM.name}:drift"
   assert f"`{command}` runs them on a gpu, where they are declared to run (its data" in v2_part
