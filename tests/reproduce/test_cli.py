@@ -94,13 +94,22 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
 
 
 def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys, monkeypatch):
+  from fedjax_proj.training.session import last_good
+
   calls = []
+
+  class Kept:  # a checkpointer holding round 1, as the loop's error names it
+    directory = tmp_path / "feddf-seed1.work" / "checkpoints"
+
+    def steps(self):
+      return [1]
 
   def runner(claim, config, work, log):
     calls.append((config["method"], config["seed"]))
     if config["method"] == "feddf" and config["seed"] == 1:
       (work / "metrics.jsonl").write_text('{"round": 1, "train_loss": 2.0}\n')
-      raise run.Diverged("Round 2 of feddf produced non-finite train_loss")
+      kept = last_good(Kept())
+      raise run.Diverged(f"Round 2 of feddf produced non-finite train_loss. {kept} Lower the lr.")
     value = 50.0 + config["seed"] + (5.0 if config["method"] == "fedproj" else 0.0)
     return {"global_accuracy": value, "client_accuracy": value}, [{"round": 1}]
 
@@ -118,6 +127,9 @@ def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys
   text = (path.parent / "report.md").read_text()
   assert "Diverged (a non-finite loss or parameters stopped the run" in text
   assert "feddf seed 1 (last finite round: 1)" in text
+  # The error, less the checkpoint it names: the run's work folder is gone once it is recorded.
+  assert "First error: Round 2 of feddf produced non-finite train_loss. Lower the lr." in text
+  assert "checkpoint" not in text and not (path.parent / "feddf-seed1.work").exists()
   assert "| fedproj > feddf | global_accuracy | 2 |" in text  # seeds 0 and 2 only
   assert "not computable: feddf diverged on seed 1" in text
   assert "| fedproj > fedavg | global_accuracy | 3 |" in text  # untouched by feddf's seed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from fedjax_proj.reproduce import protocol, run
@@ -121,8 +122,15 @@ def split_diverged(found: dict) -> tuple[dict, dict]:
   return ok, diverged
 
 
+# The sentence a stopped run's error ends with (training/session.last_good). A claim run records
+# its divergence as a result and then clears its work folder, checkpoints included, so in a
+# report the sentence would point at a folder that no longer exists, on whatever machine ran it.
+_KEPT_CHECKPOINT = re.compile(r" ?The last good checkpoint \(round \d+\) is kept in \S+\.")
+
+
 def diverged_lines(diverged: dict) -> list[str]:
-  """The diverged runs, as outcomes: which, after which round, and why."""
+  """The diverged runs, as outcomes: which, after which round, and why (the error, less where the
+  run kept its checkpoint: claim runs clear it once the outcome is recorded)."""
   if not diverged:
     return []
   parts = []
@@ -130,6 +138,7 @@ def diverged_lines(diverged: dict) -> list[str]:
     rounds = ", ".join(f"{rs[s]['diverged']['last_finite_round']}" for s in sorted(rs))
     parts.append(f"{m} {_seed_ranges(sorted(rs))} (last finite round: {rounds})")
   first = next(iter(next(iter(diverged.values())).values()))["diverged"]["error"]
+  first = _KEPT_CHECKPOINT.sub("", first)
   return [
     "Diverged (a non-finite loss or parameters stopped the run; recorded as the config's "
     "outcome, not rerun, and left out of every statistic): " + "; ".join(parts) + ". First "
