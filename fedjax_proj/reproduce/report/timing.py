@@ -106,9 +106,8 @@ def completion_lines(
   # from that backend's runs, and the line says so.
   timing = found if timing is None else timing
   backends = {backend_of(r) for rs in timing.values() for r in rs.values()}
-  backend = "cpu" if "cpu" in backends or not backends else sorted(backends)[0]
   device = replication.device if replication is not None else None
-  backend = device or backend
+  backend = device or ("cpu" if "cpu" in backends or not backends else sorted(backends)[0])
   recorded = {
     m: [
       float(r["wall_seconds"])
