@@ -250,9 +250,7 @@ def time_step_estimate(c: ml_collections.ConfigDict, log=print) -> dict:
 def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
   """The body of :func:`run_experiment` once the output directory is held."""
   p = _prepare(c, output_dir, log)
-  if c.clients_per_round * c.rounds * p.fed.num_steps >= ETA_PROBE_MIN_STEPS and not c.get(
-    "resume", False
-  ):
+  if run_steps(c, p.fed) >= ETA_PROBE_MIN_STEPS and not c.get("resume", False):
     # Compiling and timing a large model's step is silent for up to minutes on a CPU: say so.
     log("timing one local step for the time estimate (compiles the client step first) ...")
     log(estimate_run(c, p.fed, _step_seconds(p, c), padded=p.executor.one_program))
