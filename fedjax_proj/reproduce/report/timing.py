@@ -121,9 +121,10 @@ def completion_lines(
   runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
   v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
   command = f"python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}"
-  where = ""
-  if device is not None:  # where the replication was declared to run, not this machine
+  if replication is not None:  # its command where it is declared to run, not on this machine
     command = replication.command(claim.name, budget)
+  where = ""
+  if device is not None:
     where = (
       f" on a {device}, where they are declared to run (its data and packages: "
       'docs/reproduction.md, "Running claims on a GPU")'
