@@ -32,6 +32,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,15 +236,17 @@ class Checkpointer:
     self._quarantine(step, reason)
     return None
 
-  def _quarantine(self, step: int, reason: str) -> None:
+  def _quarantine(self, step: int, reason: str, prefix: str = "corrupt") -> None:
+    """Moves the checkpoint of ``step`` aside to ``<prefix>-<step>-<time>`` (never deleted)."""
     src = self.directory / str(step)
-    dst = self.directory / f"corrupt-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    dst = self.directory / f"{prefix}-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
     self._reopen()
     # Every process judged the same files; process 0 moves them once all have looked.
     distributed.barrier(f"fedjax_checkpoint_quarantine_{step}_start")
     if jax.process_index() == 0:
+      what = "is corrupt or incomplete" if prefix == "corrupt" else "cannot be continued"
       warnings.warn(
-        f"Checkpoint of round {step} in {self.directory} is corrupt or incomplete ({reason}); "
+        f"Checkpoint of round {step} in {self.directory} {what} ({reason}); "
         f"moved it to {dst.name} and falling back to the previous checkpoint.",
         RuntimeWarning,
         stacklevel=3,
@@ -265,22 +268,38 @@ class Checkpointer:
         "original flags to resume, or choose another --output_dir for a new run."
       )
 
-  def restore_latest(self, template) -> tuple[Any, dict] | None:
+  def restore_latest(
+    self, template, accept: Callable[[dict], str | None] | None = None
+  ) -> tuple[Any, dict] | None:
     """Restores the newest valid checkpoint into the structure of ``template``.
 
     Corrupt or incomplete checkpoints are moved aside (with a warning) and older ones tried.
+
+    Args:
+      template: the state's structure.
+      accept: ``accept(meta)`` is None for a checkpoint the run can continue from, else the reason
+        it cannot (e.g. ``metrics.jsonl`` lost records written before it). Such a checkpoint is
+        skipped for an older one; once an older one restores, the skipped ones are moved aside
+        to ``unrecorded-<round>-*``, so that later saves and resumes never meet them.
 
     Returns:
       (state, meta) or None when the directory holds no checkpoint.
 
     Raises:
-      CheckpointError: the newest valid checkpoint comes from another config or package version.
+      CheckpointError: the newest valid checkpoint comes from another config or package version;
+        or checkpoints exist but none is readable or accepted (starting afresh would discard the
+        run without a word).
     """
-    for step in reversed(self.steps()):
+    steps, skipped = self.steps(), []
+    for step in reversed(steps):
       manifest = self._verify(step)
       if manifest is None:
         continue
       self._check_compatible(manifest["meta"])
+      reason = accept(manifest["meta"]) if accept is not None else None
+      if reason is not None:
+        skipped.append((step, reason))
+        continue
       try:
         out = self._open().restore(
           step,
@@ -292,7 +311,22 @@ class Checkpointer:
       except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many types for bad data)
         self._quarantine(step, f"orbax could not read it: {e}")
         continue
+      for newer, why in skipped:
+        self._quarantine(newer, why, prefix="unrecorded")
       return _from_storable(out.state, template), dict(out.meta)
+    if skipped:
+      raise CheckpointError(
+        f"No checkpoint in {self.directory} can be continued ("
+        + "; ".join(f"round {step}: {why}" for step, why in skipped)
+        + "); nothing was changed. Pass --overwrite to run it again from round 1, or put the "
+        "lost records back from a copy and resume."
+      )
+    if steps:
+      raise CheckpointError(
+        f"Every checkpoint in {self.directory} (rounds {steps}) is unreadable; each was moved "
+        "aside to corrupt-<round>-*. Pass --overwrite to run it again from round 1, or choose "
+        "another --output_dir."
+      )
     return None
 
   def close(self) -> None:
@@ -319,6 +353,48 @@ def _check_free_space(directory: Path, tree, slack: float = 1.2) -> None:
       f"{free / 2**20:.1f} MiB are free)",
       str(directory),
     )
+
+
+def record_rounds(path: str | os.PathLike) -> list[int] | None:
+  """The round each intact record of ``metrics.jsonl`` belongs to (None: no such file).
+
+  A line without a ``round`` (a continual run's task end) belongs to the round of the line before
+  it, as in :func:`truncate_metrics`; a torn last line is no record.
+  """
+  path = Path(path)
+  if not path.is_file():
+    return None
+  rounds, round_idx = [], 0
+  for record, _ in read_metrics_lines(path)[0]:
+    round_idx = record.get("round", round_idx)
+    rounds.append(round_idx)
+  return rounds
+
+
+def unrecorded(rounds: list[int] | None, meta: dict, path: str | os.PathLike) -> str | None:
+  """Why the records in ``path`` (their :func:`record_rounds`) cannot back the checkpoint whose
+  record is ``meta``, or None when they hold every record written up to it.
+
+  A resume keeps the records up to the checkpoint and appends the rounds after it, so a record
+  lost at or before the checkpoint (a deleted file, a torn line in the checkpoint's own round)
+  would be lost for good. ``meta["metrics_records"]`` (the records written up to the checkpoint)
+  also catches a lost task-end line; checkpoints written before it was recorded are checked by
+  their rounds alone.
+  """
+  last = int(meta["round"])
+  if rounds is None:
+    return f"{path} is missing, so the records of rounds 1-{last} are gone"
+  kept = [r for r in rounds if r <= last]
+  lacking = sorted(set(range(1, last + 1)) - set(kept))
+  if lacking:
+    span = f"{lacking[0]}" if len(lacking) == 1 else f"{lacking[0]}-{lacking[-1]}"
+    return (
+      f"{path} lacks the record{'s' * (len(lacking) > 1)} of round{'s' * (len(lacking) > 1)} {span}"
+    )
+  expected = meta.get("metrics_records")
+  if expected is not None and len(kept) < int(expected):
+    return f"{path} holds {len(kept)} of the {expected} records written up to round {last}"
+  return None
 
 
 def truncate_metrics(path: str | os.PathLike, last_round: int, drop_eval_of: bool = False) -> str:

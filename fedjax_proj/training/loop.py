@@ -141,6 +141,7 @@ def run_rounds(
           stop.round_seconds = record["round_seconds"]
         state, more = hooks.after(state, r, record, carry)
         records.write([record, *more], r)
+        carry["metrics_records"] += 1 + len(more)  # what the checkpoint's resume must find
         done, signum = r + 1, signals.agreed(stop.signum)
         if signum is None and done < rounds:
           # Past this check the run stops after the next round, not this one: a signal during

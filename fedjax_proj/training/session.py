@@ -27,8 +27,10 @@ from fedjax_proj.training.checkpoint import (
   Checkpointer,
   CheckpointError,
   config_fingerprint,
+  record_rounds,
   save_variables,
   truncate_metrics,
+  unrecorded,
 )
 from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.metrics import MetricsWriter, write_json
@@ -111,13 +113,23 @@ def open_session(state, run: RunIO, rounds: int, carry: dict, stale_eval=lambda 
   if run.checkpoint_every < 0:
     raise ValueError(f"checkpoint_every must be >= 0, got {run.checkpoint_every}.")
   writes, checkpointer = jax.process_index() == 0, run.checkpointer
-  start, carry = 0, {**carry, "wall_seconds": 0.0}
+  start, carry = 0, {**carry, "wall_seconds": 0.0, "metrics_records": 0}
+  metrics_path = Path(run.output_dir) / "metrics.jsonl" if run.output_dir is not None else None
   if checkpointer is not None and run.resume:
-    restored = checkpointer.restore_latest(state)
+    # A checkpoint counts only with every record written up to it: resuming past a lost one
+    # would leave a hole in metrics.jsonl. An older checkpoint the records do back is used
+    # instead, or the resume is refused before any compute (Checkpointer.restore_latest).
+    rounds_of, accept = None, None
+    if metrics_path is not None:
+      rounds_of = record_rounds(metrics_path)
+      accept = lambda meta: unrecorded(rounds_of, meta, metrics_path)
+    restored = checkpointer.restore_latest(state, accept)
     if restored is not None:
       state, meta = restored
       start = int(meta["round"])
       carry = {k: v if meta.get(k) is None else meta[k] for k, v in carry.items()}
+      if rounds_of is not None:  # the records kept below (checkpoints before the count had none)
+        carry["metrics_records"] = sum(r <= start for r in rounds_of)
       previous = Path(run.output_dir) / "summary.json" if run.output_dir is not None else None
       if previous is not None and previous.is_file():
         # The run finished at this checkpoint: its summary also timed the work after the save.
@@ -151,8 +163,7 @@ def open_session(state, run: RunIO, rounds: int, carry: dict, stale_eval=lambda 
     if writes:
       print(f"replacing the run in {checkpointer.directory.parent}", file=sys.stderr)
     checkpointer.clear()
-  if start and run.output_dir is not None and writes:  # the rounds after it are run again
-    metrics_path = Path(run.output_dir) / "metrics.jsonl"
+  if start and metrics_path is not None and writes:  # the rounds after it are run again
     torn = truncate_metrics(metrics_path, start, drop_eval_of=stale_eval(start))
     if torn:
       print(
@@ -181,7 +192,7 @@ class Records:
 
       self.tb = TensorBoardWriter(run.tensorboard_dir)
     if not writes:
-      line = lambda record, plain: None  # noqa: E731
+      line = lambda record, plain: None
     self.interactive = run.progress and writes and getattr(sys.stderr, "isatty", lambda: False)()
     self.plain, self.line = run.progress and not self.interactive, line
     self.bar = tqdm(

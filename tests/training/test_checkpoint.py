@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import signal
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -156,7 +157,7 @@ def _setup():
   return x, y, fed, alg, make_round(alg, "vmap_scan", helpers.float_batch_fn()), variables
 
 
-def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):
+def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None, every=2, keep=2):
   x, y, fed, alg, round_fn, variables = _setup()
 
   def extra_metrics(state):
@@ -180,8 +181,8 @@ def _tiny_run(out: Path, rounds: int, *, resume=False, stop_at=None):
     extra_metrics=extra_metrics,
     run=RunIO(
       output_dir=out,
-      checkpointer=ckpt.Checkpointer(out / "checkpoints", fp, keep=2),
-      checkpoint_every=2,
+      checkpointer=ckpt.Checkpointer(out / "checkpoints", fp, keep=keep),
+      checkpoint_every=every,
       resume=resume,
       progress=False,
     ),
@@ -257,6 +258,89 @@ def test_resume_after_a_torn_last_metrics_line_drops_it_says_so_and_matches(tmp_
   assert "checkpoint of round 2" in err
   assert _same(resumed, full)
   assert ckpt.comparable_metrics(cut) == ckpt.comparable_metrics(tmp_path / "full")
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+  return {
+    str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+  }
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("damage", ["torn_before", "torn_at", "torn_after", "deleted"])
+def test_resume_never_loses_a_record_torn_or_deleted_around_the_checkpoint(
+  tmp_path, capfd, every, damage
+):
+  """A crash can tear the last line of metrics.jsonl in any round, or the file can be lost. The
+  newest checkpoint is at round 3 (checkpoints: every=1 -> 1, 2, 3; every=2 -> 2, 3). A resume
+  either ends equal to the uninterrupted run, from the newest checkpoint the records back, or is
+  refused before any compute with every file as it was."""
+  full, _ = _tiny_run(tmp_path / "full", 5)
+  cut = tmp_path / "cut"
+  with pytest.raises(TrainingInterrupted):
+    _tiny_run(cut, 5, stop_at=3, every=every, keep=3)
+  assert ckpt.Checkpointer(cut / "checkpoints", FP).steps() == [1, 2, 3][every - 1 :]
+  path = cut / "metrics.jsonl"
+  lines = path.read_text().splitlines(keepends=True)
+  line4 = json.dumps({"round": 4, "round_seconds": 0.1, "train_loss": 0.5}) + "\n"
+  if damage == "deleted":
+    path.unlink()
+  else:  # the torn line is the record of round 2 (before), 3 (at) or 4 (after the checkpoint)
+    torn_round = {"torn_before": 2, "torn_at": 3, "torn_after": 4}[damage]
+    path.write_text(
+      "".join((lines + [line4])[: torn_round - 1]) + (lines + [line4])[torn_round - 1][:15]
+    )
+  # The newest checkpoint the records back: none if it would be older than the oldest kept.
+  expected_start = {"torn_before": 1, "torn_at": 2, "torn_after": 3, "deleted": 0}[damage]
+  if every == 2 and expected_start == 1:
+    expected_start = 0
+  capfd.readouterr()
+  if expected_start == 0:
+    before = _files(cut)
+    with pytest.raises(ckpt.CheckpointError, match="can be continued.*--overwrite") as e:
+      _tiny_run(cut, 5, resume=True, every=every, keep=3)
+    assert "metrics.jsonl" in str(e.value)
+    assert _files(cut) == before  # refused before any compute: nothing moved, cut or written
+    return
+  moved_aside = expected_start < 3  # the newer checkpoints move aside with a warning
+  with pytest.warns(RuntimeWarning, match="cannot be continued") if moved_aside else nullcontext():
+    resumed, summary = _tiny_run(cut, 5, resume=True, every=every, keep=3)
+  assert summary["resumed_from_round"] == expected_start
+  assert f"resuming from the checkpoint of round {expected_start}" in capfd.readouterr().err
+  assert _same(resumed, full)
+  assert ckpt.comparable_metrics(cut) == ckpt.comparable_metrics(tmp_path / "full")
+  if moved_aside:  # kept aside, not deleted
+    assert any(p.name.startswith("unrecorded-3-") for p in (cut / "checkpoints").iterdir())
+
+
+def test_a_lost_task_end_line_is_caught_by_the_checkpoints_record_count(tmp_path):
+  """A continual run's task-end line has no round of its own: the count of records written up to
+  a checkpoint (its metadata) is what shows it lost."""
+  rounds = [1, 2, 2, 3]  # round 2 ended a task: a second line in round 2
+  path = tmp_path / "metrics.jsonl"
+  assert ckpt.unrecorded(rounds, {"round": 2, "metrics_records": 3}, path) is None
+  assert ckpt.unrecorded(rounds[:2], {"round": 2, "metrics_records": 3}, path) == (
+    f"{path} holds 2 of the 3 records written up to round 2"
+  )
+  assert ckpt.unrecorded(rounds[:2], {"round": 2}, path) is None  # older checkpoints: rounds only
+  assert "lacks the records of rounds 2-3" in ckpt.unrecorded([1], {"round": 3}, path)
+  assert "is missing" in ckpt.unrecorded(None, {"round": 1}, path)
+
+
+def test_resume_with_every_checkpoint_unreadable_is_refused(tmp_path):
+  cut = tmp_path / "cut"
+  with pytest.raises(TrainingInterrupted):
+    _tiny_run(cut, 5, stop_at=3)
+  steps = ckpt.Checkpointer(cut / "checkpoints", FP).steps()
+  for step in steps:
+    (cut / "checkpoints" / str(step) / ckpt.MANIFEST).write_text("{")
+  metrics = (cut / "metrics.jsonl").read_text()
+  with (
+    pytest.warns(RuntimeWarning, match="corrupt or incomplete"),
+    pytest.raises(ckpt.CheckpointError, match=r"Every checkpoint .* is unreadable.*--overwrite"),
+  ):
+    _tiny_run(cut, 5, resume=True)
+  assert (cut / "metrics.jsonl").read_text() == metrics  # no round ran
 
 
 def test_an_unreadable_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
