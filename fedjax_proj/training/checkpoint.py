@@ -315,11 +315,12 @@ class Checkpointer:
         self._quarantine(newer, why, prefix="unrecorded")
       return _from_storable(out.state, template), dict(out.meta)
     if skipped:
+      oldest, why = skipped[-1]  # even the oldest lacks records: so does every newer one
       raise CheckpointError(
-        f"No checkpoint in {self.directory} can be continued ("
-        + "; ".join(f"round {step}: {why}" for step, why in skipped)
-        + "); nothing was changed. Pass --overwrite to run it again from round 1, or put the "
-        "lost records back from a copy and resume."
+        f"No checkpoint in {self.directory} (rounds {sorted(s for s, _ in skipped)}) can be "
+        f"continued: the oldest, round {oldest}, needs records that are lost ({why}). Nothing "
+        "was changed. Pass --overwrite to run it again from round 1, or put the lost records "
+        "back from a copy and resume."
       )
     if steps:
       raise CheckpointError(
