@@ -40,6 +40,17 @@ def test_image_folder_cache_hit_returns_identical_arrays(tmp_path, monkeypatch):
   assert first.num_classes == second.num_classes
 
 
+def test_first_decoding_says_so_and_a_cache_hit_is_silent(tmp_path, capfd):
+  make_tree(tmp_path / "tree")
+  sources.load_image_folder(tmp_path / "tree", "train", cache_dir=tmp_path / "c")
+  err = capfd.readouterr().err
+  cache_file = next((tmp_path / "c").rglob("*.npz"))
+  assert f"decoding 7 images of {tmp_path / 'tree' / 'train'}" in err and str(cache_file) in err
+  assert "decoded 7 images in" in err
+  sources.load_image_folder(tmp_path / "tree", "train", cache_dir=tmp_path / "c")
+  assert "decod" not in capfd.readouterr().err
+
+
 def test_image_folder_cache_invalidated_by_changed_file(tmp_path):
   make_tree(tmp_path / "tree")
   before = sources.load_image_folder(tmp_path / "tree", "train")
