@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedjax_proj.data.sources import find_shared_data
+from fedjax_proj.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "experiments" / "quickstart.ipynb"
@@ -42,8 +43,11 @@ def test_quickstart_notebook_runs_on_smoke_budget(tmp_path, monkeypatch):
   runs = tmp_path / "runs" / "quickstart-smoke"
   for method in ("fedavg", "fedproj"):
     summary = json.loads((runs / method / "summary.json").read_text())
-    assert summary["method"] == method and summary["rounds"] == 2
+    assert summary["method"] == method and summary["rounds"] == 4
     assert 0.0 <= summary["final_test_accuracy"] <= 1.0
+  # The smoke budget shows the projection: the projected-steps panel is not flat at 0.
+  fractions = [r["projected_fraction"] for r in read_metrics(runs / "fedproj")]
+  assert fractions[0] == 0.0 and max(fractions) > 0.0, fractions
   assert (runs / "curves.png").stat().st_size > 10_000
   outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
   text = "".join(o.get("text", "") for o in outputs)
@@ -92,4 +96,4 @@ def test_notebook_runs_what_the_cifar10_entry_point_runs(smoke):
     from_flags = cifar10.prepare(from_flags)
     in_notebook = cifar10.resolve(scope["PRESET"], {**scope["FIELDS"], "method": method})
     assert from_flags.to_dict() == in_notebook.to_dict()
-    assert in_notebook.rounds == (2 if smoke else 20) and in_notebook.partition == "dirichlet:0.3"
+    assert in_notebook.rounds == (4 if smoke else 20) and in_notebook.partition == "dirichlet:0.3"
