@@ -14,6 +14,7 @@ look for data, and stay allowed.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,33 @@ def test_issue_pattern_catches(text):
 @pytest.mark.parametrize("text", ["jax-ml/jax issue 12868", "a known issue", "tissue 3"])
 def test_issue_pattern_allows(text):
   assert not ISSUE_NUMBER.search(text)
+
+
+def _layout_rows() -> set[str]:
+  """The first cell of every table row in docs/design.md's "Layout" section, as written; the
+  rows of the algorithms and core tables drop the leading ``fedjax_proj/``, so it is put back."""
+  text = (ROOT / "docs" / "design.md").read_text()
+  section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+  cells = {m.group(1) for m in re.finditer(r"(?m)^\| `([^`]+)`", section)}
+  return cells | {f"fedjax_proj/{c}" for c in cells if c.split("/")[0] in ("algorithms", "core")}
+
+
+def _tracked_top_level_folders() -> set[str]:
+  out = subprocess.run(
+    ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+  ).stdout
+  return {f"{line.split('/')[0]}/" for line in out.splitlines() if "/" in line}
+
+
+def test_every_package_folder_and_top_level_folder_has_a_layout_row():
+  """A contributor finds every folder of the house in docs/design.md, "Layout": each package
+  folder (a folder of fedjax_proj/ with an ``__init__.py``) and each tracked top-level folder."""
+  packages = {f"{p.parent.relative_to(ROOT)}/" for p in (ROOT / "fedjax_proj").rglob("__init__.py")}
+  missing = sorted((packages | _tracked_top_level_folders()) - _layout_rows())
+  assert not missing, f"docs/design.md, 'Layout', has no row for {missing}"
+
+
+def test_the_layout_check_sees_its_rows():
+  rows = _layout_rows()
+  assert {"fedjax_proj/core/", "fedjax_proj/algorithms/continual/", ".ci/", "tests/"} <= rows
+  assert "fedjax_proj/nowhere/" not in rows
