@@ -194,8 +194,8 @@ def validate_model_kwargs(model: str, kwargs: dict) -> None:
     if impl not in CONV_IMPLS:
       raise ValueError(
         f"--model_kwargs conv_impl={impl!r} is not a convolution implementation; choose one of "
-        f"{', '.join(CONV_IMPLS)}, or leave it out for the backend's (docs/performance.md, "
-        '"The CPU convolution kernel gradient").'
+        f"{', '.join(CONV_IMPLS)}, or leave it out for the backend's "
+        '(docs/performance.md, "The CPU convolution kernel gradient").'
       )
   if model == "bert":
     # The text entry point sets these two from its own flags (configs/nlp.py, prepare), and
