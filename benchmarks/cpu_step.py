@@ -18,10 +18,10 @@ process CPU seconds add up every thread, spinning OpenMP waiters included, and a
 Cases (the same batches, and for the CNN the same initial weights, on both sides):
 
 - ``conv``: each convolution's kernel gradient (ours: XLA's own, ``xla``, the matmul one,
-  ``gemm_grad``, and oneDNN's through an FFI call, ``onednn_grad``, when the ``cpu-onednn`` extra
-  is installed; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
+  ``gemm_grad``, and oneDNN's through an FFI call, ``onednn_grad``, where oneDNN's wheels are
+  installed, as on Linux x86-64; :mod:`fedjax_proj.models.conv`) and input gradient, against torch's
   ``convolution_backward``, for the CNN at batch 64 and 256 and ResNet-8 at batch 64; with the
-  extra also ``conv_impl="onednn"``'s forward and input gradient (oneDNN's forward and
+  wheels also ``conv_impl="onednn"``'s forward and input gradient (oneDNN's forward and
   backward-data primitives) against XLA's and torch's forward.
 - ``pool``: the CNN's ReLU and 2x2 max pooling, forward and gradient, at its two activation
   shapes (batch 64): flax's ``nn.max_pool`` (XLA's reduce_window, its gradient select_and_scatter),

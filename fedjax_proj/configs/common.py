@@ -110,6 +110,15 @@ def method_kwargs_help(methods) -> str:
   return lines[0] + "; ".join(f"{m}: {describe_hparams(m)}" for m in methods)
 
 
+MODEL_KWARGS_HELP = (
+  "model options as comma-separated key=value pairs, over the preset's: the keyword arguments of "
+  "the model's factory (fedjax_proj/models/), e.g. --model_kwargs=conv_impl=gemm_grad (the "
+  "convolution implementation of a conv model: xla, gemm_grad, onednn_grad, onednn, patches_grad "
+  "or patches; default: the backend's, onednn on CPU where its handler builds, else gemm_grad; "
+  "docs/performance.md) or --model_kwargs=norm=group,group_size=16 (resnet8)"
+)
+
+
 def _method_type(valid: tuple[str, ...]) -> Callable[[str], str]:
   """argparse type of --method: ``valid``, or a sequential method (refused later with a pointer)."""
   from fedjax_proj.algorithms import methods
@@ -182,6 +191,7 @@ def build_parser(
     )
   methods = choices.get("method") or ()
   parser.add_argument("--method_kwargs", default="", help=method_kwargs_help(methods))
+  parser.add_argument("--model_kwargs", default="", help=MODEL_KWARGS_HELP)
   add_compilation_cache_flag(parser)
   return parser
 
@@ -251,11 +261,14 @@ def resolve(
   method_kwargs=None,
   prepare: Callable | None = None,
   table: Mapping[str, Field] | None = None,
+  model_kwargs=None,
 ) -> ml_collections.ConfigDict:
   """The config an entry point runs: ``get_config(preset)``, then ``fields``, then the smoke
-  preset's method defaults, then ``method_kwargs``, checked (with the ranges and choices of
-  ``table``, the entry point's field table; default: training/fields.py's FL_FIELDS), then
-  ``prepare`` (the preset rules that depend on the final fields).
+  preset's method defaults, then ``method_kwargs``, then ``model_kwargs`` (``--model_kwargs``)
+  over the preset's, checked (with the ranges and choices of ``table``, the entry point's field
+  table; default: training/fields.py's FL_FIELDS, and the model's options:
+  :func:`fedjax_proj.training.config.validate_model_kwargs`), then ``prepare`` (the preset rules
+  that depend on the final fields).
 
   The flags of :func:`main`, the claim runner (fedjax_proj/reproduce/resolve.py) and
   experiments/quickstart.ipynb all resolve through this function, so a claim or the notebook runs
@@ -296,6 +309,17 @@ def resolve(
     config.method_kwargs[key] = value
 
   validate_config(config, FL_FIELDS if table is None else table)
+  if model_kwargs:
+    import ml_collections
+
+    from fedjax_proj.training.config import validate_model_kwargs
+
+    validate_model_kwargs(config.model, dict(model_kwargs))
+    # Recorded in the run's config (and so its checkpoint fingerprint) as the user gave them; the
+    # placement's own conv_impl choice is not (training/placement.conv_impl_line).
+    config.model_kwargs = ml_collections.ConfigDict(
+      {**dict(config.get("model_kwargs", {})), **dict(model_kwargs)}
+    )
   return prepare(config) if prepare is not None else config
 
 
@@ -304,7 +328,7 @@ def flag_values(parser: argparse.ArgumentParser, args) -> tuple[dict, dict]:
   ``--method_kwargs`` pairs, parsed (a malformed pair is a parser error)."""
   from fedjax_proj.training.config import parse_method_kwargs
 
-  skip = ("preset", "method_kwargs", "compilation_cache")
+  skip = ("preset", "method_kwargs", "model_kwargs", "compilation_cache")
   fields = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
   try:
     return fields, parse_method_kwargs(args.method_kwargs)
@@ -327,13 +351,19 @@ def parse_config(
 
 def _parse(argv, description, get_config, choices, presets, table=None):
   """(parser, parsed flags, config) of :func:`parse_config`."""
+  from fedjax_proj.training.config import parse_method_kwargs
+
   parser = build_parser(description, get_config, choices, presets, table)
   args = parser.parse_args(argv)
   fields, kwargs = flag_values(parser, args)
   try:
-    return parser, args, resolve(get_config, args.preset, fields, kwargs, table=table)
+    model_kwargs = parse_method_kwargs(args.model_kwargs, flag="--model_kwargs")
+    config = resolve(
+      get_config, args.preset, fields, kwargs, table=table, model_kwargs=model_kwargs
+    )
   except ValueError as e:
     parser.error(str(e))
+  return parser, args, config
 
 
 def resume_command(argv, output_dir: str) -> str:

@@ -17,10 +17,11 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
   convolution kernel gradient".
 - ``"onednn_grad"``: the same forward convolution and input gradient, wrapped in a
   ``jax.custom_vjp`` whose kernel gradient is an XLA FFI call into oneDNN's convolution
-  backward-weights primitive (:mod:`fedjax_proj.models.onednn`, the optional extra
-  ``cpu-onednn``; built on first use). Where the handler is unavailable (extra not installed, no
-  compiler, build failed) or the call is outside its domain (not float32, negative padding, a
-  backend other than CPU) the kernel gradient is ``gemm_grad``'s, with one warning line.
+  backward-weights primitive (:mod:`fedjax_proj.models.onednn`, oneDNN's wheels, dependencies of
+  the package on Linux x86-64; built on first use). Where the handler is unavailable (the wheels
+  not installed, no compiler, build failed) or the call is outside its domain (not float32,
+  negative padding, a backend other than CPU) the kernel gradient is ``gemm_grad``'s, with one
+  warning line.
 - ``"onednn"``: the forward convolution, the input gradient and the kernel gradient all by oneDNN's
   primitives (forward, backward-data, backward-weights) through the same FFI handlers, in a
   ``jax.custom_vjp``; each falls back as ``onednn_grad``'s does (to XLA's convolution and input

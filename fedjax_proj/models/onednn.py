@@ -2,19 +2,20 @@
 (``conv_impl="onednn_grad"``), and forward and backward-data too (``conv_impl="onednn"``).
 
 The C++ handler ``onednn_conv.cc`` ships in this package. On first use it is compiled with the
-system C++ compiler against the optional extra ``cpu-onednn`` (``onednn-cpu-gomp`` and
-``onednn-devel-cpu-gomp``: oneDNN's library and headers) and jaxlib's XLA FFI headers, into a
-per-user cache folder (``$XDG_CACHE_HOME/fedjax_proj/onednn``, else ``~/.cache/...``) under a
-name keyed by the source, oneDNN's and jaxlib's versions and the compiler; later processes load
-that file. Loaded with ``ctypes`` and registered with ``jax.ffi.register_ffi_target``.
+system C++ compiler against ``onednn-cpu-gomp`` and ``onednn-devel-cpu-gomp`` (oneDNN's library
+and headers: dependencies of the package on Linux x86-64, the only platform they are built for;
+pyproject.toml) and jaxlib's XLA FFI headers, into a per-user cache folder
+(``$XDG_CACHE_HOME/fedjax_proj/onednn``, else ``~/.cache/...``) under a name keyed by the source,
+oneDNN's and jaxlib's versions and the compiler; later processes load that file. Loaded with
+``ctypes`` and registered with ``jax.ffi.register_ffi_target``.
 
 :func:`unavailable_reason` is None when the handler is registered, else one line saying why not
-(extra not installed, no compiler, build failed) and the fix; a model built with ``onednn_grad``
-then computes ``gemm_grad``'s gradient (``onednn``: XLA's convolution too). The CPU placement
-uses ``onednn`` where the handler loads, else ``gemm_grad`` with that line in the run's log
-(``fedjax_proj.training.placement.conv_impl_choice``). Nothing here runs at import: the handler is
-built on the first :func:`unavailable_reason`. See docs/performance.md, "The CPU convolution kernel
-gradient".
+(oneDNN's wheels not installed, no compiler, build failed) and the fix; a model built with
+``onednn_grad`` then computes ``gemm_grad``'s gradient (``onednn``: XLA's convolution too). The CPU
+placement uses ``onednn`` where the handler loads, else ``gemm_grad`` with that line in the run's
+log (``fedjax_proj.training.placement.conv_impl_choice``). Nothing here runs at import: the handler
+is built on the first :func:`unavailable_reason`. See docs/performance.md, "The CPU convolution
+kernel gradient".
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -45,11 +48,25 @@ _SYMBOLS = {
   INPUT_GRAD_TARGET: "FedjaxOnednnConvInputGrad",
 }
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
-# The oneDNN build the extra pins: CPU only, GNU OpenMP (its libdnnl.so needs only libc, libstdc++
-# and libgomp). Newer "onednn" wheels depend on Intel's SYCL/TBB/OpenCL runtimes.
+# The oneDNN build pyproject.toml pins: CPU only, GNU OpenMP (its libdnnl.so needs only libc,
+# libstdc++ and libgomp). Newer "onednn" wheels depend on Intel's SYCL/TBB/OpenCL runtimes.
 LIBRARY_DIST, HEADERS_DIST = "onednn-cpu-gomp", "onednn-devel-cpu-gomp"
-EXTRA_HINT = "pip install 'fedjax_proj[cpu-onednn]'"
+VERSION = "2023.2.0"  # pyproject.toml pins both wheels at it (tests/models/test_conv.py checks)
+# (sys.platform, platform.machine()) where the wheels exist: pyproject.toml's marker installs them.
+WHEEL_PLATFORM = ("linux", "x86_64")
 _registered: list[Path] = []  # the library registered in this process, if any
+
+
+def install_hint(system: str | None = None, machine: str | None = None) -> str:
+  """The fix for missing oneDNN wheels, in the one line: reinstall them where the package depends
+  on them (``system``/``machine`` default to this machine's), else say where they exist."""
+  where = (system or sys.platform, machine or platform.machine())
+  if where == WHEEL_PLATFORM:
+    return (
+      f"a dependency of fedjax_proj on Linux x86-64: pip install '{LIBRARY_DIST}=={VERSION}' "
+      f"'{HEADERS_DIST}=={VERSION}'"
+    )
+  return f"its wheels exist for Linux x86-64 only, not {where[0]} {where[1]}"
 
 
 def cache_folder(environ=os.environ) -> Path:
@@ -66,13 +83,16 @@ def _find(dist: str, suffix: str) -> Path:
   try:
     d = importlib.metadata.distribution(dist)
   except importlib.metadata.PackageNotFoundError:
-    raise Unavailable(f"{dist} is not installed ({EXTRA_HINT})") from None
+    raise Unavailable(f"{dist} is not installed ({install_hint()})") from None
   for f in d.files or ():
     if str(f).endswith(suffix):
       path = Path(d.locate_file(f)).resolve()
       if path.exists():
         return path
-  raise Unavailable(f"{dist} {d.version} has no {suffix} ({EXTRA_HINT} to reinstall it)")
+  raise Unavailable(
+    f"{dist} {d.version} has no {suffix} "
+    f"(reinstall it: pip install --force-reinstall '{dist}=={VERSION}')"
+  )
 
 
 def _compiler() -> str:
@@ -84,7 +104,10 @@ def _compiler() -> str:
 
 
 # What to do about a failed build, in its one line.
-BUILD_HINT = "check the compiler and the cpu-onednn extra (pip install --force-reinstall it)"
+BUILD_HINT = (
+  "check the compiler and the oneDNN wheels "
+  f"(pip install --force-reinstall {LIBRARY_DIST}=={VERSION} {HEADERS_DIST}=={VERSION})"
+)
 
 
 def _build(lib_dir: Path, include_dir: Path, out: Path, cxx: str) -> None:

@@ -125,8 +125,9 @@ def parse_value(text: str):
   return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def parse_method_kwargs(text: str) -> dict:
-  """``key=value,key=value`` (the ``--method_kwargs`` flag) as a dict of parsed values.
+def parse_method_kwargs(text: str, flag: str = "--method_kwargs") -> dict:
+  """``key=value,key=value`` (the ``--method_kwargs`` flag, or ``flag``: ``--model_kwargs``) as a
+  dict of parsed values.
 
   Raises:
     ValueError: a pair without ``=``, an empty key, or a key given twice (which value was meant
@@ -137,10 +138,10 @@ def parse_method_kwargs(text: str) -> dict:
     key, sep, value = pair.partition("=")
     key = key.strip()
     if not sep or not key:
-      raise ValueError(f"--method_kwargs expects key=value pairs, got {pair!r}")
+      raise ValueError(f"{flag} expects key=value pairs, got {pair!r}")
     if key in kwargs:
       raise ValueError(
-        f"--method_kwargs gives {key} twice ({kwargs[key]!r} and {value.strip()!r}); pass it once."
+        f"{flag} gives {key} twice ({kwargs[key]!r} and {value.strip()!r}); pass it once."
       )
     kwargs[key] = parse_value(value.strip())
   return kwargs
@@ -167,6 +168,50 @@ def _validate_dataset_name(name: str) -> None:
     f"Unknown --dataset {name!r}; known names: {', '.join(sorted(KNOWN_NUM_CLASSES))}. For other "
     "data pass its location as --dataset=<folder or .npz path>."
   )
+
+
+def validate_model_kwargs(model: str, kwargs: dict) -> None:
+  """``--model_kwargs`` names options of ``model``'s factory, and a ``conv_impl`` one of
+  :data:`fedjax_proj.models.conv.CONV_IMPLS` on a model with convolutions; a ValueError names the
+  fix, before any data is read.
+
+  The options are checked by building the model (a module definition, no parameters): several
+  factories pass their options on as ``**options``, so their signatures do not list them.
+  """
+  if not kwargs:
+    return
+  from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS, get_model
+
+  if model not in MODELS:
+    return  # an unknown --model is refused with its own line (fields.check_fields)
+  if "conv_impl" in kwargs:
+    impl = kwargs["conv_impl"]
+    if model not in CONV_MODELS:
+      raise ValueError(
+        f"--model_kwargs conv_impl={impl}: --model={model} has no convolution; conv_impl applies "
+        f"to {', '.join(CONV_MODELS)}."
+      )
+    if impl not in CONV_IMPLS:
+      raise ValueError(
+        f"--model_kwargs conv_impl={impl!r} is not a convolution implementation; choose one of "
+        f"{', '.join(CONV_IMPLS)}, or leave it out for the backend's "
+        '(docs/performance.md, "The CPU convolution kernel gradient").'
+      )
+  if model == "bert":
+    # The text entry point sets these two from its own flags (configs/nlp.py, prepare), and
+    # building the encoder may load a checkpoint, so the other BertConfig fields are checked
+    # when the run builds it.
+    for key, flag in (("size", "--bert_size"), ("checkpoint", "--checkpoint")):
+      if key in kwargs:
+        raise ValueError(f"--model_kwargs {key}=...: the encoder's {key} is {flag}; pass it there.")
+    return
+  try:
+    get_model(model, 2, **kwargs)
+  except TypeError as e:
+    raise ValueError(
+      f"--model_kwargs {','.join(f'{k}={v}' for k, v in kwargs.items())}: --model={model} does not "
+      f"take these options ({e}); see its factory in fedjax_proj/models/."
+    ) from None
 
 
 def validate_method_kwargs(method: str, kwargs: dict) -> None:

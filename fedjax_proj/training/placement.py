@@ -34,15 +34,14 @@ def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
   (the forward convolution, the input gradient and the kernel gradient all by oneDNN's primitives
   through FFI calls, the library PyTorch's CPU convolutions run) where its handler loads, which
   builds it on the first call of a process that has no built copy
-  (:func:`fedjax_proj.models.onednn.unavailable_reason`). Where it does not (the ``cpu-onednn``
-  extra missing, no compiler, a failed build or load), and where the process sees several CPU
-  devices (the client axis may be sharded over them, and XLA cannot partition the FFI calls):
-  ``gemm_grad`` (XLA's convolution, the
-  kernel gradient as matmuls, 1.2-6x faster than XLA's on all but one of those convolutions) and
-  the handler's one line naming why and the fix, which the run logs. ``xla`` elsewhere, where the
-  convolution libraries have fast kernel gradients. All compute the same convolution and
-  gradients up to float32 summation order (docs/performance.md, "The CPU convolution kernel
-  gradient").
+  (:func:`fedjax_proj.models.onednn.unavailable_reason`). Where it does not (oneDNN's wheels
+  missing, as off Linux x86-64, no compiler, a failed build or load), and where the process sees
+  several CPU devices (the client axis may be sharded over them, and XLA cannot partition the FFI
+  calls): ``gemm_grad`` (XLA's convolution, the kernel gradient as matmuls, 1.2-6x faster than
+  XLA's on all but one of those convolutions) and the handler's one line naming why and the fix,
+  which the run logs. ``xla`` elsewhere, where the convolution libraries have fast kernel
+  gradients. All compute the same convolution and gradients up to float32 summation order
+  (docs/performance.md, "The CPU convolution kernel gradient").
 
   History: ``gemm_grad`` was the CPU default until 2026-11-28, ``onednn_grad`` (oneDNN's kernel
   gradient only) opt-in until its segmentation faults (fixed) had held off through CI runs with the

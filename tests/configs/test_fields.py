@@ -28,7 +28,7 @@ from fedjax_proj.training import checkpoint, fields
 from fedjax_proj.training.fields import Field
 
 # The flags an entry point has besides its fields'.
-NOT_FIELDS = {"help", "preset", "method_kwargs", "compilation_cache", "noniid"}
+NOT_FIELDS = {"help", "preset", "method_kwargs", "model_kwargs", "compilation_cache", "noniid"}
 
 
 def family_configs(name: str) -> list[ml_collections.ConfigDict]:

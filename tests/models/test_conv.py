@@ -334,7 +334,7 @@ def test_onednn_kernel_grad_runs_on_any_thread_and_concurrently():
 
 @pytest.fixture
 def onednn_missing(monkeypatch, tmp_path):
-  """A process whose oneDNN extra is not installed (its distribution lookup fails)."""
+  """A process whose oneDNN wheels are not installed (its distribution lookup fails)."""
   import importlib.metadata
 
   real = importlib.metadata.distribution
@@ -358,8 +358,9 @@ def test_onednn_missing_says_so_in_one_line_and_computes_gemm_grad(onednn_missin
 
   reason = onednn.unavailable_reason()
   assert reason == (
-    "oneDNN convolutions unavailable: onednn-cpu-gomp is not installed (pip install "
-    "'fedjax_proj[cpu-onednn]')"
+    "oneDNN convolutions unavailable: onednn-cpu-gomp is not installed ("
+    + onednn.install_hint()
+    + ")"
   )
   # The CPU placement falls back to gemm_grad, and the run's log line says why and the fix.
   why = f"{reason}; the convolutions are XLA's with gemm_grad's kernel gradient"
@@ -397,10 +398,47 @@ def test_onednn_unforeseen_failure_is_one_line_not_a_lost_run(monkeypatch):
 def test_onednn_tests_skip_naming_the_reason_without_the_extra(onednn_missing):
   """Where the extra is missing, the onednn_grad tests skip with the one line (they would
   otherwise compare gemm_grad's fallback with itself); tests of other impls never skip."""
-  with pytest.raises(pytest.skip.Exception, match=r"onednn-cpu-gomp is not installed \(pip"):
+  with pytest.raises(pytest.skip.Exception, match=r"onednn-cpu-gomp is not installed \("):
     _skip_without_onednn()
   for impl in ("xla", "gemm_grad", "patches_grad", "patches"):
     _skip_without_onednn(impl)
+
+
+def test_onednn_wheels_are_core_dependencies_where_they_exist():
+  """The README's plain install brings oneDNN's wheels, pinned at the version the handler is keyed
+  to, on Linux x86-64 (the only platform they are built for) and nowhere else, where pip would
+  find no wheel; the old ``cpu-onednn`` extra names the same requirements, so old commands work.
+  Where the marker leaves them out, the missing-wheel line says where they exist instead of a pip
+  command that would fail."""
+  from packaging.requirements import Requirement
+
+  tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+  root = Path(__file__).resolve().parents[2]
+  project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+
+  def onednn_requirements(specs):
+    reqs = (Requirement(spec) for spec in specs)
+    return {r.name: str(r) for r in reqs if r.name in (onednn.LIBRARY_DIST, onednn.HEADERS_DIST)}
+
+  core = onednn_requirements(project["dependencies"])
+  assert set(core) == {onednn.LIBRARY_DIST, onednn.HEADERS_DIST}
+  assert onednn_requirements(project["optional-dependencies"]["cpu-onednn"]) == core
+  platforms = [
+    ("linux", "x86_64"),
+    ("linux", "aarch64"),
+    ("darwin", "arm64"),
+    ("darwin", "x86_64"),
+    ("win32", "AMD64"),
+  ]
+  for spec in core.values():
+    req = Requirement(spec)
+    assert str(req.specifier) == f"=={onednn.VERSION}", spec
+    for system, machine in platforms:
+      installs = req.marker.evaluate({"sys_platform": system, "platform_machine": machine})
+      assert installs == ((system, machine) == onednn.WHEEL_PLATFORM), (spec, system, machine)
+      hint = onednn.install_hint(system, machine)
+      assert (f"{req.name}=={onednn.VERSION}" in hint) == installs, hint
+      assert installs or f"not {system} {machine}" in hint, hint
 
 
 def test_onednn_failed_build_says_so_in_one_line(monkeypatch, tmp_path):
