@@ -1,5 +1,5 @@
-"""FedGKD and FedGKD-VOTE (Yao et al., "Local-Global Knowledge Distillation in Heterogeneous
-Federated Learning with Non-IID Data"; paper 002, code CGCL-codes/FedGKD).
+"""FedGKD, FedGKD-VOTE and FedGKD+ (Yao et al., "Local-Global Knowledge Distillation in
+Heterogeneous Federated Learning with Non-IID Data"; paper 002, code CGCL-codes/FedGKD).
 
 The server keeps a FIFO buffer of the last M global models (M = 5, the current one included).
 FedGKD sends their parameter average θ̄ and clients minimise
@@ -34,10 +34,18 @@ the KL above), ``"mse"``, (γ/2)·mean over the batch's real examples and the K 
 ``F.mse_loss`` of the raw logits times the same coefficient γ/2), or ``"none"``, no KD term: the
 client objective is FedAvg's CE (Table 9's "None" row is FedAvg's column of Table 3). FedGKD only:
 FedGKD-VOTE's weighted teachers are defined with the KL.
+
+FedGKD+ (``fedgkd_plus``; 002 "Evaluation Methods": "we add the projection layer for FedGKD";
+Tables 3-6) is FedGKD, loss and server unchanged, on MOON's network: encoder, a 2-layer MLP
+projection head of output dimension 256 (002 "Parameter Setting", as SimCLR), then the output
+layer, so the distilled logits are computed from the projection. Its spec declares
+``moon.MODEL_KWARGS``, which the run merges into the model options (docs/design.md, "The method
+registry"), exactly as for MOON; the authors' code turns the same head on with ``--projection``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -46,7 +54,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import losses
+from fedjax_proj.algorithms import losses, moon
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
@@ -278,13 +286,14 @@ def needs_validation(method: str, hparams: dict) -> bool:
 
 
 def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
-  """Registry entry for ``fedgkd`` and ``fedgkd_vote``."""
+  """Registry entry for ``fedgkd``, ``fedgkd_vote`` and ``fedgkd_plus`` (FedGKD on the model its
+  spec's ``model_kwargs`` give)."""
   if needs_validation(method, hp) and ctx.validation_size <= 0:
     raise ValueError(
       "fedgkd_vote with vote_validation=server needs held-out validation data and the training "
       f"set leaves none out; {NO_VALIDATION_FIX}."
     )
-  return fedgkd(
+  built = fedgkd(
     ctx.model,
     ctx.client_optimizer,
     ctx.server_optimizer,
@@ -292,6 +301,7 @@ def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
     normalize=ctx.normalize,
     **hp,
   )
+  return built._replace(name=method)
 
 
 _CONTEXT = ("server_optimizer", "vote", "normalize")
@@ -304,6 +314,13 @@ SPEC = MethodSpec(
     fedgkd, context=(*_CONTEXT, "lam", "vote_validation", "validation_batch_size")
   ),
   choices={"distill_loss": DISTILL_LOSSES},
+)
+# FedGKD+ differs from FedGKD by its network only (module docstring): the same hyperparameters.
+PLUS_SPEC = dataclasses.replace(
+  SPEC,
+  name="fedgkd_plus",
+  build=functools.partial(build, method="fedgkd_plus"),
+  model_kwargs=moon.MODEL_KWARGS,
 )
 VOTE_SPEC = MethodSpec(
   "fedgkd_vote",

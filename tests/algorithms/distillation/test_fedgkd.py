@@ -292,3 +292,32 @@ def test_fedgkd_distill_loss_is_checked_before_building():
     fedgkd.fedgkd(model, optax.sgd(0.1), vote=True, distill_loss="mse")
   with pytest.raises(ValueError, match="unknown key.s. distill_loss for --method=fedgkd_vote"):
     registry.check_hparams("fedgkd_vote", {"distill_loss": "mse"})
+
+
+def test_fedgkd_plus_is_fedgkd_on_moons_projection_head_network():
+  """002 "Evaluation Methods": FedGKD+ adds MOON's projection layer to FedGKD's network."""
+  from fedjax_proj.algorithms import moon
+  from fedjax_proj.models import get_model
+
+  # What distinguishes it: the run builds its model with MOON's head (experiment.py merges the
+  # spec's model options), logits from the 256-wide projection; hyperparameters are FedGKD's.
+  assert registry.model_kwargs("fedgkd_plus") == moon.MODEL_KWARGS
+  assert registry.model_kwargs("fedgkd") == {}
+  assert registry.declared_hparams("fedgkd_plus") == registry.declared_hparams("fedgkd")
+  model = get_model("mlp", 3, hidden=(8,), **registry.model_kwargs("fedgkd_plus"))
+  x, y = helpers.synthetic_data()
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  assert variables["params"]["head"]["kernel"].shape == (256, 3)
+  ctx = _ctx(model)
+  finals = {}
+  for name in ("fedgkd_plus", "fedgkd"):
+    alg = registry.build_algorithm(name, ctx, gamma=5.0)
+    assert alg.name == name
+    state = alg.init(variables, jax.random.key(0))
+    round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
+    for r in range(2):
+      state, _ = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
+    finals[name] = T.tree_ravel(alg.global_variables(state))
+  # On the same network the two names compute the same rounds (the KD term active in round 1).
+  np.testing.assert_allclose(finals["fedgkd_plus"], finals["fedgkd"], atol=1e-6)
