@@ -266,6 +266,7 @@ METHODS: dict[str, str] = {
   "cwc": "fedjax_proj.algorithms.sequential.cwc:SPEC",
   "fedavg": "fedjax_proj.algorithms.fedavg:SPEC",
   "feddf": "fedjax_proj.algorithms.distillation.feddf:SPEC",
+  "feddistill_plus": "fedjax_proj.algorithms.distillation.feddistill:SPEC",
   "feddyn": "fedjax_proj.algorithms.feddyn:SPEC",
   "fedet": "fedjax_proj.algorithms.distillation.fedet:SPEC",
   "fedgkd": "fedjax_proj.algorithms.distillation.fedgkd:SPEC",

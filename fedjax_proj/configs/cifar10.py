@@ -95,6 +95,11 @@ def fedgkd_paper(c):
         "vote_validation": "server",
       },
       "moon": {"mu": MOON_CIFAR10_MU},
+      # FedGKD+ is FedGKD on MOON's head (002 Evaluation Methods): FedGKD's γ, M and T.
+      "fedgkd_plus": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
+      # 002 Parameter Setting: "for the distillation coefficient, we set it as 0.1"; its
+      # temperature value is missing there, and the authors' --temperature defaults to 1.
+      "feddistill_plus": {"beta": 0.1, "temperature": 1.0},
     }
   )
   return c
