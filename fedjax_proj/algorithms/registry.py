@@ -269,6 +269,7 @@ METHODS: dict[str, str] = {
   "feddistill_plus": "fedjax_proj.algorithms.distillation.feddistill:SPEC",
   "feddyn": "fedjax_proj.algorithms.feddyn:SPEC",
   "fedet": "fedjax_proj.algorithms.distillation.fedet:SPEC",
+  "fedgen": "fedjax_proj.algorithms.distillation.fedgen:SPEC",
   "fedgkd": "fedjax_proj.algorithms.distillation.fedgkd:SPEC",
   "fedgkd_plus": "fedjax_proj.algorithms.distillation.fedgkd:PLUS_SPEC",
   "fedgkd_vote": "fedjax_proj.algorithms.distillation.fedgkd:VOTE_SPEC",

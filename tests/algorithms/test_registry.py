@@ -165,6 +165,7 @@ def test_each_family_lives_in_its_subpackage():
     "feddf",
     "feddistill_plus",
     "fedet",
+    "fedgen",
     "fedgkd",
     "fedgkd_plus",
     "fedgkd_vote",
