@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,7 +56,9 @@ def test_server_terms_match_numpy():
   np.testing.assert_allclose(float(got), expected, rtol=1e-5)
 
 
+@functools.cache
 def _setup():
+  """One model and its variables for the whole module (each build would compile anew)."""
   x, y = helpers.synthetic_data()
   model = get_model("mlp", K, hidden=(8,))
   variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
@@ -66,9 +70,15 @@ def _alg(model, **kw):
   return fedgen.fedgen(model, optax.sgd(0.1), K, **kw)
 
 
+@functools.cache
+def _initial_state():
+  _, _, model, variables = _setup()
+  return _alg(model).init(variables, jax.random.key(0))
+
+
 def test_generator_is_the_two_layer_mlp_with_batchnorm():
   x, _, model, variables = _setup()
-  state = _alg(model).init(variables, jax.random.key(0))
+  state = _initial_state()
   g = jax.tree.map(np.asarray, state.generator)
   labels = jnp.array([0, 2, 1])
   feats, eps, _ = fedgen.generate_features(
@@ -92,7 +102,7 @@ def test_generator_is_the_two_layer_mlp_with_batchnorm():
 
 def test_client_loss_matches_numpy():
   x, y, model, variables = _setup()
-  state = _alg(model).init(variables, jax.random.key(0))
+  state = _initial_state()
   mask = jnp.array([1.0] * 7 + [0.0])
   batch = Batch(jnp.asarray(x[:8]), jnp.asarray(y[:8]), mask)
   key, t, alpha, beta = jax.random.key(5), 3, 2.0, 0.5
