@@ -161,7 +161,17 @@ def test_specs_are_frozen():
 def test_each_family_lives_in_its_subpackage():
   """docs/design.md, "Layout": sequential and continual methods live in their family's subpackage,
   distillation methods in distillation/, the other FL methods at the top of algorithms/."""
-  distillation = {"feddf", "fedet", "fedgkd", "fedgkd_vote", "fedntd", "fedproj"}
+  distillation = {
+    "feddf",
+    "feddistill_plus",
+    "fedet",
+    "fedgen",
+    "fedgkd",
+    "fedgkd_plus",
+    "fedgkd_vote",
+    "fedntd",
+    "fedproj",
+  }
   for name, ref in registry.METHODS.items():
     module = ref.split(":")[0]
     family = registry.spec(name).family

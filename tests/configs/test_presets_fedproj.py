@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedjax_proj.algorithms import moon
-from fedjax_proj.algorithms.distillation import fedgkd, fedproj
+from fedjax_proj.algorithms.distillation import feddistill, fedgen, fedgkd, fedproj
 from fedjax_proj.algorithms.registry import declared_hparams
 from fedjax_proj.models import count_params, get_model
 from tests.paper_table import check_table, read_tables
@@ -26,6 +26,9 @@ METHOD_FNS = {
   "moon": moon.moon,
   "fedgkd": fedgkd.fedgkd,
   "fedgkd_vote": fedgkd.fedgkd,
+  "fedgkd_plus": fedgkd.fedgkd,
+  "feddistill_plus": feddistill.feddistill_plus,
+  "fedgen": fedgen.fedgen,
 }
 NUM_CLASSES = {"cifar10": 10, "cinic10": 10, "cifar100": 100}
 # table -> (entry point, preset, method the preset is read for)

@@ -1,5 +1,5 @@
-"""FedGKD and FedGKD-VOTE (Yao et al., "Local-Global Knowledge Distillation in Heterogeneous
-Federated Learning with Non-IID Data"; paper 002, code CGCL-codes/FedGKD).
+"""FedGKD, FedGKD-VOTE and FedGKD+ (Yao et al., "Local-Global Knowledge Distillation in
+Heterogeneous Federated Learning with Non-IID Data"; paper 002, code CGCL-codes/FedGKD).
 
 The server keeps a FIFO buffer of the last M global models (M = 5, the current one included).
 FedGKD sends their parameter average θ̄ and clients minimise
@@ -27,10 +27,25 @@ of rounds t < M, where the sum reaches past w_0. ``True`` (the default) counts w
 first entry, so after r < M aggregations the teacher is the mean of w_0..w_r; ``False`` is the
 authors' code (``MasterFedGKD.ensemble_historical_models`` buffers aggregated models only): the mean
 of w_1..w_r. From r ≥ M on both are the mean of the last M; docs/parity.md measures the two.
+
+The regulariser (``distill_loss``, 002 "Choice of Regularizer", Table 9): ``"kl"`` (the default,
+the KL above), ``"mse"``, (γ/2)·mean over the batch's real examples and the K classes of
+(f(x; θ) − f(x; θ̄))², the logits compared directly with no temperature (the authors' code,
+``F.mse_loss`` of the raw logits times the same coefficient γ/2), or ``"none"``, no KD term: the
+client objective is FedAvg's CE (Table 9's "None" row is FedAvg's column of Table 3). FedGKD only:
+FedGKD-VOTE's weighted teachers are defined with the KL.
+
+FedGKD+ (``fedgkd_plus``; 002 "Evaluation Methods": "we add the projection layer for FedGKD";
+Tables 3-6) is FedGKD, loss and server unchanged, on MOON's network: encoder, a 2-layer MLP
+projection head of output dimension 256 (002 "Parameter Setting", as SimCLR), then the output
+layer, so the distilled logits are computed from the projection. Its spec declares
+``moon.MODEL_KWARGS``, which the run merges into the model options (docs/design.md, "The method
+registry"), exactly as for MOON; the authors' code turns the same head on with ``--projection``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -39,7 +54,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_proj.algorithms import client as client_lib
-from fedjax_proj.algorithms import losses
+from fedjax_proj.algorithms import losses, moon
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.algorithms.fedavg import FedAvgState, fedavg
@@ -49,6 +64,8 @@ from fedjax_proj.core.engine import TwoForms
 from fedjax_proj.core.types import Array, Model
 
 VOTE_VALIDATION = ("client_batch", "server")
+# 002 Table 9's regularisers, in its row order (the default, KL, last).
+DISTILL_LOSSES = ("none", "mse", "kl")
 
 
 class FedGKDState(NamedTuple):
@@ -82,13 +99,32 @@ def buffer_average(buffer: dict, count: Array) -> dict:
   return tree_lib.weighted_mean(buffer, (jnp.arange(size) < count).astype(jnp.float32))
 
 
-def gkd_loss(model: Model, gamma: float, temperature: float, vote: bool, lam: float):
+def logit_mse(teacher_logits: Array, student_logits: Array, mask: Array | None = None) -> Array:
+  """Mean over real examples and classes of (z_s − z_t)², the teacher a constant (002 Table 9)."""
+  t = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
+  per_example = jnp.mean(jnp.square(student_logits.astype(jnp.float32) - t), axis=-1)
+  return losses.masked_mean(per_example, mask)
+
+
+def gkd_loss(
+  model: Model,
+  gamma: float,
+  temperature: float,
+  vote: bool,
+  lam: float,
+  distill_loss: str = "kl",
+):
   def loss_fn(params, batch, ctx: client_lib.StepContext):
     out, ce = client_lib.train_forward(model, params, batch, ctx)
     sh = ctx.shared
+    if distill_loss == "none":  # 002 Table 9's "None": FedAvg's objective, no teacher forward
+      return ce, client_lib.LossAux(out.logits, out.state)
     if not vote:
       teacher = model.apply(sh["teacher"], batch.x, train=False).logits
-      kd = (gamma / 2) * losses.kl_from_logits(teacher, out.logits, temperature, batch.mask)
+      if distill_loss == "mse":
+        kd = (gamma / 2) * logit_mse(teacher, out.logits, batch.mask)
+      else:
+        kd = (gamma / 2) * losses.kl_from_logits(teacher, out.logits, temperature, batch.mask)
     else:
       t_logits = jax.vmap(lambda v: model.apply(v, batch.x, train=False).logits)(sh["teachers"])
       if "vote_weights" in sh:  # the server's validation losses (vote_validation="server")
@@ -120,12 +156,15 @@ def fedgkd(
   normalize=None,
   validation_batch_size: int = 500,
   buffer_initial: bool = True,
+  distill_loss: str = "kl",
 ) -> FederatedAlgorithm:
   """Builds FedGKD (``vote=False``) or FedGKD-VOTE (``vote=True``).
 
   Args:
     buffer_initial: whether the initial model is the buffer's first entry (module docstring;
       False: the authors' code, FedGKD only).
+    distill_loss: the regulariser, one of :data:`DISTILL_LOSSES` (module docstring; 002 Table 9;
+      FedGKD only).
     vote_validation: where FedGKD-VOTE's L_m come from (module docstring): ``"client_batch"``
       or ``"server"``, which reads ``RoundData.extra["validation_images"]`` (raw, normalised with
       ``normalize``) and ``["validation_labels"]``.
@@ -136,6 +175,15 @@ def fedgkd(
     raise ValueError(f"buffer_size must be >= 1, got {buffer_size}.")
   if vote_validation not in VOTE_VALIDATION:
     raise ValueError(f"vote_validation must be one of {VOTE_VALIDATION}, got {vote_validation!r}.")
+  if distill_loss not in DISTILL_LOSSES:
+    raise ValueError(
+      f"distill_loss must be one of {DISTILL_LOSSES} (002 Table 9), got {distill_loss!r}."
+    )
+  if vote and distill_loss != "kl":
+    raise ValueError(
+      f"distill_loss={distill_loss!r} is a setting of fedgkd's averaged teacher (002 Table 9); "
+      "FedGKD-VOTE weights one KL term per teacher. Use --method=fedgkd or drop distill_loss."
+    )
   server_vote = vote and vote_validation == "server"
   if vote_validation == "server" and not vote:
     raise ValueError(
@@ -151,7 +199,7 @@ def fedgkd(
     raise ValueError("vote_validation='server' needs normalize (raw images -> model inputs).")
   base = fedavg(model, client_optimizer, server_optimizer)
   program = client_lib.local_training_client(
-    model, client_optimizer, gkd_loss(model, gamma, temperature, vote, lam)
+    model, client_optimizer, gkd_loss(model, gamma, temperature, vote, lam, distill_loss)
   )
 
   def init(variables, key):
@@ -238,13 +286,14 @@ def needs_validation(method: str, hparams: dict) -> bool:
 
 
 def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
-  """Registry entry for ``fedgkd`` and ``fedgkd_vote``."""
+  """Registry entry for ``fedgkd``, ``fedgkd_vote`` and ``fedgkd_plus`` (FedGKD on the model its
+  spec's ``model_kwargs`` give)."""
   if needs_validation(method, hp) and ctx.validation_size <= 0:
     raise ValueError(
       "fedgkd_vote with vote_validation=server needs held-out validation data and the training "
       f"set leaves none out; {NO_VALIDATION_FIX}."
     )
-  return fedgkd(
+  built = fedgkd(
     ctx.model,
     ctx.client_optimizer,
     ctx.server_optimizer,
@@ -252,6 +301,7 @@ def build(ctx, method: str = "fedgkd", **hp) -> FederatedAlgorithm:
     normalize=ctx.normalize,
     **hp,
   )
+  return built._replace(name=method)
 
 
 _CONTEXT = ("server_optimizer", "vote", "normalize")
@@ -263,6 +313,14 @@ SPEC = MethodSpec(
   hparams=factory_hparams(
     fedgkd, context=(*_CONTEXT, "lam", "vote_validation", "validation_batch_size")
   ),
+  choices={"distill_loss": DISTILL_LOSSES},
+)
+# FedGKD+ differs from FedGKD by its network only (module docstring): the same hyperparameters.
+PLUS_SPEC = dataclasses.replace(
+  SPEC,
+  name="fedgkd_plus",
+  build=functools.partial(build, method="fedgkd_plus"),
+  model_kwargs=moon.MODEL_KWARGS,
 )
 VOTE_SPEC = MethodSpec(
   "fedgkd_vote",
@@ -271,5 +329,6 @@ VOTE_SPEC = MethodSpec(
   needs_validation=functools.partial(needs_validation, "fedgkd_vote"),
   validation_fix=NO_VALIDATION_FIX,
   # buffer_initial=False is refused by FedGKD-VOTE (every teacher must be valid from round 0).
-  hparams=factory_hparams(fedgkd, context=(*_CONTEXT, "buffer_initial")),
+  # distill_loss: 002 Table 9 compares regularisers for FedGKD's averaged teacher only.
+  hparams=factory_hparams(fedgkd, context=(*_CONTEXT, "buffer_initial", "distill_loss")),
 )

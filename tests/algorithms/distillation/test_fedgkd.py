@@ -209,3 +209,115 @@ def test_held_out_is_what_train_subset_leaves_out():
   assert len(val_y) == 5 and val_y.dtype == np.int32
   assert sorted(np.concatenate([kept[:, 0], val_x[:, 0]]).tolist()) == list(range(50))
   assert len(held_out(ds, 0, 3)[1]) == 0
+
+
+# The regulariser switch (002 "Choice of Regularizer", Table 9).
+
+
+def _np_log_softmax(z):
+  z = z - z.max(1, keepdims=True)
+  return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+
+def _loss_on_fixed_logits(distill_loss, gamma=0.2, temperature=2.0):
+  """(the client loss, its CE, student logits, teacher logits, labels, mask) on one batch."""
+  x, y = helpers.synthetic_data()
+  model = helpers.tiny_model()
+  student = model.init(jax.random.key(1), jnp.asarray(x[:2]))
+  teacher = model.init(jax.random.key(2), jnp.asarray(x[:2]))
+  mask = jnp.array([1.0] * 7 + [0.0])  # one padded example, which must not count
+  batch = Batch(jnp.asarray(x[:8]), jnp.asarray(y[:8]), mask)
+  shared = {"teacher": teacher, "use_kd": jnp.array(True)}
+  ctx = client_lib.StepContext({}, shared, (), jax.random.key(0))
+  loss_fn = fedgkd.gkd_loss(model, gamma, temperature, False, 0.1, distill_loss)
+  loss, aux = loss_fn(student["params"], batch, ctx)
+  zt = np.asarray(model.apply(teacher, batch.x, train=False).logits, np.float64)
+  zs = np.asarray(aux.logits, np.float64)
+  m = np.asarray(mask, bool)
+  ce = -_np_log_softmax(zs)[np.arange(8), y[:8]][m].mean()
+  return float(loss), ce, zs[m], zt[m]
+
+
+def test_fedgkd_mse_regulariser_is_the_mean_squared_logit_difference():
+  loss, ce, zs, zt = _loss_on_fixed_logits("mse")
+  # (γ/2)·mean over real examples and classes of (z_s − z_t)²; no temperature (the code's).
+  np.testing.assert_allclose(loss, ce + 0.1 * np.mean((zs - zt) ** 2), rtol=1e-5)
+  np.testing.assert_allclose(
+    float(fedgkd.logit_mse(jnp.asarray(zt), jnp.asarray(zs))), np.mean((zs - zt) ** 2), rtol=1e-5
+  )
+
+
+def test_fedgkd_kl_regulariser_is_t2_kl_of_tempered_softmaxes():
+  loss, ce, zs, zt = _loss_on_fixed_logits("kl", temperature=2.0)
+  log_p, log_q = _np_log_softmax(zt / 2.0), _np_log_softmax(zs / 2.0)
+  kl = (np.exp(log_p) * (log_p - log_q)).sum(1).mean()
+  np.testing.assert_allclose(loss, ce + 0.1 * 4.0 * kl, rtol=1e-5)
+  assert loss > ce + 1e-4  # the term is active on these logits
+
+
+def test_fedgkd_without_regulariser_is_fedavg():
+  loss, ce, _, _ = _loss_on_fixed_logits("none")
+  np.testing.assert_allclose(loss, ce, rtol=1e-6)
+  # Whole rounds: from round 1 on the teacher is active for "kl", never for "none" (= FedAvg).
+  x, y = helpers.synthetic_data()
+  model = helpers.tiny_model()
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  finals = {}
+  for name, alg in (
+    ("fedavg", registry.build_algorithm("fedavg", _ctx(model))),
+    ("none", fedgkd.fedgkd(model, optax.sgd(0.1), gamma=5.0, distill_loss="none")),
+    ("kl", fedgkd.fedgkd(model, optax.sgd(0.1), gamma=5.0)),
+  ):
+    state = alg.init(variables, jax.random.key(0))
+    round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
+    for r in range(2):
+      state, _ = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
+    finals[name] = T.tree_ravel(alg.global_variables(state))
+  np.testing.assert_allclose(finals["none"], finals["fedavg"], atol=1e-6)
+  assert not np.allclose(finals["kl"], finals["fedavg"], atol=1e-4)
+
+
+def _ctx(model):
+  return registry.BuildContext(model, optax.sgd(0.1), normalizer(0.0, 1.0), num_clients=4)
+
+
+def test_fedgkd_distill_loss_is_checked_before_building():
+  model = helpers.tiny_model()
+  with pytest.raises(ValueError, match=r"distill_loss must be one of \('none', 'mse', 'kl'\)"):
+    fedgkd.fedgkd(model, optax.sgd(0.1), distill_loss="l2")
+  with pytest.raises(ValueError, match="not one of fedgkd's distill_loss values"):
+    registry.check_hparams("fedgkd", {"distill_loss": "KL"})
+  with pytest.raises(ValueError, match="--method=fedgkd or drop distill_loss"):
+    fedgkd.fedgkd(model, optax.sgd(0.1), vote=True, distill_loss="mse")
+  with pytest.raises(ValueError, match="unknown key.s. distill_loss for --method=fedgkd_vote"):
+    registry.check_hparams("fedgkd_vote", {"distill_loss": "mse"})
+
+
+def test_fedgkd_plus_is_fedgkd_on_moons_projection_head_network():
+  """002 "Evaluation Methods": FedGKD+ adds MOON's projection layer to FedGKD's network."""
+  from fedjax_proj.algorithms import moon
+  from fedjax_proj.models import get_model
+
+  # What distinguishes it: the run builds its model with MOON's head (experiment.py merges the
+  # spec's model options), logits from the 256-wide projection; hyperparameters are FedGKD's.
+  assert registry.model_kwargs("fedgkd_plus") == moon.MODEL_KWARGS
+  assert registry.model_kwargs("fedgkd") == {}
+  assert registry.declared_hparams("fedgkd_plus") == registry.declared_hparams("fedgkd")
+  model = get_model("mlp", 3, hidden=(8,), **registry.model_kwargs("fedgkd_plus"))
+  x, y = helpers.synthetic_data()
+  fd = FederatedData(helpers.unequal_clients(len(x)), batch_size=8)
+  variables = model.init(jax.random.key(0), jnp.asarray(x[:2]))
+  assert variables["params"]["head"]["kernel"].shape == (256, 3)
+  ctx = _ctx(model)
+  finals = {}
+  for name in ("fedgkd_plus", "fedgkd"):
+    alg = registry.build_algorithm(name, ctx, gamma=5.0)
+    assert alg.name == name
+    state = alg.init(variables, jax.random.key(0))
+    round_fn = make_round(alg, "vmap_scan", helpers.float_batch_fn())
+    for r in range(2):
+      state, _ = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
+    finals[name] = T.tree_ravel(alg.global_variables(state))
+  # On the same network the two names compute the same rounds (the KD term active in round 1).
+  np.testing.assert_allclose(finals["fedgkd_plus"], finals["fedgkd"], atol=1e-6)
