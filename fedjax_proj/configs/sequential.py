@@ -20,8 +20,9 @@ Settings a preset cannot run are capped before the run with a printed note: SFed
 come from the previous round's clients, so ``num_teachers`` is lowered to ``clients_per_round``.
 
 Method hyperparameters go through ``--method_kwargs``: SFedKD ``num_teachers``, ``gamma``,
-``beta``, ``temperature``, ``temperature_squared``, ``metric`` (kl/l1/l2/js); CWC ``lam``,
-``decay``.
+``beta``, ``temperature``, ``temperature_squared``, ``metric`` (kl/l1/l2/js) and the ablations of
+004 Tables 2-3, ``uniform_g``, ``uniform_h`` (the plain average 1/K in place of Eq. 5's weight)
+and ``selection`` (greedy/random); CWC ``lam``, ``decay``.
 """
 
 from __future__ import annotations
