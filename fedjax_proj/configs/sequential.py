@@ -1,4 +1,4 @@
-"""Sequential FL under ExDir label skew: SFedKD's experiments (FedAvg, FedSeq, CWC, SFedKD).
+"""Sequential FL under ExDir label skew: SFedKD's experiments (004 Tables 1-3).
 
     python experiments/sequential.py --dataset=cifar10 --method=sfedkd --preset=cpu
     python experiments/sequential.py --dataset=mnist --method=cwc --partition=exdir:2:10
@@ -16,13 +16,18 @@ against the paper):
   ``cnn`` on the RGB datasets (about 10-25 minutes per method on 2 cores).
 * ``smoke``: seconds; checks the wiring.
 
-Settings a preset cannot run are capped before the run with a printed note: SFedKD's K teachers
-come from the previous round's clients, so ``num_teachers`` is lowered to ``clients_per_round``.
+Methods: 004 Table 1's FedAvg, FedSeq, CWC and SFedKD, and Table 2's multi-teacher KD on FedSeq
+(``fedseq_aver``, ``fedseq_ebkd``, ``fedseq_camkd``; docs/methods.md, "Multi-teacher KD on FedSeq").
+
+Settings a preset cannot run are capped before the run with a printed note: the K teachers of
+SFedKD and of the multi-teacher KD methods come from the previous round's clients, so
+``num_teachers`` is lowered to ``clients_per_round``.
 
 Method hyperparameters go through ``--method_kwargs``: SFedKD ``num_teachers``, ``gamma``,
 ``beta``, ``temperature``, ``temperature_squared``, ``metric`` (kl/l1/l2/js) and the ablations of
 004 Tables 2-3, ``uniform_g``, ``uniform_h`` (the plain average 1/K in place of Eq. 5's weight)
-and ``selection`` (greedy/random); CWC ``lam``, ``decay``.
+and ``selection`` (greedy/random); the multi-teacher KD methods ``num_teachers``, ``kd_weight``,
+``temperature``, ``temperature_squared``, ``selection``; CWC ``lam``, ``decay``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
 from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
-METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
+METHODS = ("fedavg", "fedseq", "cwc", "sfedkd", "fedseq_aver", "fedseq_ebkd", "fedseq_camkd")
+# The methods whose K teachers are models of the previous round's clients (K <= M).
+TEACHER_METHODS = ("sfedkd", "fedseq_aver", "fedseq_ebkd", "fedseq_camkd")
 # dataset -> (paper network, paper partition); paper 004 Sect. 4.1.
 PAPER_SETTINGS = {
   "cifar10": ("alexnet8", "exdir:2:0.5"),
@@ -92,9 +99,9 @@ def get_config(preset: str = "paper", dataset: str = "cifar10"):
 
 def prepare(c, log=print):
   """Caps what the chosen flags make impossible, with a printed note (see the module docstring)."""
-  if c.method == "sfedkd":
+  if c.method in TEACHER_METHODS:
     requested = c.method_kwargs.get("num_teachers", None)
-    k, note = cap_num_teachers(requested, c.clients_per_round)
+    k, note = cap_num_teachers(requested, c.clients_per_round, c.method)
     if note:
       log(f"note: {note}")
     if requested is not None or note:

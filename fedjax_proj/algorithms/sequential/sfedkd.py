@@ -112,12 +112,16 @@ class SFedKDConfig(NamedTuple):
     return self
 
 
-def cap_num_teachers(num_teachers: int | None, clients_per_round: int) -> tuple[int, str | None]:
+def cap_num_teachers(
+  num_teachers: int | None, clients_per_round: int, method: str = "sfedkd"
+) -> tuple[int, str | None]:
   """K capped to the M clients per round (teachers come from the previous round's M models).
 
   Args:
-    num_teachers: the requested K (None: the default, :class:`SFedKDConfig`'s).
+    num_teachers: the requested K (None: the default, :class:`SFedKDConfig`'s, which the
+      multi-teacher KD methods of mtkd.py share).
     clients_per_round: M.
+    method: the method's name, for the note.
 
   Returns:
     (K to use, a note saying what was capped and why, or None when nothing was).
@@ -126,7 +130,7 @@ def cap_num_teachers(num_teachers: int | None, clients_per_round: int) -> tuple[
   if k <= clients_per_round:
     return k, None
   return clients_per_round, (
-    f"SFedKD num_teachers={k} capped to {clients_per_round}: the teachers are models of the "
+    f"{method} num_teachers={k} capped to {clients_per_round}: the teachers are models of the "
     f"previous round's {clients_per_round} clients (--clients_per_round). Raise "
     "--clients_per_round to use more teachers."
   )
@@ -324,4 +328,14 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
   return sfedkd(ctx.model, ctx.client_optimizer, ctx.num_classes, SFedKDConfig(**hparams))
 
 
-SPEC = MethodSpec("sfedkd", "sequential", build, hparams=SFedKDConfig._field_defaults)
+SPEC = MethodSpec(
+  "sfedkd",
+  "sequential",
+  build,
+  hparams=SFedKDConfig._field_defaults,
+  choices={
+    "selection": teacher_selection.SELECTIONS,
+    "metric": teacher_selection.METRICS,
+    "teacher_forward": TEACHER_FORWARDS,
+  },
+)
