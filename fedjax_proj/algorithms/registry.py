@@ -265,6 +265,7 @@ def factory_spec(
 METHODS: dict[str, str] = {
   "cwc": "fedjax_proj.algorithms.sequential.cwc:SPEC",
   "fedavg": "fedjax_proj.algorithms.fedavg:SPEC",
+  "fedcurv": "fedjax_proj.algorithms.fedcurv:SPEC",
   "feddf": "fedjax_proj.algorithms.distillation.feddf:SPEC",
   "feddyn": "fedjax_proj.algorithms.feddyn:SPEC",
   "fedet": "fedjax_proj.algorithms.distillation.fedet:SPEC",

@@ -13,10 +13,11 @@
   on 200 (the preset's 2,000 and 500 made each CIFAR-10 run compute-bound, ~16 s CPU).
 * Conformance: every method of 004 Table 1 that sequential.py offers beats chance clearly at a
   small real-data budget of that entry point (MNIST, its offline stand-in for Fashion-MNIST;
-  docs/sfedkd.md). The real-data runs cover those methods (:data:`REAL_DATA_METHODS`); the other
-  methods it offers (Table 2's multi-teacher KD on FedSeq) run SFedKD's teacher pool, whose wiring
-  those runs check, and learn in tests/algorithms/test_conformance.py: a 20-round run each would
-  add minutes to CI.
+  docs/sfedkd.md). The real-data runs cover the methods measured there (:data:`REAL_DATA_METHODS`).
+  The other methods it offers run machinery those runs check (FedProx, FedCurv and FedNTD the
+  parallel round FedAvg's run checks; Table 2's multi-teacher KD on FedSeq SFedKD's teacher pool),
+  and each learns in tests/algorithms/test_conformance.py: a 20-round run each would add minutes
+  to CI.
 
 The real-data runs are marked ``slow``: each compiles a method's round (measured 34-162 s per test
 under a load average of ~20 on 2 cores; far less on an idle machine, not measured here).
