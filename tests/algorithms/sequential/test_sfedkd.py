@@ -142,19 +142,14 @@ def test_uniform_weight_switches_reach_the_clients(setup):
   rd = helpers.round_data(fd, x, y)
   dists = sfedkd_lib.client_distributions(rd, 3)
   shared = {"variables": variables, "teacher_dists": dists[:2]}
-  weights = {}
-  for flags in ((False, False), (True, False), (False, True)):
-    alg = sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2, uniform_g=flags[0], uniform_h=flags[1]))
+  g, h = teacher_selection.teacher_weights(dists[:2], dists[3])
+  assert abs(float(g[0] - g[1])) > 0.01 and abs(float(h[0] - h[1])) > 0.01  # not uniform already
+  for uniform_g, want in ((True, ([0.5, 0.5], h)), (False, (g, [0.5, 0.5]))):
+    cfg = SFedKDConfig(2, uniform_g=uniform_g, uniform_h=not uniform_g)
+    alg = sfedkd(model, optax.sgd(LR), 3, cfg)
     state = alg.client.init(shared, {"dist": dists[3]}, jax.random.key(0), jnp.int32(1))
-    weights[flags] = [np.asarray(w) for w in state.extra]
-  g, h = weights[(False, False)]
-  ref_g, ref_h = teacher_selection.teacher_weights(dists[:2], dists[3])
-  np.testing.assert_allclose(g, ref_g, rtol=1e-6)
-  np.testing.assert_allclose(h, ref_h, rtol=1e-6)
-  np.testing.assert_allclose(weights[(True, False)][0], [0.5, 0.5])
-  np.testing.assert_allclose(weights[(True, False)][1], h, rtol=1e-6)
-  np.testing.assert_allclose(weights[(False, True)][0], g, rtol=1e-6)
-  np.testing.assert_allclose(weights[(False, True)][1], [0.5, 0.5])
+    np.testing.assert_allclose(state.extra[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(state.extra[1], want[1], rtol=1e-6)
 
 
 def test_zero_kd_weights_equal_fedseq_and_kd_changes_training(setup):
