@@ -60,12 +60,20 @@ def kl_from_logits(
 
   Gradients flow into the student only; the teacher is treated as a constant.
   """
+  per_example = kl_per_example(teacher_logits, student_logits, temperature)
+  return temperature**2 * masked_mean(per_example, mask)
+
+
+def kl_per_example(teacher_logits: Array, student_logits: Array, temperature: float = 1.0) -> Array:
+  """KL(σ(z_t/T) ‖ σ(z_s/T)) per example (over the last axis), WITHOUT the T² factor.
+
+  The teacher is a constant (stop_gradient). Shapes [..., C] -> [...].
+  """
   t = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32)) / temperature
   s = student_logits.astype(jnp.float32) / temperature
   log_p = jax.nn.log_softmax(t, axis=-1)
   log_q = jax.nn.log_softmax(s, axis=-1)
-  per_example = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
-  return temperature**2 * masked_mean(per_example, mask)
+  return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
 
 
 # --- Decoupled knowledge distillation (DKD; Zhao et al., CVPR 2022; megvii-research/mdistiller) ---

@@ -265,6 +265,7 @@ def factory_spec(
 METHODS: dict[str, str] = {
   "cwc": "fedjax_proj.algorithms.sequential.cwc:SPEC",
   "fedavg": "fedjax_proj.algorithms.fedavg:SPEC",
+  "fedcurv": "fedjax_proj.algorithms.fedcurv:SPEC",
   "feddf": "fedjax_proj.algorithms.distillation.feddf:SPEC",
   "feddistill_plus": "fedjax_proj.algorithms.distillation.feddistill:SPEC",
   "feddyn": "fedjax_proj.algorithms.feddyn:SPEC",
@@ -279,6 +280,9 @@ METHODS: dict[str, str] = {
   "fedprox": "fedjax_proj.algorithms.fedprox:SPEC",
   "fedrcl": "fedjax_proj.algorithms.fedrcl:SPEC",
   "fedseq": "fedjax_proj.algorithms.sequential.fedseq:SPEC",
+  "fedseq_aver": "fedjax_proj.algorithms.sequential.mtkd:AVER_SPEC",
+  "fedseq_camkd": "fedjax_proj.algorithms.sequential.mtkd:CAMKD_SPEC",
+  "fedseq_ebkd": "fedjax_proj.algorithms.sequential.mtkd:EBKD_SPEC",
   "moon": "fedjax_proj.algorithms.moon:SPEC",
   "scaffold": "fedjax_proj.algorithms.scaffold:SPEC",
   "sfedkd": "fedjax_proj.algorithms.sequential.sfedkd:SPEC",

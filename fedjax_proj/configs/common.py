@@ -60,7 +60,8 @@ def parallel_methods() -> tuple[str, ...]:
 
 
 def refuse_sequential(c: ml_collections.ConfigDict) -> None:
-  """Refuses a sequential method (fedseq, cwc, sfedkd) under a parallel-FL entry point.
+  """Refuses a sequential method (the registry's "sequential" family) under a parallel-FL entry
+  point.
 
   Under those presets they do not learn (docs/sfedkd.md, "Entry points"); the error names
   experiments/sequential.py, whose presets are their paper's. ``main`` exits 2 with it.

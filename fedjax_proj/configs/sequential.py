@@ -1,4 +1,4 @@
-"""Sequential FL under ExDir label skew: SFedKD's experiments (FedAvg, FedSeq, CWC, SFedKD).
+"""Sequential FL under ExDir label skew: SFedKD's experiments (004 Tables 1-3).
 
     python experiments/sequential.py --dataset=cifar10 --method=sfedkd --preset=cpu
     python experiments/sequential.py --dataset=mnist --method=cwc --partition=exdir:2:10
@@ -16,12 +16,23 @@ against the paper):
   ``cnn`` on the RGB datasets (about 10-25 minutes per method on 2 cores).
 * ``smoke``: seconds; checks the wiring.
 
-Settings a preset cannot run are capped before the run with a printed note: SFedKD's K teachers
-come from the previous round's clients, so ``num_teachers`` is lowered to ``clients_per_round``.
+Methods: 004 Table 1's parallel-FL baselines FedAvg, FedProx, FedCurv and FedNTD and its
+sequential ones FedSeq, CWC and SFedKD, and Table 2's multi-teacher KD on FedSeq (``fedseq_aver``,
+``fedseq_ebkd``, ``fedseq_camkd``; docs/methods.md, "Multi-teacher KD on FedSeq"). The parallel
+baselines run under the same presets (004 §4.1 gives one setting for every method: 10 of 100
+clients per round, 5 local epochs, batch 64, SGD 0.01); their own hyperparameters are the
+registry's defaults, since 004 gives none.
+
+Settings a preset cannot run are capped before the run with a printed note: the K teachers of
+SFedKD and of the multi-teacher KD methods come from the previous round's clients, so
+``num_teachers`` is lowered to ``clients_per_round``.
 
 Method hyperparameters go through ``--method_kwargs``: SFedKD ``num_teachers``, ``gamma``,
-``beta``, ``temperature``, ``temperature_squared``, ``metric`` (kl/l1/l2/js); CWC ``lam``,
-``decay``.
+``beta``, ``temperature``, ``temperature_squared``, ``metric`` (kl/l1/l2/js) and the ablations of
+004 Tables 2-3, ``uniform_g``, ``uniform_h`` (the plain average 1/K in place of Eq. 5's weight)
+and ``selection`` (greedy/random); the multi-teacher KD methods ``num_teachers``, ``kd_weight``,
+``temperature``, ``temperature_squared``, ``selection``; CWC ``lam``, ``decay``; FedProx ``mu``;
+FedCurv ``lam``; FedNTD ``beta``, ``temperature``.
 """
 
 from __future__ import annotations
@@ -35,7 +46,21 @@ from fedjax_proj.models import MODELS
 from fedjax_proj.training.config import base_config
 from fedjax_proj.training.fields import FIELDS as FIELDS  # the config's: base_config's
 
-METHODS = ("fedavg", "fedseq", "cwc", "sfedkd")
+# 004 Table 1 (parallel, then sequential FL), then Table 2's multi-teacher KD on FedSeq.
+METHODS = (
+  "fedavg",
+  "fedprox",
+  "fedcurv",
+  "fedntd",
+  "fedseq",
+  "cwc",
+  "sfedkd",
+  "fedseq_aver",
+  "fedseq_ebkd",
+  "fedseq_camkd",
+)
+# The methods whose K teachers are models of the previous round's clients (K <= M).
+TEACHER_METHODS = ("sfedkd", "fedseq_aver", "fedseq_ebkd", "fedseq_camkd")
 # dataset -> (paper network, paper partition); paper 004 Sect. 4.1.
 PAPER_SETTINGS = {
   "cifar10": ("alexnet8", "exdir:2:0.5"),
@@ -91,9 +116,9 @@ def get_config(preset: str = "paper", dataset: str = "cifar10"):
 
 def prepare(c, log=print):
   """Caps what the chosen flags make impossible, with a printed note (see the module docstring)."""
-  if c.method == "sfedkd":
+  if c.method in TEACHER_METHODS:
     requested = c.method_kwargs.get("num_teachers", None)
-    k, note = cap_num_teachers(requested, c.clients_per_round)
+    k, note = cap_num_teachers(requested, c.clients_per_round, c.method)
     if note:
       log(f"note: {note}")
     if requested is not None or note:

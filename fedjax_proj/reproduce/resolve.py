@@ -120,6 +120,11 @@ ADDED_FAMILY_FIELDS = {
 ADDED_HPARAMS = {
   # FOT's threshold rule (docs/fot.md): every FOT run before the setting used the authors' rule.
   ("fot", "threshold_rule"): "authors",
+  # SFedKD's ablation switches (004 Tables 2-3; docs/methods.md, "SFedKD"): every earlier run
+  # computed Eq. 5's weights and Algorithm 1's selection.
+  ("sfedkd", "uniform_g"): False,
+  ("sfedkd", "uniform_h"): False,
+  ("sfedkd", "selection"): "greedy",
 }
 # Model options a method's runs built without recording them, with the value they built: left out
 # of the fingerprint at that value, as ADDED_FIELDS. MOON's runs before the parity fix

@@ -43,7 +43,14 @@ def test_every_name_has_one_spec_of_a_known_family():
     spec = registry.spec(name)
     assert spec.name == name and spec.family in registry.FAMILIES
   assert registry.methods(("continual",)) == ("fl", "ewc", "er", "gpm", "fot")
-  assert set(registry.methods(("sequential",))) == {"fedseq", "cwc", "sfedkd"}
+  assert set(registry.methods(("sequential",))) == {
+    "fedseq",
+    "cwc",
+    "sfedkd",
+    "fedseq_aver",
+    "fedseq_ebkd",
+    "fedseq_camkd",
+  }
   # The default lists what the one-task experiment runner accepts: no continual method.
   assert set(registry.methods()) == set(everything) - set(registry.methods(("continual",)))
   # The run's memory size, and whether the server logs its L_mem drift (the claim reports do).

@@ -1,7 +1,8 @@
 """experiments/sequential.py's paper preset equals docs/reproduction.md's SFedKD table, row by row.
 
 Keys: a config field (``lr``), ``sfedkd.<field>`` / ``cwc.<arg>`` (the method's hyperparameter as a
-run of the preset resolves it: the preset's ``method_kwargs`` over the method's default), and
+run of the preset resolves it: the preset's ``method_kwargs`` over the method's default),
+``<method>.<hparam>`` for the other methods sequential.py offers (the registry's default), and
 ``<dataset>:<field>`` for the per-dataset rows (``params`` counts the network's parameters).
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.sequential import cwc as cwc_lib
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.data.sources import KNOWN_NUM_CLASSES
@@ -50,6 +52,9 @@ def resolve(key: str):
     name = field.removeprefix("cwc.")
     default = inspect.signature(cwc_lib.cwc).parameters[name].default
     return config.method_kwargs.get(name, default)
+  method, dot, name = field.partition(".")
+  if dot and method in sequential.METHODS:  # another method's registry default (the preset's is
+    return registry.declared_hparams(method)[name]  # sfedkd, whose method_kwargs these are not)
   return config[field]
 
 

@@ -22,10 +22,20 @@ Distillation"; docs/methods.md "SFedKD". What it computes, per round r:
 
 Defaults (paper 004, Sect. 4.1 and 4.3.2; Eq. 5): K = 5 of M = 10, γ = 1, β = 3, d = KL,
 ε = 1e-4; τ = 4 without τ² (see above).
+
+Ablation switches (004 §4.3.1 Table 2 and §4.3.4 Table 3; off by default, which is the paper's
+method): ``uniform_g`` / ``uniform_h`` replace g_k or h_k by 1/K (Table 2's ✗ columns), and
+``selection="random"`` draws the K teachers uniformly from the previous round's M clients
+(Table 3's "Random") instead of Algorithm 1, from the round's ``end`` key.
+
+The teacher pool (selection at round end, the stacked teachers in the server state, their logits
+inside the client step) is :func:`teacher_kd_chain`, which the other multi-teacher KD methods on
+FedSeq (mtkd.py: 004 Table 2's AVER, EBKD, CA-MKD) share; only the KD term differs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -42,7 +52,7 @@ from fedjax_proj.algorithms.sequential.base import (
   default_handoff,
 )
 from fedjax_proj.core import tree as tree_lib
-from fedjax_proj.core.types import Array, Batch, Model, RoundData
+from fedjax_proj.core.types import Array, Batch, Model, PyTree, RoundData
 
 TEACHER_FORWARDS = ("auto", "vmap", "unrolled")
 
@@ -67,6 +77,10 @@ class SFedKDConfig(NamedTuple):
       over weights becomes a grouped convolution, measured 2.8x slower here (FedAvg CNN, B=64,
       K=5: 1.08 s vs 0.38 s per call on the shared 2-core CPU; docs/design.md, "Measured facts
       about XLA:CPU", saw the same 2.3x).
+    uniform_g: ablation (004 Table 2): g_k = 1/K instead of Eq. 5's discrepancy share.
+    uniform_h: ablation (004 Table 2): h_k = 1/K instead of Eq. 5's inverse-discrepancy share.
+    selection: "greedy" (Algorithm 1, default) or "random" (004 Table 3: K distinct clients drawn
+      uniformly from the previous round's M).
   """
 
   num_teachers: int = 5
@@ -78,9 +92,13 @@ class SFedKDConfig(NamedTuple):
   eps: float = 1e-4
   smoothing: float = 1e-6
   teacher_forward: str = "auto"
+  uniform_g: bool = False
+  uniform_h: bool = False
+  selection: str = "greedy"
 
   def validate(self) -> SFedKDConfig:
     teacher_selection.validate_metric(self.metric)
+    teacher_selection.validate_selection(self.selection)
     if int(self.num_teachers) < 1:
       raise ValueError(f"num_teachers must be >= 1, got {self.num_teachers}.")
     if self.temperature <= 0:
@@ -94,12 +112,16 @@ class SFedKDConfig(NamedTuple):
     return self
 
 
-def cap_num_teachers(num_teachers: int | None, clients_per_round: int) -> tuple[int, str | None]:
+def cap_num_teachers(
+  num_teachers: int | None, clients_per_round: int, method: str = "sfedkd"
+) -> tuple[int, str | None]:
   """K capped to the M clients per round (teachers come from the previous round's M models).
 
   Args:
-    num_teachers: the requested K (None: the default, :class:`SFedKDConfig`'s).
+    num_teachers: the requested K (None: the default, :class:`SFedKDConfig`'s, which the
+      multi-teacher KD methods of mtkd.py share).
     clients_per_round: M.
+    method: the method's name, for the note.
 
   Returns:
     (K to use, a note saying what was capped and why, or None when nothing was).
@@ -108,7 +130,7 @@ def cap_num_teachers(num_teachers: int | None, clients_per_round: int) -> tuple[
   if k <= clients_per_round:
     return k, None
   return clients_per_round, (
-    f"SFedKD num_teachers={k} capped to {clients_per_round}: the teachers are models of the "
+    f"{method} num_teachers={k} capped to {clients_per_round}: the teachers are models of the "
     f"previous round's {clients_per_round} clients (--clients_per_round). Raise "
     "--clients_per_round to use more teachers."
   )
@@ -149,24 +171,38 @@ def multi_teacher_dkd(
   return t2 * jnp.dot(g, per_teacher_nckd), t2 * jnp.dot(h, per_teacher_tckd)
 
 
-def sfedkd(
+def teacher_kd_chain(
+  name: str,
   model: Model,
   client_optimizer: optax.GradientTransformation,
   num_classes: int,
-  config: SFedKDConfig | None = None,
+  pool: SFedKDConfig | NamedTuple,
+  kd_loss: Callable[[Array, Array, Batch, PyTree], Array],
+  init_extra: Callable[[dict, PyTree], PyTree] | None = None,
 ) -> SequentialAlgorithm:
-  """Builds SFedKD.
+  """The FedSeq chain with a pool of K teachers from the previous round (SFedKD's machinery).
+
+  Round 1 is plain FedSeq; at the end of every round K of its M handed-on models are kept as the
+  next round's teachers (``pool.selection``: Algorithm 1 on the clients' class distributions, or
+  uniformly at random from the ``end`` key). Each client minimises CE + ``kd_loss`` once there are
+  teachers.
 
   Args:
+    name: method name.
     model: the model as pure functions.
     client_optimizer: local optimiser (re-initialised at every client).
     num_classes: C, for the class distributions.
-    config: hyperparameters (``None``: the defaults).
+    pool: has ``num_teachers``, ``selection``, ``metric``, ``smoothing``, ``teacher_forward``
+      (validated by the caller).
+    kd_loss: ``kd_loss(teacher_logits [K, B, C], student_logits [B, C], batch, extra)`` -> the
+      distillation part of the client loss (a scalar; teacher logits carry no gradient).
+    init_extra: ``init_extra(shared, client_input) -> extra`` per-client constants of
+      ``kd_loss`` (SFedKD's g_k, h_k; ``shared`` holds ``teacher_dists``, ``client_input["dist"]``
+      is the client's class distribution); ``None``: none.
   """
-  config = (config or SFedKDConfig()).validate()
-  k = int(config.num_teachers)
-  vmap_teachers = config.teacher_forward == "vmap" or (
-    config.teacher_forward == "auto" and jax.default_backend() != "cpu"
+  k = int(pool.num_teachers)
+  vmap_teachers = pool.teacher_forward == "vmap" or (
+    pool.teacher_forward == "auto" and jax.default_backend() != "cpu"
   )
 
   def teacher_logits(teachers, x, mask):
@@ -177,29 +213,27 @@ def sfedkd(
     """
     forward = lambda v: model.apply(v, x, train=False, mask=mask).logits
     if vmap_teachers:
-      return jax.vmap(forward)(teachers)
-    return jnp.stack([forward(tree_lib.index_clients(teachers, i)) for i in range(k)])
+      return jax.lax.stop_gradient(jax.vmap(forward)(teachers))
+    return jax.lax.stop_gradient(
+      jnp.stack([forward(tree_lib.index_clients(teachers, i)) for i in range(k)])
+    )
 
   def loss_fn(params, batch: Batch, ctx: client_lib.StepContext):
     out, ce = client_lib.train_forward(model, params, batch, ctx)
 
     def kd(_):
       t_logits = teacher_logits(ctx.shared["teachers"], batch.x, batch.mask)
-      g, h = ctx.extra
-      nckd, tckd = multi_teacher_dkd(t_logits, out.logits, batch.y, batch.mask, g, h, config)
-      return config.gamma * nckd + config.beta * tckd
+      return kd_loss(t_logits, out.logits, batch, ctx.extra)
 
-    kd_loss = jax.lax.cond(ctx.shared["has_teachers"], kd, lambda _: jnp.zeros(()), None)
-    return ce + kd_loss, client_lib.LossAux(out.logits, out.state)
+    kd_value = jax.lax.cond(ctx.shared["has_teachers"], kd, lambda _: jnp.zeros(()), None)
+    return ce + kd_value, client_lib.LossAux(out.logits, out.state)
 
-  def init_extra(shared, client_input, key):
+  def client_extra(shared, client_input, key):
     del key
-    return teacher_selection.teacher_weights(
-      shared["teacher_dists"], client_input["dist"], config.metric, config.eps, config.smoothing
-    )
+    return init_extra(shared, client_input) if init_extra is not None else ()
 
   program = client_lib.local_training_client(
-    model, client_optimizer, loss_fn, init_extra=init_extra
+    model, client_optimizer, loss_fn, init_extra=client_extra
   )
 
   def init(variables, key):
@@ -217,7 +251,7 @@ def sfedkd(
     del key
     if k > rd.idx.shape[0]:
       raise ValueError(
-        f"SFedKD num_teachers={k} exceeds the {rd.idx.shape[0]} clients per round; lower "
+        f"{name} num_teachers={k} exceeds the {rd.idx.shape[0]} clients per round; lower "
         "num_teachers (--method_kwargs=num_teachers=...) or raise --clients_per_round."
       )
     context = {
@@ -228,9 +262,8 @@ def sfedkd(
     return context, {"variables": state.variables}, {"dist": client_distributions(rd, num_classes)}
 
   def end(state, rd, carry, outputs, order, key):
-    del key
     dists = client_distributions(rd, num_classes)[order]  # sequence order, like ``outputs``
-    picks = teacher_selection.greedy_select(dists, k, config.metric, config.smoothing)
+    picks = teacher_selection.select(dists, k, pool.selection, pool.metric, pool.smoothing, key)
     new_state = SFedKDState(
       round=state.round + 1,
       variables=carry["variables"],
@@ -243,12 +276,49 @@ def sfedkd(
     return new_state, metrics
 
   return SequentialAlgorithm(
-    name="sfedkd",
+    name=name,
     init=init,
     begin=begin,
     client=program,
     handoff=default_handoff,
     end=end,
+  )
+
+
+def sfedkd(
+  model: Model,
+  client_optimizer: optax.GradientTransformation,
+  num_classes: int,
+  config: SFedKDConfig | None = None,
+) -> SequentialAlgorithm:
+  """Builds SFedKD.
+
+  Args:
+    model: the model as pure functions.
+    client_optimizer: local optimiser (re-initialised at every client).
+    num_classes: C, for the class distributions.
+    config: hyperparameters (``None``: the defaults).
+  """
+  config = (config or SFedKDConfig()).validate()
+
+  def kd_loss(t_logits, s_logits, batch: Batch, extra):
+    g, h = extra
+    nckd, tckd = multi_teacher_dkd(t_logits, s_logits, batch.y, batch.mask, g, h, config)
+    return config.gamma * nckd + config.beta * tckd
+
+  def init_extra(shared, client_input):
+    return teacher_selection.teacher_weights(
+      shared["teacher_dists"],
+      client_input["dist"],
+      config.metric,
+      config.eps,
+      config.smoothing,
+      uniform_g=config.uniform_g,
+      uniform_h=config.uniform_h,
+    )
+
+  return teacher_kd_chain(
+    "sfedkd", model, client_optimizer, num_classes, config, kd_loss, init_extra
   )
 
 
@@ -258,4 +328,14 @@ def build(ctx, **hparams) -> SequentialAlgorithm:
   return sfedkd(ctx.model, ctx.client_optimizer, ctx.num_classes, SFedKDConfig(**hparams))
 
 
-SPEC = MethodSpec("sfedkd", "sequential", build, hparams=SFedKDConfig._field_defaults)
+SPEC = MethodSpec(
+  "sfedkd",
+  "sequential",
+  build,
+  hparams=SFedKDConfig._field_defaults,
+  choices={
+    "selection": teacher_selection.SELECTIONS,
+    "metric": teacher_selection.METRICS,
+    "teacher_forward": TEACHER_FORWARDS,
+  },
+)

@@ -21,6 +21,10 @@ Knowledge Distillation" (papers/004; docs/methods.md "SFedKD"). What this module
 * :func:`teacher_weights` (Eq. 5): g_k = d_k/Σ_j d_j (NCKD weights: more different → more weight)
   and h_k = (1/(d_k + ε))/Σ_j 1/(d_j + ε) (TCKD weights: more similar → more weight), with
   d_k = d(D^{T_k}, D^S), ε = 1e-4. If every d_k is 0, g is uniform (0/0 otherwise).
+* Ablations of 004 (Tables 2-3): :func:`random_select` (Table 3's "Random": K distinct clients
+  drawn uniformly, without replacement, from the key) in place of :func:`greedy_select`, and
+  ``uniform_g`` / ``uniform_h`` of :func:`teacher_weights` (Table 2's ✗ rows: the plain average
+  1/K in place of the discrepancy-aware weight).
 """
 
 from __future__ import annotations
@@ -31,12 +35,23 @@ import jax.numpy as jnp
 from fedjax_proj.core.types import Array
 
 METRICS = ("kl", "l1", "l2", "js")
+# How the K teachers are chosen from the previous round's M clients: Algorithm 1 or, for 004's
+# Table 3 ablation, uniformly at random.
+SELECTIONS = ("greedy", "random")
 
 
 def validate_metric(metric: str) -> str:
   if metric not in METRICS:
     raise ValueError(f"Unknown distribution metric {metric!r}; choose one of {', '.join(METRICS)}.")
   return metric
+
+
+def validate_selection(selection: str) -> str:
+  if selection not in SELECTIONS:
+    raise ValueError(
+      f"Unknown teacher selection {selection!r}; choose one of {', '.join(SELECTIONS)}."
+    )
+  return selection
 
 
 def class_distribution(labels: Array, mask: Array, num_classes: int) -> Array:
@@ -101,18 +116,56 @@ def greedy_select(
   return jnp.stack(picks).astype(jnp.int32)
 
 
+def random_select(key: Array, num_clients: int, num_teachers: int) -> Array:
+  """Table 3's "Random" (004 §4.3.4): indices [K] of K distinct clients of M, uniformly at random.
+
+  Every K-subset is equally likely (the first K of a uniform permutation); a pure function of
+  ``key``, so a run stays reproducible from its seed. Traceable (K, M static).
+  """
+  if not 1 <= num_teachers <= num_clients:
+    raise ValueError(
+      f"num_teachers={num_teachers} must be in [1, {num_clients}] (the clients of the previous "
+      "round); lower num_teachers or raise clients_per_round."
+    )
+  return jax.random.permutation(key, num_clients)[:num_teachers].astype(jnp.int32)
+
+
+def select(
+  dists: Array,
+  num_teachers: int,
+  selection: str = "greedy",
+  metric: str = "kl",
+  smoothing: float = 1e-6,
+  key: Array | None = None,
+) -> Array:
+  """Indices [K] of the teachers among the M rows of ``dists``: Algorithm 1 or :func:`random_select`
+  (which reads ``key`` only)."""
+  if validate_selection(selection) == "random":
+    if key is None:
+      raise ValueError("selection='random' needs a PRNG key; pass key=...")
+    return random_select(key, dists.shape[0], num_teachers)
+  return greedy_select(dists, num_teachers, metric, smoothing)
+
+
 def teacher_weights(
   teacher_dists: Array,
   student_dist: Array,
   metric: str = "kl",
   eps: float = 1e-4,
   smoothing: float = 1e-6,
+  uniform_g: bool = False,
+  uniform_h: bool = False,
 ) -> tuple[Array, Array]:
-  """Eq. 5: (g [K] NCKD weights, h [K] TCKD weights); each sums to 1."""
+  """Eq. 5: (g [K] NCKD weights, h [K] TCKD weights); each sums to 1.
+
+  ``uniform_g`` / ``uniform_h`` replace g or h by the plain average 1/K (004 Table 2's ✗ rows).
+  """
   d = jax.vmap(lambda t: distance(t, student_dist, metric, smoothing))(teacher_dists)
   d = jnp.maximum(d, 0.0)  # KL of smoothed float32 vectors can round to a tiny negative
   total = jnp.sum(d)
   k = d.shape[0]
   g = jnp.where(total > 0, d / jnp.where(total > 0, total, 1.0), 1.0 / k)
   inv = 1.0 / (d + eps)
-  return g, inv / jnp.sum(inv)
+  h = inv / jnp.sum(inv)
+  uniform = jnp.full((k,), 1.0 / k, jnp.float32)
+  return (uniform if uniform_g else g), (uniform if uniform_h else h)

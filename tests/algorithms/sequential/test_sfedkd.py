@@ -9,9 +9,11 @@ import optax
 import pytest
 
 from fedjax_proj.algorithms.base import make_round
+from fedjax_proj.algorithms.sequential import sfedkd as sfedkd_lib
 from fedjax_proj.algorithms.sequential import teacher_selection
 from fedjax_proj.algorithms.sequential.fedseq import fedseq
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig, multi_teacher_dkd, sfedkd
+from fedjax_proj.core import random as random_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.chain import sequence_order
 from fedjax_proj.data.federated import FederatedData
@@ -76,6 +78,10 @@ def _runs(setup, name, rounds=2):
         "vmap_scan",
       ),
       "off_scan": (sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2, 0.0, 0.0)), "vmap_scan"),
+      "random_scan": (
+        sfedkd(model, optax.sgd(LR), 3, SFedKDConfig(2, selection="random")),
+        "vmap_scan",
+      ),
       "fedseq_scan": (fedseq(model, optax.sgd(LR)), "vmap_scan"),
     }[name]
     round_fn = make_round(alg, strategy, bf)
@@ -113,6 +119,37 @@ def test_first_round_is_fedseq_and_keeps_selected_models(setup):
       atol=1e-5,
     )
   assert bool(state.has_teachers)
+
+
+def test_random_selection_keeps_the_models_the_end_key_draws(setup):
+  """selection="random" (004 Table 3): the teachers are the clients that
+  teacher_selection.random_select draws from the round's ``end`` key."""
+  x, y, model, fd, variables = setup
+  runs, _ = _runs(setup, "random_scan")
+  for r, (_, metrics) in enumerate(runs):
+    rd = helpers.round_data(fd, x, y, round_idx=r)
+    key = jax.random.key(20 + r)
+    order = np.asarray(sequence_order(key, rd.idx.shape[0]))
+    picks = np.asarray(teacher_selection.random_select(random_lib.stream_key(key, "end"), 4, 2))
+    np.testing.assert_array_equal(
+      metrics["teacher_clients"], np.asarray(rd.client_ids)[order][picks]
+    )
+
+
+def test_uniform_weight_switches_reach_the_clients(setup):
+  """uniform_g / uniform_h (004 Table 2) change the per-client weights the client program holds."""
+  x, y, model, fd, variables = setup
+  rd = helpers.round_data(fd, x, y)
+  dists = sfedkd_lib.client_distributions(rd, 3)
+  shared = {"variables": variables, "teacher_dists": dists[:2]}
+  g, h = teacher_selection.teacher_weights(dists[:2], dists[3])
+  assert abs(float(g[0] - g[1])) > 0.01 and abs(float(h[0] - h[1])) > 0.01  # not uniform already
+  for uniform_g, want in ((True, ([0.5, 0.5], h)), (False, (g, [0.5, 0.5]))):
+    cfg = SFedKDConfig(2, uniform_g=uniform_g, uniform_h=not uniform_g)
+    alg = sfedkd(model, optax.sgd(LR), 3, cfg)
+    state = alg.client.init(shared, {"dist": dists[3]}, jax.random.key(0), jnp.int32(1))
+    np.testing.assert_allclose(state.extra[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(state.extra[1], want[1], rtol=1e-6)
 
 
 def test_zero_kd_weights_equal_fedseq_and_kd_changes_training(setup):
@@ -155,3 +192,5 @@ def test_too_many_teachers_is_a_clear_error(setup):
     sfedkd(model, helpers.sgd(), 3, SFedKDConfig(metric="cos"))
   with pytest.raises(ValueError, match="Unknown teacher_forward"):
     sfedkd(model, helpers.sgd(), 3, SFedKDConfig(teacher_forward="x"))
+  with pytest.raises(ValueError, match="Unknown teacher selection"):
+    sfedkd(model, helpers.sgd(), 3, SFedKDConfig(selection="best"))

@@ -144,3 +144,59 @@ def test_teacher_weights_identical_distributions():
   g, h = teacher_selection.teacher_weights(same, same[0], "l1")
   np.testing.assert_allclose(g, 1 / 3, rtol=1e-6)
   np.testing.assert_allclose(h, 1 / 3, rtol=1e-6)
+
+
+# --- Ablations of 004 (Tables 2-3) ---
+
+
+def test_uniform_switches_replace_one_weight_by_the_average():
+  """Table 2's ✗ columns: the switched weight is 1/K, the other one stays Eq. 5's."""
+  rng = np.random.default_rng(6)
+  teachers = jnp.asarray(_random_dists(rng, 4, 6, classes_per_client=3))
+  student = jnp.asarray(_random_dists(rng, 1, 6, classes_per_client=3)[0])
+  g, h = teacher_selection.teacher_weights(teachers, student, "kl")
+  assert np.ptp(np.asarray(g)) > 0.01 and np.ptp(np.asarray(h)) > 0.01  # not uniform already
+  ug, uh = teacher_selection.teacher_weights(teachers, student, "kl", uniform_g=True)
+  np.testing.assert_allclose(ug, np.full(4, 0.25), rtol=1e-6)
+  np.testing.assert_allclose(uh, h, rtol=1e-6)
+  ug, uh = teacher_selection.teacher_weights(teachers, student, "kl", uniform_h=True)
+  np.testing.assert_allclose(ug, g, rtol=1e-6)
+  np.testing.assert_allclose(uh, np.full(4, 0.25), rtol=1e-6)
+
+
+def test_random_selection_is_uniform_over_subsets_and_reproducible():
+  """Table 3's "Random": K distinct clients, a pure function of the key, every K-subset drawn."""
+  keys = jax.random.split(jax.random.key(0), 300)
+  draw = jax.jit(jax.vmap(lambda key: teacher_selection.random_select(key, 4, 2)))
+  picks = np.asarray(draw(keys))
+  assert np.all(picks[:, 0] != picks[:, 1]) and picks.min() >= 0 and picks.max() < 4
+  counts = {}
+  for row in picks.tolist():
+    counts[frozenset(row)] = counts.get(frozenset(row), 0) + 1
+  assert len(counts) == 6  # all C(4, 2) subsets
+  # Uniform: each subset 50 of 300 expected; s.d. ≈ 6.5, so 25..75 is about 4 s.d.
+  assert all(25 <= c <= 75 for c in counts.values()), counts
+  np.testing.assert_array_equal(picks, np.asarray(draw(keys)))
+
+
+def test_random_selection_differs_from_greedy_on_a_constructed_case():
+  """Single-class clients 0, 1 (class 0) and 2, 3 (class 1): greedy always takes a complementary
+  pair (one client of each class); random also takes same-class pairs, as often as their share
+  (2 of the 6 pairs)."""
+  d = jnp.asarray(np.eye(2)[[0, 0, 1, 1]])
+  classes = np.array([0, 0, 1, 1])
+  greedy = np.asarray(teacher_selection.select(d, 2, "greedy"))
+  assert sorted(classes[greedy].tolist()) == [0, 1]
+  keys = jax.random.split(jax.random.key(1), 120)
+  picks = np.asarray(jax.vmap(lambda key: teacher_selection.select(d, 2, "random", key=key))(keys))
+  same = int(np.sum(classes[picks[:, 0]] == classes[picks[:, 1]]))
+  assert 20 <= same <= 60  # expected 40 of 120 (1/3); s.d. ≈ 5.2
+
+
+def test_selection_errors_are_clear():
+  with pytest.raises(ValueError, match="Unknown teacher selection"):
+    teacher_selection.select(jnp.ones((3, 4)) / 4, 1, "best")
+  with pytest.raises(ValueError, match="needs a PRNG key"):
+    teacher_selection.select(jnp.ones((3, 4)) / 4, 1, "random")
+  with pytest.raises(ValueError, match="num_teachers=4 must be in"):
+    teacher_selection.random_select(jax.random.key(0), 3, 4)
