@@ -75,24 +75,30 @@ def task_of(rd: RoundData) -> Array:
   return jnp.asarray(rd.extra["task"], jnp.int32)
 
 
-def mean_aggregate(update: Callable[[PyTree, dict], PyTree]) -> StreamingAggregate:
+def mean_aggregate(
+  update: Callable[..., PyTree], *, takes_round_data: bool = False
+) -> StreamingAggregate:
   """The continual methods' aggregate: the n_k-weighted mean of the clients' variables, then
   ``update(state, averaged) -> state``, with the client metrics' weighted means.
+
+  With ``takes_round_data`` the update is ``update(state, averaged, rd)``: FOT's first-layer
+  freeze reads the round's task (``rd.extra["task"]``) there.
 
   A :class:`~fedjax_proj.core.rounds.StreamingAggregate`, so the run's ``--client_chunk`` runs a
   round's clients in chunks (docs/performance.md); all clients at once it computes the mean as it
   always did (``direct``), and in chunks the same up to float summation order.
   """
+  call = update if takes_round_data else (lambda state, averaged, rd: update(state, averaged))
 
   def direct(state, rd, outputs, key):
     del key
     averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    return update(state, averaged), client_metrics(outputs, rd)
+    return call(state, averaged, rd), client_metrics(outputs, rd)
 
   def finish(state, rd, sums, key):
-    del rd, key
+    del key
     averaged, metrics = from_weighted_sums(sums, state.variables)
-    return update(state, averaged), metrics
+    return call(state, averaged, rd), metrics
 
   return StreamingAggregate(lambda state, rd, out: weighted_sums(out, rd), finish, direct=direct)
 

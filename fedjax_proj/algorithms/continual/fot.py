@@ -17,6 +17,12 @@ tasks, stored zero-padded as [d, d] so the round compiles once:
   threshold rule"): the share of the input energy covered (the paper's text, the default) or the
   authors' code's ε'.
 
+FRZ (``freeze_first``, 003 Sec. 5.2.2 and Table 6): the first projected layer trains on the first
+task only and is frozen from the second task on, so the raw samples (that layer's inputs) never
+enter a GPSE sketch: GPSE sketches only the inner layers' activations, at every task's end. From
+task 1 on the clients' gradient of the frozen layer (kernel and bias) is zero and the server
+keeps its parameters exactly (bitwise) whatever the clients send.
+
 Sketch width s = ``sketch_multiplier`` x d (docs/methods.md "FOT": 5 for CIFAR, 1 for the MNIST
 MLP; the authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
 ``conv_sketch_multiplier``). The run's chunk (``--client_chunk``, the executor's
@@ -71,6 +77,7 @@ def fot(
   sketch_dist: str = "gaussian",
   server_blas_threads: int = 1,
   threshold_rule: str = "energy",
+  freeze_first: bool = False,
 ) -> ContinualMethod:
   """Builds FOT.
 
@@ -97,6 +104,8 @@ def fot(
       threshold rule"): "energy", the paper's text (003 Sec. 4.1.2: the threshold is the portion
       of the input covered in total), measured as GPM's squared-energy criterion; or "authors",
       the authors' code's ε' = (ρ − (1 − ε))/ρ on the unsquared ratios.
+    freeze_first: FRZ of 003 Table 6: freeze the first projected layer after the first task and
+      leave it out of every GPSE round (see the module docstring).
 
   Returns:
     The :class:`ContinualMethod` (round algorithm + GPSE end-of-task hook).
@@ -113,11 +122,32 @@ def fot(
   if (dp_noise > 0) != (dp_clip > 0):
     raise ValueError("FOT's Gaussian mechanism needs both dp_clip > 0 and dp_noise > 0")
   specs = gpse.find_layers(model, variables, sample_x, task=0)
+  if freeze_first and len(specs) < 2:
+    raise ValueError(
+      f"freeze_first freezes the first of the model's Dense/Conv layers and sketches the others, "
+      f"but {model.name!r} has {len(specs)}; use a deeper model or freeze_first=False"
+    )
+  # FRZ: the frozen layer's parameters (its whole module: kernel and bias) and the layers GPSE
+  # sketches. Without FRZ every projected layer is sketched, as before.
+  frozen = specs[0].path if freeze_first else None
+  sketched = specs[1:] if freeze_first else specs
   conv_mult = sketch_multiplier if conv_sketch_multiplier is None else conv_sketch_multiplier
   widths = {
-    s.key: gpse.sketch_width(s, conv_mult if s.kind == "conv" else sketch_multiplier) for s in specs
+    s.key: gpse.sketch_width(s, conv_mult if s.kind == "conv" else sketch_multiplier)
+    for s in sketched
   }
-  program = client_lib.local_training_client(model, optimizer, task_loss(model))
+
+  def freeze_grads(grads, params, batch, ctx):
+    # From the second task on the frozen layer takes no gradient step on any client.
+    after_first = ctx.shared["task"] > 0
+    sub = jax.tree.map(
+      lambda g: jnp.where(after_first, jnp.zeros_like(g), g), _module(grads, frozen)
+    )
+    return _with_module(grads, frozen, sub), ctx.extra
+
+  program = client_lib.local_training_client(
+    model, optimizer, task_loss(model), transform_grads=freeze_grads if freeze_first else None
+  )
 
   def init(variables, key):
     del key
@@ -132,25 +162,36 @@ def fot(
     del key
     return {"variables": state.variables, "task": jnp.asarray(rd.extra["task"], jnp.int32)}, {}
 
-  def fed_project(state, averaged):
+  def fed_project(state, averaged, rd):
     params = state.variables["params"]
     delta = tree_lib.tree_sub(params, averaged["params"])
     delta = gpse.fed_project(delta, specs, state.bases)
     new_params = tree_lib.tree_sub(params, tree_lib.tree_scale(mu, delta))
+    if frozen is not None:
+      # A select, not arithmetic: the frozen layer keeps exactly the server's bits.
+      after_first = jnp.asarray(rd.extra["task"], jnp.int32) > 0
+      kept = jax.tree.map(
+        lambda old, new: jnp.where(after_first, old, new),
+        _module(params, frozen),
+        _module(new_params, frozen),
+      )
+      new_params = _with_module(new_params, frozen, kept)
     variables = {**averaged, "params": new_params}
     return state._replace(round=state.round + 1, variables=variables)
 
-  algorithm = FederatedAlgorithm("fot", init, broadcast, program, mean_aggregate(fed_project))
+  algorithm = FederatedAlgorithm(
+    "fot", init, broadcast, program, mean_aggregate(fed_project, takes_round_data=True)
+  )
 
   # ---- GPSE -------------------------------------------------------------------------------
   def g_init(shared, client_input, key):
-    return gpse.init_sketch(specs, widths), key
+    return gpse.init_sketch(sketched, widths), key
 
   def g_step(shared, state, batch, key):
     sk, final_key = state
     sk = gpse.sketch_step(
       model,
-      specs,
+      sketched,
       widths,
       shared["variables"],
       shared["bases"],
@@ -206,7 +247,7 @@ def fot(
     bases, ranks, metrics = dict(state.bases), dict(state.ranks), {"eps": eps_t}
     added = {}
     with gpse.blas_threads(server_blas_threads):
-      for s in specs:
+      for s in sketched:
         target, rho, q = gpse.rule_target(
           threshold_rule, eps_t, ratio[s.key], n, r_sq[s.key], x_sq[s.key]
         )
@@ -225,7 +266,7 @@ def fot(
         metrics[f"eps_prime/{s.key}"] = target
         metrics[f"solver/{s.key}"] = solver
       jax.block_until_ready((bases, ranks))
-    for s in specs:
+    for s in sketched:
       metrics[f"rank/{s.key}"] = int(ranks[s.key])
       metrics[f"added/{s.key}"] = int(added[s.key])
     metrics["client_seconds"] = t1 - t0
@@ -234,6 +275,20 @@ def fot(
 
   method = ContinualMethod(algorithm, end_task)
   return method
+
+
+def _module(params: dict, path: tuple[str, ...]) -> dict:
+  """The parameters of the module at ``path`` (all its leaves: kernel, bias, ...)."""
+  for p in path:
+    params = params[p]
+  return params
+
+
+def _with_module(params: dict, path: tuple[str, ...], sub: dict) -> dict:
+  """``params`` with the module at ``path`` replaced by ``sub`` (shallow copies along the path)."""
+  if not path:
+    return sub
+  return {**params, path[0]: _with_module(params[path[0]], path[1:], sub)}
 
 
 SPEC = factory_spec(
