@@ -114,8 +114,8 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
 
 @pytest.mark.parametrize(
   "method,conv",
-  [("fl", False), ("ewc", False), ("er", False), ("gpm", False), ("fot", False)]
-  + [("ewc", True), ("gpm", True), ("fot", True)],
+  [("fl", False), ("ewc", False), ("er", False), ("rgo", False), ("gpm", False), ("fot", False)]
+  + [("ewc", True), ("rgo", True), ("gpm", True), ("fot", True)],
 )
 def test_task_loop_runs_every_method(method, conv, tmp_path):
   kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
@@ -163,7 +163,7 @@ def test_unknown_method_fails_with_choices(capsys):
     pmnist.main(["--method=bogus"])
   for code, err in ((proc.returncode, proc.stderr), (e.value.code, capsys.readouterr().err)):
     assert code == 2 and "--method" in err and "bogus" in err
-    assert all(m in err for m in ("fl", "ewc", "er", "gpm", "fot")), err
+    assert all(m in err for m in ("fl", "ewc", "er", "rgo", "gpm", "fot")), err
 
 
 def _ewc_after_one_task(fisher, normalize=False):
