@@ -23,6 +23,10 @@ enter a GPSE sketch: GPSE sketches only the inner layers' activations, at every 
 task 1 on the clients' gradient of the frozen layer (kernel and bias) is zero and the server
 keeps its parameters exactly (bitwise) whatever the clients send.
 
+DP (003 Appendix H, Table 6): each client clips its sketch to Frobenius norm L (``dp_clip``) and
+adds Gaussian noise of std σ (``dp_noise``); ``dp_epsilon`` > 0 sets σ from (ε, δ), L and the
+number of clients instead (:func:`gpse.gaussian_sigma`: Table 6 uses ε = 5, δ = 1e-5, L = 1).
+
 Sketch width s = ``sketch_multiplier`` x d (docs/methods.md "FOT": 5 for CIFAR, 1 for the MNIST
 MLP; the authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
 ``conv_sketch_multiplier``). The run's chunk (``--client_chunk``, the executor's
@@ -78,6 +82,10 @@ def fot(
   server_blas_threads: int = 1,
   threshold_rule: str = "energy",
   freeze_first: bool = False,
+  dp_epsilon: float = 0.0,
+  dp_delta: float = 1e-5,
+  dp_calibration: str = "paper",
+  num_clients: int | None = None,
 ) -> ContinualMethod:
   """Builds FOT.
 
@@ -106,6 +114,13 @@ def fot(
       the authors' code's ε' = (ρ − (1 − ε))/ρ on the unsquared ratios.
     freeze_first: FRZ of 003 Table 6: freeze the first projected layer after the first task and
       leave it out of every GPSE round (see the module docstring).
+    dp_epsilon: ε of the Gaussian mechanism on the GPSE sketches (003 Appendix H, Table 6: 5);
+      0 = not calibrated (``dp_noise`` is used as given). With ε > 0 the noise std is
+      :func:`gpse.gaussian_sigma` of (ε, ``dp_delta``, the clip ``dp_clip``, ``num_clients``).
+    dp_delta: δ of the Gaussian mechanism (Table 6: 1e-5).
+    dp_calibration: :data:`gpse.DP_CALIBRATIONS`: "paper" (Appendix H's σ) or "classical"
+      (Dwork and Roth's, √2 larger).
+    num_clients: all clients of the run, C of the calibration (every client joins GPSE).
 
   Returns:
     The :class:`ContinualMethod` (round algorithm + GPSE end-of-task hook).
@@ -119,6 +134,20 @@ def fot(
     )
   if sketch_dist not in gpse.SKETCH_DISTS:
     raise ValueError(f"unknown sketch_dist {sketch_dist!r}; choose one of {gpse.SKETCH_DISTS}")
+  if dp_epsilon > 0:
+    # Checked before any compute: a calibrated run names (ε, δ) and the clip, never σ itself.
+    if dp_clip <= 0 or dp_noise > 0:
+      raise ValueError(
+        "dp_epsilon calibrates the noise to the clip: pass dp_clip > 0 (003 Appendix H uses 1) "
+        "and leave dp_noise at 0, e.g. dp_epsilon=5,dp_delta=1e-5,dp_clip=1"
+      )
+    if num_clients is None:
+      raise ValueError("dp_epsilon needs num_clients (the C of 003 Appendix H's calibration)")
+    dp_noise = gpse.gaussian_sigma(dp_epsilon, dp_delta, dp_clip, num_clients, dp_calibration)
+  elif dp_calibration not in gpse.DP_CALIBRATIONS:
+    raise ValueError(
+      f"unknown dp_calibration {dp_calibration!r}; choose one of {gpse.DP_CALIBRATIONS}"
+    )
   if (dp_noise > 0) != (dp_clip > 0):
     raise ValueError("FOT's Gaussian mechanism needs both dp_clip > 0 and dp_noise > 0")
   specs = gpse.find_layers(model, variables, sample_x, task=0)
@@ -245,6 +274,8 @@ def fot(
     t1 = time.perf_counter()
     eps_t = min(eps + eps_inc * task, 1.0)
     bases, ranks, metrics = dict(state.bases), dict(state.ranks), {"eps": eps_t}
+    if dp_noise > 0:
+      metrics["dp_noise"] = dp_noise
     added = {}
     with gpse.blas_threads(server_blas_threads):
       for s in sketched:
@@ -296,8 +327,15 @@ SPEC = factory_spec(
   "continual",
   fot,
   ctx_args=("model", "client_optimizer", "executor"),
-  ctx_kwargs=("variables", "sample_x"),
-  ranges={"eps": ranges.FRACTION},
-  choices={"threshold_rule": gpse.THRESHOLD_RULES, "sketch_dist": gpse.SKETCH_DISTS},
+  ctx_kwargs=("variables", "sample_x", "num_clients"),
+  ranges={
+    "eps": ranges.FRACTION,
+    "dp_delta": ranges.Interval(0.0, 1.0, low_open=True, high_open=True),
+  },
+  choices={
+    "threshold_rule": gpse.THRESHOLD_RULES,
+    "sketch_dist": gpse.SKETCH_DISTS,
+    "dp_calibration": gpse.DP_CALIBRATIONS,
+  },
   requires=("executor", "variables", "sample_x"),
 )
