@@ -284,6 +284,7 @@ METHODS: dict[str, str] = {
   "er": "fedjax_proj.algorithms.continual.er:SPEC",
   "rgo": "fedjax_proj.algorithms.continual.rgo:SPEC",
   "gpm": "fedjax_proj.algorithms.continual.gpm:SPEC",
+  "glfc": "fedjax_proj.algorithms.continual.glfc:SPEC",
   "fot": "fedjax_proj.algorithms.continual.fot:SPEC",
 }
 _EXTRA: dict[str, MethodSpec] = {}

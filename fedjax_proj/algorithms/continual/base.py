@@ -9,10 +9,10 @@ client pass (EWC's Fisher, FOT's GPSE) or builds batches takes the run's
 :class:`~fedjax_proj.core.executor.Executor` when it is built (``BuildContext.executor``), so the
 method never chooses how its clients run.
 
-The methods: FL (fl.py), EWC+FL (ewc.py), ER+FL (er.py), RGO+FL (rgo.py), GPM+FL (gpm.py) and
-FOT (fot.py); the subspace maths of GPM and FOT (and the layer geometry RGO shares) is gpse.py.
-:func:`task_algorithm` is the FedAvg-shaped round they share, :func:`task_loss` the CE on the
-current task's head.
+The methods: FL (fl.py), EWC+FL (ewc.py), ER+FL (er.py), RGO+FL (rgo.py), GPM+FL (gpm.py),
+GLFC+FL (glfc.py) and FOT (fot.py); the subspace maths of GPM and FOT (and the layer geometry
+RGO shares) is gpse.py. :func:`task_algorithm` is the FedAvg-shaped round they share,
+:func:`task_loss` the CE on the current task's head.
 """
 
 from __future__ import annotations
