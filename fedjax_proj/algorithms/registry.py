@@ -289,7 +289,9 @@ METHODS: dict[str, str] = {
   "fl": "fedjax_proj.algorithms.continual.fl:SPEC",
   "ewc": "fedjax_proj.algorithms.continual.ewc:SPEC",
   "er": "fedjax_proj.algorithms.continual.er:SPEC",
+  "rgo": "fedjax_proj.algorithms.continual.rgo:SPEC",
   "gpm": "fedjax_proj.algorithms.continual.gpm:SPEC",
+  "glfc": "fedjax_proj.algorithms.continual.glfc:SPEC",
   "fot": "fedjax_proj.algorithms.continual.fot:SPEC",
 }
 _EXTRA: dict[str, MethodSpec] = {}

@@ -9,9 +9,10 @@ client pass (EWC's Fisher, FOT's GPSE) or builds batches takes the run's
 :class:`~fedjax_proj.core.executor.Executor` when it is built (``BuildContext.executor``), so the
 method never chooses how its clients run.
 
-The methods: FL (fl.py), EWC+FL (ewc.py), ER+FL (er.py), GPM+FL (gpm.py) and FOT (fot.py); the
-subspace maths of GPM and FOT is gpse.py. :func:`task_algorithm` is the FedAvg-shaped round they
-share, :func:`task_loss` the CE on the current task's head.
+The methods: FL (fl.py), EWC+FL (ewc.py), ER+FL (er.py), RGO+FL (rgo.py), GPM+FL (gpm.py),
+GLFC+FL (glfc.py) and FOT (fot.py); the subspace maths of GPM and FOT (and the layer geometry
+RGO shares) is gpse.py. :func:`task_algorithm` is the FedAvg-shaped round they share,
+:func:`task_loss` the CE on the current task's head.
 """
 
 from __future__ import annotations
@@ -75,24 +76,30 @@ def task_of(rd: RoundData) -> Array:
   return jnp.asarray(rd.extra["task"], jnp.int32)
 
 
-def mean_aggregate(update: Callable[[PyTree, dict], PyTree]) -> StreamingAggregate:
+def mean_aggregate(
+  update: Callable[..., PyTree], *, takes_round_data: bool = False
+) -> StreamingAggregate:
   """The continual methods' aggregate: the n_k-weighted mean of the clients' variables, then
   ``update(state, averaged) -> state``, with the client metrics' weighted means.
+
+  With ``takes_round_data`` the update is ``update(state, averaged, rd)``: FOT's first-layer
+  freeze reads the round's task (``rd.extra["task"]``) there.
 
   A :class:`~fedjax_proj.core.rounds.StreamingAggregate`, so the run's ``--client_chunk`` runs a
   round's clients in chunks (docs/performance.md); all clients at once it computes the mean as it
   always did (``direct``), and in chunks the same up to float summation order.
   """
+  call = update if takes_round_data else (lambda state, averaged, rd: update(state, averaged))
 
   def direct(state, rd, outputs, key):
     del key
     averaged = tree_lib.weighted_mean(outputs["variables"], rd.num_examples)
-    return update(state, averaged), client_metrics(outputs, rd)
+    return call(state, averaged, rd), client_metrics(outputs, rd)
 
   def finish(state, rd, sums, key):
-    del rd, key
+    del key
     averaged, metrics = from_weighted_sums(sums, state.variables)
-    return update(state, averaged), metrics
+    return call(state, averaged, rd), metrics
 
   return StreamingAggregate(lambda state, rd, out: weighted_sums(out, rd), finish, direct=direct)
 

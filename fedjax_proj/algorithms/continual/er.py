@@ -34,10 +34,28 @@ from fedjax_proj.algorithms.continual.base import ContinualMethod, task_algorith
 from fedjax_proj.algorithms.registry import factory_spec
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.executor import Executor
-from fedjax_proj.core.types import Model
+from fedjax_proj.core.types import Array, Model
+
+# How a replay step weighs its examples (:func:`union_replay_loss`).
+REPLAY_WEIGHTINGS = ("uniform", "gradient_compensation")
 
 
-def union_replay_loss(model: Model, replay_batch: int | None = None) -> Callable:
+def compensation_weights(ce: Array, mask: Array) -> Array:
+  """GLFC's class-aware gradient compensation weights of one group of examples (a constant).
+
+  |∇_i| = 1 − p_i(y_i) = 1 − exp(−CE_i) is the size of the CE gradient at example i's true-class
+  logit; the weight is |∇_i| over the group's mean of it (Dong et al., CVPR 2022, L_GC), so the
+  group's weights average 1 and its larger-gradient examples weigh more. A group whose mean is 0
+  (no example, or all fitted exactly) keeps weight 1.
+  """
+  g = jax.lax.stop_gradient(1.0 - jnp.exp(-ce)) * mask
+  mean = jnp.sum(g) / jnp.maximum(jnp.sum(mask), 1.0)
+  return jnp.where(mean > 0, g / jnp.where(mean > 0, mean, 1.0), 1.0)
+
+
+def union_replay_loss(
+  model: Model, replay_batch: int | None = None, weighting: str = "uniform"
+) -> Callable:
   """ER's step loss: mean CE over the local batch together with a sample of the client's memory.
 
   Args:
@@ -45,11 +63,17 @@ def union_replay_loss(model: Model, replay_batch: int | None = None) -> Callable
     replay_batch: how many stored examples one step replays, drawn uniformly without replacement
       among the stored ones (Gumbel top-k); None: the local batch size, as Chaudhry et al.'s
       |B_M| = |B|. A memory with fewer examples is replayed whole.
+    weighting: "uniform" (ER: every example alike) or "gradient_compensation" (GLFC+FL, glfc.py:
+      from the second task on, each example's CE times :func:`compensation_weights` within its
+      group, the current batch and the replayed sample).
 
   Returns:
     ``loss_fn(params, batch, ctx)`` for :func:`client_lib.local_training_client`; ``ctx.extra``
     holds the client's memory ``x`` [T, P, ...], ``y`` [T, P], ``mask`` [T, P] (1 = stored).
   """
+
+  if weighting not in REPLAY_WEIGHTINGS:
+    raise ValueError(f"unknown replay weighting {weighting!r}; choose one of {REPLAY_WEIGHTINGS}")
 
   def loss_fn(params, batch, ctx):
     task = ctx.shared["task"]
@@ -75,12 +99,17 @@ def union_replay_loss(model: Model, replay_batch: int | None = None) -> Callable
       fwd_mask = jnp.where(m.any(), m, jnp.ones_like(m))
       o = task_forward(model, params, ctx.model_state, x, t, train=True, key=key, mask=fwd_mask)
       ce = optax.softmax_cross_entropy_with_integer_labels(o.logits.astype(jnp.float32), y)
-      return jnp.sum(jnp.where(m > 0, ce, 0.0))
+      return jnp.where(m > 0, ce, 0.0)
 
     keys = jax.random.split(jax.random.fold_in(ctx.key, 8), num_tasks)
-    replay_sum = jax.vmap(task_sum)(
-      memory["x"], memory["y"], chosen, jnp.arange(num_tasks), keys
-    ).sum()
+    ce_r = jax.vmap(task_sum)(memory["x"], memory["y"], chosen, jnp.arange(num_tasks), keys)
+    if weighting == "gradient_compensation":
+      # From the second task on, as GLFC's code weighs only once classes have been learned
+      # (its efficient_old_class_weight); the first task keeps weight 1.
+      later = task > 0
+      ce_b = ce_b * jnp.where(later, compensation_weights(ce_b, m_b), 1.0)
+      ce_r = ce_r * jnp.where(later, compensation_weights(ce_r, chosen), 1.0)
+    replay_sum = ce_r.sum(-1).sum()
     count = jnp.sum(m_b) + jnp.sum(chosen)
     loss = (jnp.sum(ce_b * m_b) + replay_sum) / jnp.maximum(count, 1.0)
     return loss, client_lib.LossAux(out.logits, out.state)
@@ -99,9 +128,27 @@ def er(
   replay_batch: int | None = None,
 ) -> ContinualMethod:
   """ER+FL with per-client replay buffers (see the module docstring)."""
+  loss = union_replay_loss(model, replay_batch)
+  return replay_method(
+    "er", model, optimizer, executor, loss, num_clients, num_tasks, buffer_per_task
+  )
+
+
+def replay_method(
+  name: str,
+  model: Model,
+  optimizer: optax.GradientTransformation,
+  executor: Executor,
+  loss: Callable,
+  num_clients: int,
+  num_tasks: int,
+  buffer_per_task: int,
+) -> ContinualMethod:
+  """A FedAvg method whose clients keep ER's per-task buffers and train on ``loss`` (ER's
+  :func:`union_replay_loss`, or GLFC+FL's weighting of it)."""
   p = buffer_per_task
   program = client_lib.local_training_client(
-    model, optimizer, union_replay_loss(model, replay_batch), init_extra=lambda sh, ci, k: ci
+    model, optimizer, loss, init_extra=lambda sh, ci, k: ci
   )
 
   def init_method(variables):
@@ -136,7 +183,7 @@ def er(
     }
     return state._replace(method=method), {"buffer_examples": float(new_mask.sum())}
 
-  algorithm = task_algorithm("er", init_method, broadcast_extra, program)
+  algorithm = task_algorithm(name, init_method, broadcast_extra, program)
   return ContinualMethod(algorithm, end_task)
 
 

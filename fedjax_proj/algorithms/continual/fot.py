@@ -17,6 +17,16 @@ tasks, stored zero-padded as [d, d] so the round compiles once:
   threshold rule"): the share of the input energy covered (the paper's text, the default) or the
   authors' code's ε'.
 
+FRZ (``freeze_first``, 003 Sec. 5.2.2 and Table 6): the first projected layer trains on the first
+task only and is frozen from the second task on, so the raw samples (that layer's inputs) never
+enter a GPSE sketch: GPSE sketches only the inner layers' activations, at every task's end. From
+task 1 on the clients' gradient of the frozen layer (kernel and bias) is zero and the server
+keeps its parameters exactly (bitwise) whatever the clients send.
+
+DP (003 Appendix H, Table 6): each client clips its sketch to Frobenius norm L (``dp_clip``) and
+adds Gaussian noise of std σ (``dp_noise``); ``dp_epsilon`` > 0 sets σ from (ε, δ), L and the
+number of clients instead (:func:`gpse.gaussian_sigma`: Table 6 uses ε = 5, δ = 1e-5, L = 1).
+
 Sketch width s = ``sketch_multiplier`` x d (docs/methods.md "FOT": 5 for CIFAR, 1 for the MNIST
 MLP; the authors' AlexNet code uses 1 for convolutions and 5 for the fully connected layers —
 ``conv_sketch_multiplier``). The run's chunk (``--client_chunk``, the executor's
@@ -71,6 +81,11 @@ def fot(
   sketch_dist: str = "gaussian",
   server_blas_threads: int = 1,
   threshold_rule: str = "energy",
+  freeze_first: bool = False,
+  dp_epsilon: float = 0.0,
+  dp_delta: float = 1e-5,
+  dp_calibration: str = "paper",
+  num_clients: int | None = None,
 ) -> ContinualMethod:
   """Builds FOT.
 
@@ -97,6 +112,15 @@ def fot(
       threshold rule"): "energy", the paper's text (003 Sec. 4.1.2: the threshold is the portion
       of the input covered in total), measured as GPM's squared-energy criterion; or "authors",
       the authors' code's ε' = (ρ − (1 − ε))/ρ on the unsquared ratios.
+    freeze_first: FRZ of 003 Table 6: freeze the first projected layer after the first task and
+      leave it out of every GPSE round (see the module docstring).
+    dp_epsilon: ε of the Gaussian mechanism on the GPSE sketches (003 Appendix H, Table 6: 5);
+      0 = not calibrated (``dp_noise`` is used as given). With ε > 0 the noise std is
+      :func:`gpse.gaussian_sigma` of (ε, ``dp_delta``, the clip ``dp_clip``, ``num_clients``).
+    dp_delta: δ of the Gaussian mechanism (Table 6: 1e-5).
+    dp_calibration: :data:`gpse.DP_CALIBRATIONS`: "paper" (Appendix H's σ) or "classical"
+      (Dwork and Roth's, √2 larger).
+    num_clients: all clients of the run, C of the calibration (every client joins GPSE).
 
   Returns:
     The :class:`ContinualMethod` (round algorithm + GPSE end-of-task hook).
@@ -110,14 +134,49 @@ def fot(
     )
   if sketch_dist not in gpse.SKETCH_DISTS:
     raise ValueError(f"unknown sketch_dist {sketch_dist!r}; choose one of {gpse.SKETCH_DISTS}")
+  if dp_epsilon > 0:
+    # Checked before any compute: a calibrated run names (ε, δ) and the clip, never σ itself.
+    if dp_clip <= 0 or dp_noise > 0:
+      raise ValueError(
+        "dp_epsilon calibrates the noise to the clip: pass dp_clip > 0 (003 Appendix H uses 1) "
+        "and leave dp_noise at 0, e.g. dp_epsilon=5,dp_delta=1e-5,dp_clip=1"
+      )
+    if num_clients is None:
+      raise ValueError("dp_epsilon needs num_clients (the C of 003 Appendix H's calibration)")
+    dp_noise = gpse.gaussian_sigma(dp_epsilon, dp_delta, dp_clip, num_clients, dp_calibration)
+  elif dp_calibration not in gpse.DP_CALIBRATIONS:
+    raise ValueError(
+      f"unknown dp_calibration {dp_calibration!r}; choose one of {gpse.DP_CALIBRATIONS}"
+    )
   if (dp_noise > 0) != (dp_clip > 0):
     raise ValueError("FOT's Gaussian mechanism needs both dp_clip > 0 and dp_noise > 0")
   specs = gpse.find_layers(model, variables, sample_x, task=0)
+  if freeze_first and len(specs) < 2:
+    raise ValueError(
+      f"freeze_first freezes the first of the model's Dense/Conv layers and sketches the others, "
+      f"but {model.name!r} has {len(specs)}; use a deeper model or freeze_first=False"
+    )
+  # FRZ: the frozen layer's parameters (its whole module: kernel and bias) and the layers GPSE
+  # sketches. Without FRZ every projected layer is sketched, as before.
+  frozen = specs[0].path if freeze_first else None
+  sketched = specs[1:] if freeze_first else specs
   conv_mult = sketch_multiplier if conv_sketch_multiplier is None else conv_sketch_multiplier
   widths = {
-    s.key: gpse.sketch_width(s, conv_mult if s.kind == "conv" else sketch_multiplier) for s in specs
+    s.key: gpse.sketch_width(s, conv_mult if s.kind == "conv" else sketch_multiplier)
+    for s in sketched
   }
-  program = client_lib.local_training_client(model, optimizer, task_loss(model))
+
+  def freeze_grads(grads, params, batch, ctx):
+    # From the second task on the frozen layer takes no gradient step on any client.
+    after_first = ctx.shared["task"] > 0
+    sub = jax.tree.map(
+      lambda g: jnp.where(after_first, jnp.zeros_like(g), g), _module(grads, frozen)
+    )
+    return _with_module(grads, frozen, sub), ctx.extra
+
+  program = client_lib.local_training_client(
+    model, optimizer, task_loss(model), transform_grads=freeze_grads if freeze_first else None
+  )
 
   def init(variables, key):
     del key
@@ -132,25 +191,36 @@ def fot(
     del key
     return {"variables": state.variables, "task": jnp.asarray(rd.extra["task"], jnp.int32)}, {}
 
-  def fed_project(state, averaged):
+  def fed_project(state, averaged, rd):
     params = state.variables["params"]
     delta = tree_lib.tree_sub(params, averaged["params"])
     delta = gpse.fed_project(delta, specs, state.bases)
     new_params = tree_lib.tree_sub(params, tree_lib.tree_scale(mu, delta))
+    if frozen is not None:
+      # A select, not arithmetic: the frozen layer keeps exactly the server's bits.
+      after_first = jnp.asarray(rd.extra["task"], jnp.int32) > 0
+      kept = jax.tree.map(
+        lambda old, new: jnp.where(after_first, old, new),
+        _module(params, frozen),
+        _module(new_params, frozen),
+      )
+      new_params = _with_module(new_params, frozen, kept)
     variables = {**averaged, "params": new_params}
     return state._replace(round=state.round + 1, variables=variables)
 
-  algorithm = FederatedAlgorithm("fot", init, broadcast, program, mean_aggregate(fed_project))
+  algorithm = FederatedAlgorithm(
+    "fot", init, broadcast, program, mean_aggregate(fed_project, takes_round_data=True)
+  )
 
   # ---- GPSE -------------------------------------------------------------------------------
   def g_init(shared, client_input, key):
-    return gpse.init_sketch(specs, widths), key
+    return gpse.init_sketch(sketched, widths), key
 
   def g_step(shared, state, batch, key):
     sk, final_key = state
     sk = gpse.sketch_step(
       model,
-      specs,
+      sketched,
       widths,
       shared["variables"],
       shared["bases"],
@@ -204,9 +274,11 @@ def fot(
     t1 = time.perf_counter()
     eps_t = min(eps + eps_inc * task, 1.0)
     bases, ranks, metrics = dict(state.bases), dict(state.ranks), {"eps": eps_t}
+    if dp_noise > 0:
+      metrics["dp_noise"] = dp_noise
     added = {}
     with gpse.blas_threads(server_blas_threads):
-      for s in specs:
+      for s in sketched:
         target, rho, q = gpse.rule_target(
           threshold_rule, eps_t, ratio[s.key], n, r_sq[s.key], x_sq[s.key]
         )
@@ -225,7 +297,7 @@ def fot(
         metrics[f"eps_prime/{s.key}"] = target
         metrics[f"solver/{s.key}"] = solver
       jax.block_until_ready((bases, ranks))
-    for s in specs:
+    for s in sketched:
       metrics[f"rank/{s.key}"] = int(ranks[s.key])
       metrics[f"added/{s.key}"] = int(added[s.key])
     metrics["client_seconds"] = t1 - t0
@@ -236,13 +308,34 @@ def fot(
   return method
 
 
+def _module(params: dict, path: tuple[str, ...]) -> dict:
+  """The parameters of the module at ``path`` (all its leaves: kernel, bias, ...)."""
+  for p in path:
+    params = params[p]
+  return params
+
+
+def _with_module(params: dict, path: tuple[str, ...], sub: dict) -> dict:
+  """``params`` with the module at ``path`` replaced by ``sub`` (shallow copies along the path)."""
+  if not path:
+    return sub
+  return {**params, path[0]: _with_module(params[path[0]], path[1:], sub)}
+
+
 SPEC = factory_spec(
   "fot",
   "continual",
   fot,
   ctx_args=("model", "client_optimizer", "executor"),
-  ctx_kwargs=("variables", "sample_x"),
-  ranges={"eps": ranges.FRACTION},
-  choices={"threshold_rule": gpse.THRESHOLD_RULES, "sketch_dist": gpse.SKETCH_DISTS},
+  ctx_kwargs=("variables", "sample_x", "num_clients"),
+  ranges={
+    "eps": ranges.FRACTION,
+    "dp_delta": ranges.Interval(0.0, 1.0, low_open=True, high_open=True),
+  },
+  choices={
+    "threshold_rule": gpse.THRESHOLD_RULES,
+    "sketch_dist": gpse.SKETCH_DISTS,
+    "dp_calibration": gpse.DP_CALIBRATIONS,
+  },
   requires=("executor", "variables", "sample_x"),
 )

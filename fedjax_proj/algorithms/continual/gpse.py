@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -328,6 +329,53 @@ def sketch_step(
     x_sq[spec.key] = x_sq[spec.key] + sq
     r_sq[spec.key] = r_sq[spec.key] + jnp.maximum(sq - covered, 0.0)
   return SketchState(a, x_sq, r_sq, state.n + jnp.sum(mask))
+
+
+# How the Gaussian mechanism's noise is calibrated to (ε, δ) (:func:`gaussian_sigma`).
+DP_CALIBRATIONS = ("paper", "classical")
+
+
+def gaussian_sigma(
+  epsilon: float,
+  delta: float,
+  sensitivity: float = 1.0,
+  num_clients: int = 1,
+  calibration: str = "paper",
+) -> float:
+  """Each client's noise std σ for (ε, δ)-DP of the clients' summed sketch (003 Appendix H).
+
+  Every client adds N(0, σ²) to its clipped sketch and secure aggregation reveals only the sum,
+  whose noise is N(0, C·σ²): C clients share the noise the sum needs. The sum's L2 sensitivity to
+  one client is the clip L (``sensitivity``).
+
+  * "paper": 003 Appendix H, σ² = log(1.25/δ) / (ε²·C) at L = 1 (the text asks for σ² above it;
+    this is the boundary), scaled by L for another clip: σ = L·sqrt(log(1.25/δ)/C)/ε.
+  * "classical": Dwork and Roth (2014), Thm A.1, σ_sum = L·sqrt(2·log(1.25/δ))/ε for the sum, so
+    σ = σ_sum/sqrt(C). It is √2 times the paper's; the theorem is stated for ε < 1.
+
+  Args:
+    epsilon: ε > 0.
+    delta: δ in (0, 1).
+    sensitivity: the clip L > 0.
+    num_clients: C >= 1, the clients whose noise adds up in the sum (FOT: all of them).
+    calibration: one of :data:`DP_CALIBRATIONS`.
+
+  Returns:
+    σ, the std of each client's noise.
+  """
+  if calibration not in DP_CALIBRATIONS:
+    raise ValueError(
+      f"unknown DP calibration {calibration!r}; choose one of {DP_CALIBRATIONS} ('paper': 003 "
+      "Appendix H; 'classical': Dwork and Roth's Gaussian mechanism)"
+    )
+  if not (epsilon > 0 and 0 < delta < 1 and sensitivity > 0 and num_clients >= 1):
+    raise ValueError(
+      f"the Gaussian mechanism needs epsilon > 0, 0 < delta < 1, a clip > 0 and at least one "
+      f"client; got epsilon={epsilon}, delta={delta}, clip={sensitivity}, clients={num_clients} "
+      "(003 Table 6: epsilon=5, delta=1e-5, clip 1)"
+    )
+  factor = 2.0 if calibration == "classical" else 1.0
+  return sensitivity * math.sqrt(factor * math.log(1.25 / delta) / num_clients) / epsilon
 
 
 def finish_sketch(

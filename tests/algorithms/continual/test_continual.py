@@ -114,11 +114,13 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
 
 @pytest.mark.parametrize(
   "method,conv",
-  [("fl", False), ("ewc", False), ("er", False), ("gpm", False), ("fot", False)]
-  + [("ewc", True), ("gpm", True), ("fot", True)],
+  [("fl", False), ("ewc", False), ("er", False), ("rgo", False), ("gpm", False)]
+  + [("glfc", False), ("fot", False)]
+  + [("ewc", True), ("rgo", True), ("gpm", True), ("fot", True)],
 )
 def test_task_loop_runs_every_method(method, conv, tmp_path):
   kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
+  kwargs["glfc"] = kwargs["er"]
   round_fn, _, summary = _tiny_run(method, output_dir=tmp_path, conv=conv, **kwargs.get(method, {}))
   a = summary["acc_matrix"]
   assert a[1][0] is None and a[0][0] is not None and a[1][1] is not None
@@ -163,7 +165,7 @@ def test_unknown_method_fails_with_choices(capsys):
     pmnist.main(["--method=bogus"])
   for code, err in ((proc.returncode, proc.stderr), (e.value.code, capsys.readouterr().err)):
     assert code == 2 and "--method" in err and "bogus" in err
-    assert all(m in err for m in ("fl", "ewc", "er", "gpm", "fot")), err
+    assert all(m in err for m in ("fl", "ewc", "er", "rgo", "gpm", "glfc", "fot")), err
 
 
 def _ewc_after_one_task(fisher, normalize=False):

@@ -83,3 +83,54 @@ def test_replay_sample_is_uniform_over_stored_examples_only():
     assert len(match) == 1, got
     counts[match[0]] += 1
   assert all(25 <= c <= 75 for c in counts.values()), counts  # ~50 each (p < 1e-6 outside)
+
+
+def test_glfc_weighs_each_example_by_its_gradient_over_its_groups_mean():
+  """GLFC+FL (003 F.2): L_GC's weights |∇_i| / mean |∇| with |∇_i| = 1 − p_i(y_i), taken over the
+  current batch and over the replayed examples separately (Dong et al., 2022)."""
+  model, variables, batch, memory = _setup()
+  current = np.array([_ce(model, variables, batch.x[i], int(batch.y[i]), 2) for i in range(3)])
+  stored = np.array(
+    [
+      _ce(model, variables, memory["x"][0, 0], 5, 0),
+      _ce(model, variables, memory["x"][0, 1], 6, 0),
+      _ce(model, variables, memory["x"][1, 0], 7, 1),
+    ]
+  )
+
+  def weighted(ce):
+    grad = 1.0 - np.exp(-ce)  # 1 − softmax probability of the true class
+    return np.sum(grad / grad.mean() * ce)
+
+  expected = (weighted(current) + weighted(stored)) / 6
+  loss_fn = jax.jit(union_replay_loss(model, weighting="gradient_compensation"))
+  ctx = StepContext({}, {"task": jnp.int32(2)}, memory, jax.random.key(3))
+  got = float(loss_fn(variables["params"], batch, ctx)[0])
+  assert got == pytest.approx(expected, rel=1e-5)
+  # Not ER's loss: the weights differ from 1 at these inputs.
+  assert abs(expected - (current.sum() + stored.sum()) / 6) > 1e-3 * expected
+  # The weights are constants: the gradient is that of Σ w_i CE_i / 6 at fixed w.
+  w_b = (1 - np.exp(-current)) / (1 - np.exp(-current)).mean()
+  w_r = (1 - np.exp(-stored)) / (1 - np.exp(-stored)).mean()
+  examples = [(batch.x[i], int(batch.y[i]), 2, w_b[i]) for i in range(3)]
+  examples += [(memory["x"][0, 0], 5, 0, w_r[0]), (memory["x"][0, 1], 6, 0, w_r[1])]
+  examples += [(memory["x"][1, 0], 7, 1, w_r[2])]
+
+  def fixed_weights(params):
+    total = 0.0
+    for x, y, task, w in examples:
+      v = {**variables, "params": params}
+      logits = model.apply(v, x[None], train=False, task=jnp.int32(task)).logits
+      total += w * optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray([y]))[0]
+    return total / 6
+
+  got_g = jax.jit(jax.grad(lambda p: loss_fn(p, batch, ctx)[0]))(variables["params"])
+  want_g = jax.jit(jax.grad(fixed_weights))(variables["params"])
+  for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  # The first task weighs every example 1, as GLFC's code before any class is learned.
+  first = StepContext({}, {"task": jnp.int32(0)}, {**memory, "mask": memory["mask"] * 0}, ctx.key)
+  plain = np.mean([_ce(model, variables, batch.x[i], int(batch.y[i]), 0) for i in range(3)])
+  assert float(loss_fn(variables["params"], batch, first)[0]) == pytest.approx(plain, rel=1e-5)
+  with pytest.raises(ValueError, match="unknown replay weighting 'focal'"):
+    union_replay_loss(model, weighting="focal")
