@@ -45,7 +45,13 @@ from fedjax_proj.reproduce.claims.common import (
   _beats,
   budget_overrides,
 )
-from fedjax_proj.reproduce.claims.fedgkd import FEDGKD, FEDGKD_AGNEWS, FEDGKD_CPU, FEDGKD_METHODS
+from fedjax_proj.reproduce.claims.fedgkd import (
+  FEDGKD,
+  FEDGKD_AGNEWS,
+  FEDGKD_CPU,
+  FEDGKD_METHODS,
+  FEDGKD_TABLE3,
+)
 from fedjax_proj.reproduce.claims.fedproj import (
   CPU_METHOD_KW,
   DRIFT_METHODS,
@@ -130,6 +136,7 @@ __all__ = [
   "FEDGKD_AGNEWS",
   "FEDGKD_CPU",
   "FEDGKD_METHODS",
+  "FEDGKD_TABLE3",
   "FEDPROJ_ABLATIONS",
   "FEDPROJ_DIR03",
   "FEDPROJ_DIR05",
@@ -187,6 +194,7 @@ __all__ = [
 CLAIMS: dict[str, Claim] = {
   c.name: c
   for c in (FEDPROJ_DIR03, FEDPROJ_DIR05, PILOT, FOT_NONIID, FOT_IID, SFEDKD, SFEDKD_FMNIST, FEDGKD)
+  + (FEDGKD_TABLE3,)
   + NLP_FEDPROJ
   + (FEDGKD_AGNEWS,)
 }

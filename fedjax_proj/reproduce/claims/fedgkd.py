@@ -125,3 +125,102 @@ FEDGKD_AGNEWS = Claim(
   },
   entry_kwargs={"task": "ag_news"},
 )
+
+
+# --- 002 Tables 3 and 6: the other baselines (CIFAR-10, alpha = 0.1) ------------------------------
+
+# The systems 002 compares FedGKD with beyond FedAvg (Tables 3 and 6), as a claim of their own: the
+# fedgkd-cifar10 replications are finished and never extended, so these orderings are a new
+# replication, declared here before any of its runs, every method at one commit (docs/
+# reproduction.md, "fedgkd-cifar10-table3").
+TABLE3_METHODS = ("fedavg", "fedprox", "moon", "feddistill_plus", "fedgen", "fedgkd", "fedgkd_plus")
+# Every hyperparameter the new methods depend on, pinned at their 002 settings or, where 002 gives
+# none, the library's defaults when the claim was declared (FedGKD+ is FedGKD's γ, M and T on
+# MOON's head; FedDistill+'s β = 0.1 is 002 "Parameter Setting"; FedGen's generator is a 2-layer
+# MLP of hidden width 512, its local coefficients "tuned from {0.1, 1, 10}" without the value kept).
+TABLE3_METHOD_KW = {
+  **IMAGE_METHOD_KW,
+  "fedgkd_plus": {"method_kwargs": dict(buffer_size=5, gamma=0.2, temperature=1.0)},
+  "feddistill_plus": {"method_kwargs": dict(beta=0.1, temperature=1.0)},
+  "fedgen": {
+    "method_kwargs": dict(
+      alpha=1.0,
+      beta=1.0,
+      hidden_dim=512,
+      noise_dim=64,
+      gen_batch_size=32,
+      generator_batch_size=32,
+      generator_steps=50,
+      generator_lr=3e-4,
+    )
+  },
+}
+# 002 Table 3 (best accuracy over 100 rounds) and Table 6 (round 100), CIFAR-10 alpha = 0.1.
+TABLE3_PAPER = {
+  "fedavg": {"best_test_accuracy": 69.22, "test_accuracy": 40.09},
+  "fedprox": {"best_test_accuracy": 68.79, "test_accuracy": 63.45},
+  "moon": {"best_test_accuracy": 71.12, "test_accuracy": 44.57},
+  "feddistill_plus": {"best_test_accuracy": 67.23, "test_accuracy": 43.76},
+  "fedgen": {"best_test_accuracy": 69.24, "test_accuracy": 45.25},
+  "fedgkd": {"best_test_accuracy": 72.27, "test_accuracy": 64.84},
+  "fedgkd_plus": {"best_test_accuracy": 73.06, "test_accuracy": 62.51},
+}
+# The paired sd of the power calculation: no run of the new methods exists, so it borrows the
+# largest paired sd measured at this budget (fedgkd-cifar10 cpu v1, under protocol.V2_METRIC), as
+# the gpu budget of the FedProj claims borrowed its drift results'. A new method whose own spread
+# is larger shows it in the report's measured sd (`--power`), which never changes the declaration.
+TABLE3_SD_SOURCE = (
+  "fedgkd-cifar10 cpu v1 results, seeds 0-9 (commits 942681b, 0f1cb09), borrowed: no run of "
+  "FedProx, MOON, FedDistill+, FedGen or FedGKD+ at this budget existed when it was declared"
+)
+FEDGKD_TABLE3 = Claim(
+  name="fedgkd-cifar10-table3",
+  reference="002 Table 3 (tbl:table_compare, best accuracy over rounds) and Table 6 "
+  "(tbl:acc_straggler, round 100), CIFAR-10 alpha=0.1: FedProx, MOON, FedDistill+, FedGen, FedGKD+",
+  preset="fedgkd_paper",
+  entry="experiments/cifar10.py",
+  kind="image",
+  methods=TABLE3_METHODS,
+  headline="fedgkd",
+  metrics=("best_test_accuracy", "test_accuracy"),
+  paper=TABLE3_PAPER,
+  # 002 Sec. 5.2: FedGKD "outperforms previous state-of-the-art methods"; FedGKD+ "still
+  # outperforms MOON by 1.9%" at alpha = 0.1 and beats FedAvg.
+  orderings=tuple(
+    Ordering(better, worse, metric)
+    for metric in ("best_test_accuracy", "test_accuracy")
+    for better, worse in (
+      ("fedgkd", "fedprox"),
+      ("fedgkd", "moon"),
+      ("fedgkd", "feddistill_plus"),
+      ("fedgkd", "fedgen"),
+      ("fedgkd_plus", "moon"),
+      ("fedgkd_plus", "fedavg"),
+    )
+  ),
+  budgets={
+    # fedgkd-cifar10's cpu budget, declared for protocol v2 only (no v1 seeds): the seed count is
+    # the power calculation's (`--protocol=v2 --power`): FedGKD > MOON's +1.15 needs more than the
+    # cap at the borrowed sd, so it is capped and that ordering declared underpowered.
+    "cpu": Budget(
+      FEDGKD_CPU,
+      TABLE3_METHOD_KW,
+      "fedgkd-cifar10's cpu budget (CNN, 8 rounds x 1 local epoch, Adam, Dir(0.1), 45k training "
+      "images) for 002's other baselines",
+      seeds=0,
+      v2=Replication(20, 1.83, TABLE3_SD_SOURCE, effect_metric="best_test_accuracy"),
+    ),
+    "smoke": Budget(
+      {
+        **FEDGKD_CPU,
+        "num_clients": 10,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "train_subset": 2000,
+        "test_subset": 500,
+      },
+      TABLE3_METHOD_KW,
+      "wiring only",
+    ),
+  },
+)
