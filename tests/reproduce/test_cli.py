@@ -513,7 +513,7 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
   assert (row["seeds"], row["declared"], row["mean"]) == (3, 3, pytest.approx(2.0))
   assert "| fedproj-iris-pilot | cpu | v1 | fedproj > fedavg | global_accuracy | " in block
   assert "| 3/3 | 2.00 [2.00, 2.00] |" in block
-  assert "| 0/3 | — | — | incomplete |" in block  # no feddf results: nothing paired yet
+  assert "| 0/3 | — | — | — | — | incomplete |" in block  # no feddf results: nothing paired yet
 
 
 def test_added_field_at_its_default_keeps_old_fingerprints():
