@@ -1,5 +1,5 @@
-"""A verdict's magnitude beside its direction (docs/reproduction.md, "Magnitude beside direction")
-against hand computations on constructed records."""
+"""A verdict's magnitude beside its direction (docs/reproduction.md, "Results", the protocol's
+"Magnitude beside direction") against hand computations on constructed records."""
 
 from __future__ import annotations
 

@@ -52,8 +52,8 @@ def measured_sd(claim: Claim, found: dict) -> dict[str, float]:
 
 
 # A paper gap smaller than this (points) prints as 0.00 at the papers' two decimals: a tie in the
-# paper, against which no ratio means anything (docs/reproduction.md, "Magnitude beside
-# direction").
+# paper, against which no ratio means anything (docs/reproduction.md, "Results", the protocol's
+# magnitude rule).
 ZERO_GAP = 0.005
 
 
