@@ -71,13 +71,14 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
   return names[0] if names and names[0] else None
 
 
-def card(backend: str, device_kind: str) -> str:
+def card(backend: str, device_kind: str) -> str | None:
   """The physical device a run computed on, beyond its kind: two H200s are one kind, yet a claim
   whose runs span leases spans cards, and docs/reproduction.md ("The gpu budget") names each.
 
   GPU: nvidia-smi's name and UUID of JAX's device 0, the first of ``CUDA_VISIBLE_DEVICES``
   (index 0 where unset; the device machines here hold one GPU, so the orders cannot disagree).
-  CPU: the processor's model name. Otherwise, or where neither can be read, ``device_kind``.
+  CPU: the processor's model name, None where it cannot be read (JAX's kind is only "cpu").
+  Another accelerator, or a GPU without nvidia-smi: ``device_kind``.
   """
   if backend == "gpu":
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
@@ -86,7 +87,7 @@ def card(backend: str, device_kind: str) -> str:
     if found:
       return ", ".join(part.strip() for part in found.splitlines()[0].split(","))
   if backend == "cpu":
-    return cpu_model() or device_kind
+    return cpu_model()
   return device_kind
 
 

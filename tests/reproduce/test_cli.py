@@ -333,7 +333,9 @@ def test_results_record_their_machine_and_etas_use_only_the_same_backend(
   # The report names each machine with its number of runs.
   assert cli.main([*queued, "--report"]) == 0
   text = (directory / "report.md").read_text()
-  assert "machines: CPU, " in text and "NVIDIA H200 (gpu, matmul precision default): 1 run" in text
+  card = cpu["machine"]["card"]  # the CPU's model name, where /proc/cpuinfo gives one
+  assert f"machines: CPU{f' ({card})' if card else ''}, " in text
+  assert "NVIDIA H200 (gpu, matmul precision default): 1 run" in text
 
 
 def _write(directory, method, seed, value):

@@ -30,6 +30,8 @@ def test_a_result_records_its_card(tmp_path, monkeypatch):
   cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nprocessor\t: 1\n")
   assert provenance.cpu_model(cpuinfo) == "AMD EPYC 7B13"
   assert provenance.cpu_model(tmp_path / "absent") is None
+  monkeypatch.setattr(provenance, "cpu_model", lambda: None)
+  assert provenance.card("cpu", "cpu") is None  # no model name: none, not JAX's bare "cpu"
   # Every new result carries it (CI computes on CPUs), and the report's machine line names it.
   monkeypatch.setattr(provenance, "cpu_model", lambda: "AMD EPYC 7B13")
   assert provenance.machine_info()["card"] == "AMD EPYC 7B13"
