@@ -28,6 +28,7 @@ HALF = T975 / math.sqrt(3)  # for a paired sd of 1
     (0.004, 1.0, 0.5, 1.5, False, None, "no | n/a (paper gap 0)"),  # 0.00 as printed: a tie
     (0.01, 1.0, 0.5, 1.5, False, 100.0, "no | 100.00"),  # 0.01 printed: a gap
     (None, 1.0, 0.5, 1.5, None, None, "— | —"),  # no paper number
+    (math.nan, 1.0, 0.5, 1.5, None, None, "— | —"),  # NaN reads as None, never as a tie
     (2.0, math.nan, math.nan, math.nan, None, None, "— | —"),  # no seed run
     (2.0, 3.0, None, None, None, 1.5, "— | 1.50"),  # one seed: a mean, no interval
   ],

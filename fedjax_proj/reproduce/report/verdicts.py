@@ -76,16 +76,16 @@ def magnitude(
   """The verdict's direction says whether the ordering holds; this says whether its size does:
   a "reproduced" ordering at 5x the paper's gap (or a fifth of it) reproduces the direction, not
   the number. NaN and None alike mean "not computed"."""
-
-  def known(x):
-    return x is not None and not math.isnan(x)
-
-  if not known(paper_gap):
+  if not _known(paper_gap):
     return Magnitude(None, None)
   # Plain bool and float: the interval's ends may be numpy scalars, and verdicts.json holds these.
-  inside = bool(low <= paper_gap <= high) if known(low) and known(high) else None
-  ratio = float(mean / paper_gap) if known(mean) and abs(paper_gap) >= ZERO_GAP else None
+  inside = bool(low <= paper_gap <= high) if _known(low) and _known(high) else None
+  ratio = float(mean / paper_gap) if _known(mean) and abs(paper_gap) >= ZERO_GAP else None
   return Magnitude(inside, ratio)
+
+
+def _known(x: float | None) -> bool:
+  return x is not None and not math.isnan(x)
 
 
 def magnitude_cells(m: Magnitude, paper_gap: float | None, mean: float | None) -> str:
@@ -94,7 +94,7 @@ def magnitude_cells(m: Magnitude, paper_gap: float | None, mean: float | None) -
   inside = "—" if m.inside is None else ("yes" if m.inside else "no")
   if m.ratio is not None:
     ratio = f"{m.ratio:.2f}" + (" (opposite sign)" if m.ratio < 0 else "")
-  elif paper_gap is not None and mean is not None and not math.isnan(mean):
+  elif _known(paper_gap) and _known(mean):
     ratio = "n/a (paper gap 0)"  # known both, yet no ratio: the paper's gap is ~0
   else:
     ratio = "—"
