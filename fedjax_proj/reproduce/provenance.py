@@ -52,17 +52,59 @@ def code_files(repo_root: Path = REPO_ROOT) -> list[Path]:
   return sorted(files + list((repo_root / "experiments").glob("*.py")))
 
 
+def _command(args: list[str]) -> str | None:
+  """``args``' stdout, stripped, or None where it cannot run, fails or prints nothing."""
+  try:
+    out = subprocess.run(args, capture_output=True, text=True, timeout=20, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.strip() or None
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+  """The CPU's model name (Linux's /proc/cpuinfo), or None where it is not readable."""
+  try:
+    lines = cpuinfo.read_text().splitlines()
+  except OSError:
+    return None
+  names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+  return names[0] if names and names[0] else None
+
+
+def card(backend: str, device_kind: str) -> str | None:
+  """The physical device a run computed on, beyond its kind: two H200s are one kind, yet a claim
+  whose runs span leases spans cards, and docs/reproduction.md ("The gpu budget") names each.
+
+  GPU: nvidia-smi's name and UUID of JAX's device 0, the first of ``CUDA_VISIBLE_DEVICES``
+  (index 0 where unset; the device machines here hold one GPU, so the orders cannot disagree).
+  CPU: the processor's model name, None where it cannot be read (JAX's kind is only "cpu").
+  Another accelerator, or a GPU without nvidia-smi: ``device_kind``.
+  """
+  if backend == "gpu":
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+    query = ["nvidia-smi", "--query-gpu=name,uuid", "--format=csv,noheader", "-i", visible]
+    found = _command(query)
+    if found:
+      return ", ".join(part.strip() for part in found.splitlines()[0].split(","))
+  if backend == "cpu":
+    return cpu_model()
+  return device_kind
+
+
 def machine_info() -> dict:
-  """Where a run computed: JAX's backend and device kind, the cores this process may use and the
-  machine's. A result keeps it so a report can say which machine produced which numbers (the same
-  code computes in another reduction order on a GPU) and an ETA uses times from the same kind."""
+  """Where a run computed: JAX's backend and device kind, the card (:func:`card`), the cores this
+  process may use and the machine's. A result keeps it so a report can say which machine produced
+  which numbers (the same code computes in another reduction order on a GPU) and an ETA uses
+  times from the same kind."""
   import jax
 
   from fedjax_proj.training.placement import conv_impl_for
 
+  backend, kind = jax.default_backend(), jax.devices()[0].device_kind
   return {
-    "backend": jax.default_backend(),
-    "device_kind": jax.devices()[0].device_kind,
+    "backend": backend,
+    "device_kind": kind,
+    "card": card(backend, kind),
     "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     "cpu_count": os.cpu_count(),
     # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products

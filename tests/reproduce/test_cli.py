@@ -333,7 +333,9 @@ def test_results_record_their_machine_and_etas_use_only_the_same_backend(
   # The report names each machine with its number of runs.
   assert cli.main([*queued, "--report"]) == 0
   text = (directory / "report.md").read_text()
-  assert "machines: CPU, " in text and "NVIDIA H200 (gpu, matmul precision default): 1 run" in text
+  card = cpu["machine"]["card"]  # the CPU's model name, where /proc/cpuinfo gives one
+  assert f"machines: CPU{f' ({card})' if card else ''}, " in text
+  assert "NVIDIA H200 (gpu, matmul precision default): 1 run" in text
 
 
 def _write(directory, method, seed, value):
@@ -513,7 +515,7 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
   assert (row["seeds"], row["declared"], row["mean"]) == (3, 3, pytest.approx(2.0))
   assert "| fedproj-iris-pilot | cpu | v1 | fedproj > fedavg | global_accuracy | " in block
   assert "| 3/3 | 2.00 [2.00, 2.00] |" in block
-  assert "| 0/3 | — | — | incomplete |" in block  # no feddf results: nothing paired yet
+  assert "| 0/3 | — | — | — | — | incomplete |" in block  # no feddf results: nothing paired yet
 
 
 def test_added_field_at_its_default_keeps_old_fingerprints():

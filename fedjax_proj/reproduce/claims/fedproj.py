@@ -168,8 +168,9 @@ FEDPROJ_SEEDS = {"paper": 10, "cpu": 10, "drift": 10}
 # runs: no run exists at that budget, so the power calculation borrows the largest paired sd of the
 # two orderings under protocol.V2_METRIC from the same claim's drift v2 results; the paper's gaps
 # to FedDF (+1.60, +1.84) need more than protocol.V2_MAX_SEEDS at either sd, so both are capped.
+# The seeds are those the drift replication declared and ran: 20 at Dir(0.3), 17 at Dir(0.5).
 GPU_SD_SOURCE = (
-  "fedproj-cifar10-dir{beta} drift v2 results, seeds 1000-1019 (commit fe6209b), borrowed for the "
+  "fedproj-cifar10-dir{beta} drift v2 results, seeds {seeds} (commit fe6209b), borrowed for the "
   "gpu budget"
 )
 FEDPROJ_DIR03 = _fedproj_cifar(
@@ -178,7 +179,7 @@ FEDPROJ_DIR03 = _fedproj_cifar(
   FEDPROJ_SD,
   FEDPROJ_SD_SOURCE,
   Replication(20, 4.17, "fedproj-cifar10-dir0.3 drift v1 results, seeds 0-9 (commit a97d70a)"),
-  Replication(20, 3.39, GPU_SD_SOURCE.format(beta="0.3"), device="gpu"),
+  Replication(20, 3.39, GPU_SD_SOURCE.format(beta="0.3", seeds="1000-1019"), device="gpu"),
 )
 FEDPROJ_DIR05 = _fedproj_cifar(
   "0.5",
@@ -186,7 +187,7 @@ FEDPROJ_DIR05 = _fedproj_cifar(
   FEDPROJ_SD,
   FEDPROJ_SD_SOURCE + ", borrowed for Dir(0.5)",
   Replication(17, 2.19, "fedproj-cifar10-dir0.5 drift v1 results, seeds 0-9 (commit 57b3c62)"),
-  Replication(20, 2.65, GPU_SD_SOURCE.format(beta="0.5"), device="gpu"),
+  Replication(20, 2.65, GPU_SD_SOURCE.format(beta="0.5", seeds="1000-1016"), device="gpu"),
 )
 
 # --- NLP: FedProj (paper 001, Table 2) ---------------------------------------------------------

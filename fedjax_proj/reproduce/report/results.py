@@ -175,13 +175,17 @@ def computation(result: dict) -> tuple:
 
 def machine_label(result: dict) -> str:
   """Which machine a result ran on, in words (results from before machines were recorded ran
-  on this project's CPU machine)."""
+  on this project's CPU machine), naming its card where the result recorded one (results from
+  before cards were recorded name the kind only)."""
   m = result.get("machine")
   if not m:
     return "not recorded (this project's 2-core CPU machine)"
+  card = m.get("card")
   if m.get("backend") == "cpu":
-    return f"CPU, {m.get('cores')} of {m.get('cpu_count')} cores"
-  return f"{m.get('device_kind')} ({m.get('backend')}, matmul precision {arithmetic(result)})"
+    model = f" ({card})" if card else ""
+    return f"CPU{model}, {m.get('cores')} of {m.get('cpu_count')} cores"
+  name = card or m.get("device_kind")
+  return f"{name} ({m.get('backend')}, matmul precision {arithmetic(result)})"
 
 
 def arithmetic(result: dict) -> str:

@@ -15,6 +15,8 @@ from fedjax_proj.reproduce.report.verdicts import (
   _p,
   _paired_cells,
   declared_seeds,
+  magnitude,
+  magnitude_cells,
   paired_rows,
   verdict_records,
 )
@@ -214,10 +216,15 @@ def glance_table(results: Path) -> list[str]:
       for r in sorted(records, key=lambda r: r.get("protocol", "v1")):  # v1, then v2
         gap = "—" if r["paper_gap"] is None else f"{r['paper_gap']:+.2f}"
         p = "—" if r["p_holm"] is None else _p(r["p_holm"])
+        # From the record's own numbers, so a verdicts.json written before it held the magnitude
+        # reads the same.
+        size = magnitude_cells(
+          magnitude(r["paper_gap"], r["mean"], r["low"], r["high"]), r["paper_gap"], r["mean"]
+        )
         rows.append(
           f"| {name} | {budget} | {r.get('protocol', 'v1')} | {r['better']} > {r['worse']} | "
-          f"{r['metric']} | {gap} | {r['seeds']}/{r['declared']} | {_glance_mean(r)} | {p} | "
-          f"{r['verdict']} |"
+          f"{r['metric']} | {gap} | {r['seeds']}/{r['declared']} | {_glance_mean(r)} | {size} | "
+          f"{p} | {r['verdict']} |"
         )
   if not seen:  # no result at all: nothing to glance at, however much is declared
     return []
@@ -227,14 +234,16 @@ def glance_table(results: Path) -> list[str]:
     "Every pre-registered ordering of every claim and budget with results (generated from each "
     f"report's `{VERDICTS_FILE}`), and of every declared v2 replication, run or not: the paper's "
     "gap, the seeds run out of those declared, the mean paired difference in points (> 0 favours "
-    "the claimed winner) with its 95% interval, and the Holm-adjusted p. v1 is the protocol "
-    "every earlier verdict used; v2 its confirmatory replication on fresh seeds and a "
+    "the claimed winner) with its 95% interval, whether the paper's gap lies in that interval and "
+    "our mean over the paper's gap (the verdict says whether the direction holds, these two "
+    'whether the size does: "Magnitude beside direction" above), and the Holm-adjusted p. v1 is '
+    "the protocol every earlier verdict used; v2 its confirmatory replication on fresh seeds and a "
     'late-training metric ("Protocol v2"). The sections below hold each claim\'s tables, curves, '
     "machines and commits.",
     "",
     "| claim | budget | protocol | ordering | metric | paper gap | seeds "
-    "| mean diff [95% interval] | p (Holm) | verdict |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| mean diff [95% interval] | paper gap in interval | ours / paper | p (Holm) | verdict |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
     *rows,
     "",
   ]

@@ -1,6 +1,7 @@
 """The pre-registered verdicts (fedjax_proj/reproduce/protocol.py): each claimed ordering paired
-per seed on the declared seeds, Holm-adjusted, as a table and as ``verdicts.json`` records; and the
-exploratory paired rows and the paired sd the power calculation reads."""
+per seed on the declared seeds, Holm-adjusted, as a table and as ``verdicts.json`` records, each
+with its magnitude beside the paper's (:func:`magnitude`); and the exploratory paired rows and the
+paired sd the power calculation reads."""
 
 from __future__ import annotations
 
@@ -48,6 +49,56 @@ def measured_sd(claim: Claim, found: dict) -> dict[str, float]:
         if len(diffs) >= stats.MIN_SEEDS:
           out[metric] = round(max(out.get(metric, 0.0), stats.mean_std(diffs)[1]), 2)
   return out
+
+
+# A paper gap smaller than this (points) prints as 0.00 at the papers' two decimals: a tie in the
+# paper, against which no ratio means anything (docs/reproduction.md, "Results", the protocol's
+# magnitude rule).
+ZERO_GAP = 0.005
+
+
+class Magnitude(NamedTuple):
+  """How our mean paired difference compares in size with the paper's gap.
+
+  ``inside``: the paper's gap lies in our 95% interval (None: no paper gap or no interval);
+  ``ratio``: our mean / the paper's gap (None: no paper gap, no mean, or a paper gap within
+  :data:`ZERO_GAP` of 0). Both signed as the verdict is, > 0 favouring the claimed winner, so a
+  ratio < 0 means our difference and the paper's point opposite ways.
+  """
+
+  inside: bool | None
+  ratio: float | None
+
+
+def magnitude(
+  paper_gap: float | None, mean: float | None, low: float | None, high: float | None
+) -> Magnitude:
+  """The verdict's direction says whether the ordering holds; this says whether its size does:
+  a "reproduced" ordering at 5x the paper's gap (or a fifth of it) reproduces the direction, not
+  the number. NaN and None alike mean "not computed"."""
+  if not _known(paper_gap):
+    return Magnitude(None, None)
+  # Plain bool and float: the interval's ends may be numpy scalars, and verdicts.json holds these.
+  inside = bool(low <= paper_gap <= high) if _known(low) and _known(high) else None
+  ratio = float(mean / paper_gap) if _known(mean) and abs(paper_gap) >= ZERO_GAP else None
+  return Magnitude(inside, ratio)
+
+
+def _known(x: float | None) -> bool:
+  return x is not None and not math.isnan(x)
+
+
+def magnitude_cells(m: Magnitude, paper_gap: float | None, mean: float | None) -> str:
+  """The two table cells of :func:`magnitude`: "yes"/"no" and the ratio, with a word where the
+  ratio is not a plain multiple (opposite signs, a paper tie); "—" where nothing is computed."""
+  inside = "—" if m.inside is None else ("yes" if m.inside else "no")
+  if m.ratio is not None:
+    ratio = f"{m.ratio:.2f}" + (" (opposite sign)" if m.ratio < 0 else "")
+  elif _known(paper_gap) and _known(mean):
+    ratio = "n/a (paper gap 0)"  # known both, yet no ratio: the paper's gap is ~0
+  else:
+    ratio = "—"
+  return f"{inside} | {ratio}"
 
 
 class Confirmatory(NamedTuple):
@@ -138,6 +189,10 @@ def _p(x: float) -> str:
   return "—" if math.isnan(x) else (f"{x:.4f}" if x >= 1e-4 else f"{x:.1e}")
 
 
+def _gap(x: float | None) -> str:
+  return "—" if x is None else f"{x:+.2f}"
+
+
 def verdict_text(r: Confirmatory, diverged: dict | None) -> str:
   """``r``'s verdict, or "not computable" where a diverged run broke a pre-registered pair."""
   lost = {
@@ -159,10 +214,12 @@ def verdict_records(
   claim: Claim, found: dict, budget: str, equivalent=(), diverged: dict | None = None
 ) -> list[dict]:
   """The verdict table's rows as plain values (``verdicts.json``; NaN as None), with the paper's
-  gap for each ordering (None where the paper gives no number)."""
+  gap for each ordering (None where the paper gives no number) and :func:`magnitude`'s two
+  answers (``paper_gap_in_interval``, ``ratio_to_paper``)."""
   records = []
   for r in confirmatory_rows(claim, found, budget, equivalent):
     gap = protocol.paper_effect(claim, r.better, r.worse, r.metric, r.metric in LOWER_IS_BETTER)
+    m = magnitude(gap, r.paired.mean, r.paired.low, r.paired.high)
     records.append(
       {
         "better": r.better,
@@ -174,6 +231,8 @@ def verdict_records(
         "mean": _number(r.paired.mean),
         "low": _number(r.paired.low),
         "high": _number(r.paired.high),
+        "paper_gap_in_interval": m.inside,
+        "ratio_to_paper": m.ratio,
         "wins": r.paired.wins,
         "p": _number(r.p),
         "p_holm": _number(r.p_holm),
@@ -194,16 +253,21 @@ def verdict_table(
     "before running by the power calculation of fedjax_proj/reproduce/protocol.py): paired "
     "per-seed difference, > 0 favours the claimed winner; two-sided paired t-test, p "
     f"Holm-adjusted across the claim's {len(rows)} orderings; reproduced / not reproduced at "
-    f"adjusted p < {protocol.ALPHA}; incomplete while fewer than {declared} seeds have run.",
+    f"adjusted p < {protocol.ALPHA}; incomplete while fewer than {declared} seeds have run. The "
+    "verdict is the direction; the size beside the paper's: whether the paper's gap (signed the "
+    "same way) lies in our 95% interval, and our mean difference over it (< 0: opposite sign).",
     "",
-    "| claim | metric | seeds | mean diff | std | seeds favouring | 95% interval | p | p (Holm) "
-    "| verdict |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| claim | metric | seeds | mean diff | std | seeds favouring | 95% interval | paper gap "
+    "| paper gap in interval | ours / paper | p | p (Holm) | verdict |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
+    gap = protocol.paper_effect(claim, r.better, r.worse, r.metric, r.metric in LOWER_IS_BETTER)
+    m = magnitude(gap, r.paired.mean, r.paired.low, r.paired.high)
     lines.append(
-      f"| {r.better} > {r.worse} | {r.metric} | {_paired_cells(r.paired)} | {_p(r.p)} | "
-      f"{_p(r.p_holm)} | {verdict_text(r, diverged)} |"
+      f"| {r.better} > {r.worse} | {r.metric} | {_paired_cells(r.paired)} | {_gap(gap)} | "
+      f"{magnitude_cells(m, gap, r.paired.mean)} | {_p(r.p)} | {_p(r.p_holm)} | "
+      f"{verdict_text(r, diverged)} |"
     )
   refused = [f"{r.better} > {r.worse} seeds {list(r.refused)}" for r in rows if r.refused]
   if refused:
