@@ -22,6 +22,9 @@ from fedjax_proj.reproduce.claims import CLAIMS
 METHODS = {
   "fedproj-cifar10-dir0.5": ("fedproj",),
   "fedgkd-cifar10": ("fedgkd_vote",),
+  # FedGen: the server's generator on the paper's GroupNorm ResNet-8 head (the table's one
+  # method with a server-side model of its own).
+  "fedgkd-cifar10-table3": ("fedgen",),
   "sfedkd-cifar10-exdir": ("sfedkd",),
   "sfedkd-fmnist-exdir": ("sfedkd",),  # LeNet-5 on grayscale Fashion-MNIST
   "fot-pmnist-noniid": ("ewc",),
