@@ -94,7 +94,9 @@ FIELDS = fields_lib.table(
     help="number of clients each task's training set is split over",
   ),
   fields_lib.variant(_SHARED["clients_per_round"], default=64),
-  Field("rounds_per_task", 200, "communication rounds per task", ranges.AT_LEAST_ONE),
+  Field(
+    "rounds_per_task", 200, "communication rounds per task", ranges.ROUNDS, fix=ranges.ROUNDS_FIX
+  ),
   # FL only: rounds of tasks 2..K (F.4: "vanilla FL for 1100 rounds in total, where first task is
   # run for 200 and the others for 100 rounds"); 0 = rounds_per_task for every task.
   Field(

@@ -52,7 +52,6 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument(
     "--budget",
     default="cpu",
-    choices=claims_lib.BUDGETS,
     help="paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
     "forgetting mechanism in play on a CPU, where a claim has it), mnist (SFedKD's on MNIST, the "
     "offline analogue of Fashion-MNIST), smoke (wiring) (default: cpu)",
@@ -78,7 +77,7 @@ def parse_args(argv) -> argparse.Namespace:
     "--power", action="store_true", help="print the power calculation behind the seed count"
   )
   p.add_argument(
-    "--methods", default="", help="comma-separated subset (default: the budget's methods)"
+    "--methods", default=None, help="comma-separated subset (default: the budget's methods)"
   )
   p.add_argument("--report", action="store_true", help="write report.md and figures")
   p.add_argument("--no_run", action="store_true", help="only list statuses / report")
@@ -135,19 +134,42 @@ def parse_args(argv) -> argparse.Namespace:
       p.error("--jobs does not apply to --sweep; run the sweep in one process")
   if not (args.claim or args.update_docs or args.list):
     p.error("give a CLAIM (or --list / --update_docs); claims: " + ", ".join(claims_lib.CLAIMS))
+  # --power and --dry_run print and run nothing, so a flag about running or reporting beside them
+  # would be dropped without a word; every pair of the three modes is refused by name.
+  modes = [f for f in ("power", "dry_run", "report", "no_run", "sweep") if getattr(args, f)]
+  only = [f for f in modes if f in ("power", "dry_run")]
+  if only and len(modes) > 1:
+    others = ", ".join(f"--{f}" for f in modes if f != only[0])
+    p.error(
+      f"--{only[0]} only prints (it runs and reports nothing), so {others} would be ignored; "
+      f"pass --{only[0]} alone, or leave it out"
+    )
+  if not args.claim and args.budget not in claims_lib.BUDGETS:
+    p.error(f"unknown --budget={args.budget}; choose from {', '.join(claims_lib.BUDGETS)}")
   if args.claim:
     try:
       claim = claims_lib.get_claim(args.claim)
     except ValueError as e:
       p.error(str(e))
-    if args.budget not in claim.budgets:
-      p.error(f"claim {claim.name} has no budget {args.budget!r}")
-    args.method_list = _csv(args.methods) or list(claim.at(args.budget).methods)
+    if args.budget not in claim.budgets:  # an unknown name or another claim's budget
+      p.error(
+        f"claim {claim.name} has no budget {args.budget!r}; its budgets: {', '.join(claim.budgets)}"
+      )
+    if args.methods is not None and not _csv(args.methods):  # given but empty: not the default
+      p.error(
+        f"--methods={args.methods} lists no method; list them, e.g. --methods="
+        f"{','.join(claim.at(args.budget).methods[:2])}, or leave the flag out for the budget's "
+        f"methods ({', '.join(claim.at(args.budget).methods)})"
+      )
+    args.method_list = _csv(args.methods) if args.methods else list(claim.at(args.budget).methods)
     bad = [m for m in args.method_list if m not in claim.runnable]
     if bad:
       p.error(
         f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
       )
+    twice = [m for m in dict.fromkeys(args.method_list) if args.method_list.count(m) > 1]
+    if twice:  # each would queue the same run twice, the second finding the first's lock
+      p.error(f"--methods lists {', '.join(twice)} more than once; list each method once")
     b = claim.budgets[args.budget]
     if args.protocol == "v2" and b.v2 is None:
       with_v2 = [

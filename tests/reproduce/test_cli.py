@@ -442,6 +442,24 @@ def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
     (["fedproj-iris-pilot", "--seeds="], "--seeds= lists no seed; list them, e.g. --seeds=0,1,2"),
     (["fedproj-iris-pilot", "--seeds=,"], "--seeds=, lists no seed"),
     (["fot-pmnist-iid", "--sweep"], "--sweep applies to fedproj-iris-pilot only"),
+    # Empty, as an unset shell variable gives: not the default (every method of the budget).
+    (["fedproj-iris-pilot", "--methods="], "--methods= lists no method; list them, e.g."),
+    (["fedproj-iris-pilot", "--methods=,"], "or leave the flag out for the budget's methods"),
+    # Twice: the second would find the first's result and call it another process's.
+    (["fedproj-iris-pilot", "--methods=fedavg,fedavg"], "--methods lists fedavg more than once"),
+    # A mode that only prints drops the others silently: refused by name.
+    (
+      ["fedproj-iris-pilot", "--dry_run", "--no_run", "--report"],
+      "--dry_run only prints (it runs and reports nothing), so --report, --no_run would be",
+    ),
+    (["fedproj-iris-pilot", "--power", "--dry_run"], "--power only prints (it runs and"),
+    (["fedproj-iris-pilot", "--power", "--report"], "so --report would be ignored"),
+    # An unknown budget lists the claim's budgets, not every claim's.
+    (
+      ["fedproj-iris-pilot", "--budget=cpuu"],
+      "has no budget 'cpuu'; its budgets: paper, cpu, smoke",
+    ),
+    (["--list", "--budget=cpuu"], "unknown --budget=cpuu; choose from smoke, cpu"),
   ],
 )
 def test_bad_input_exits_2_with_the_fix(argv, message, capsys):

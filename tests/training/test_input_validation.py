@@ -55,6 +55,9 @@ def _main(flags, tmp_path):
     (["--seed=-1"], "--seed must be in [0, 4294967295)"),
     (["--seed=1180591620717411303424"], "--seed must be in [0, 4294967295)"),
     (["--eval_batch_size=0"], "--eval_batch_size must be >= 1"),
+    # Round r's key folds r in as a uint32: 2**32 rounds (indices 0..2**32-1) is the most.
+    (["--rounds=100000000000000000000"], "--rounds must be in [1, 4294967296] (a whole number)"),
+    (["--rounds=4294967297"], "as a 32-bit integer (core/random.py)"),
     (["--method=fedprox", "--method_kwargs=mu=nan"], "--method_kwargs mu must be >= 0, got nan"),
     (["--method=fedntd", "--method_kwargs=temperature=0"], "temperature must be > 0, got 0"),
     (["--method=fedprox", "--method_kwargs=mu=0.1,mu=0.2"], "gives mu twice (0.1 and '0.2')"),
@@ -90,6 +93,7 @@ def test_memory_size_in_method_kwargs_alone_becomes_the_flag(tmp_path):
     (["--lr=nan"], "--lr must be > 0, got nan"),
     (["--method=fot", "--method_kwargs=eps=inf"], "--method_kwargs eps must be in [0, 1], got inf"),
     (["--method_kwargs=eps=0.9,eps=0.8"], "gives eps twice"),
+    (["--rounds_per_task=4294967297"], "--rounds_per_task must be in [1, 4294967296]"),
   ],
 )
 def test_continual_entry_refuses_bad_numbers_before_data(flags, message, capsys, monkeypatch):
