@@ -89,6 +89,12 @@ def parse_args(argv) -> argparse.Namespace:
     "a 2-core CPU, seconds for each further one; image and text claims)",
   )
   p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")
+  p.add_argument(
+    "--debug",
+    action="store_true",
+    help="also print a failed run's traceback (always kept in <method>-seed<k>.traceback beside "
+    "its result)",
+  )
   p.add_argument("--sweep", action="store_true", help="fedproj-iris-pilot: run the regime grid")
   p.add_argument("--update_docs", action="store_true", help="regenerate docs' results section")
   p.add_argument("--list", action="store_true", help="list the claims")

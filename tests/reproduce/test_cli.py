@@ -89,8 +89,24 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
   ]
   assert "FAILED fedproj-iris-pilot smoke fedavg seed 1: FloatingPointError" in out
   assert "1 run(s) failed" in err and "non-finite train loss" in err
+  # The clean line only; the traceback is kept beside the result, and the line says where.
+  kept = directory / "fedavg-seed1.traceback"
+  assert "Traceback" not in out + err and f"traceback in {kept}; --debug prints it here" in out
+  assert kept.read_text().startswith("Traceback") and "in runner" in kept.read_text()
   assert (directory / "report.md").is_file()  # the finished runs are reported
   assert cli.main(args) == 0 and calls == [0, 1, 2, 1]  # a rerun retries only the failed run
+  assert not kept.exists()  # the retried run succeeded: its old traceback is gone
+
+
+def test_debug_prints_a_failed_runs_traceback(tmp_path, capsys, monkeypatch):
+  def runner(claim, config, work, log):
+    raise ValueError("data/x.npz is truncated")
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  argv = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", "--debug"]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in err and "in runner" in err
 
 
 def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys, monkeypatch):
