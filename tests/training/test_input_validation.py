@@ -189,3 +189,23 @@ def test_an_output_dir_name_too_long_is_one_line(tmp_path, capsys):
   err = capsys.readouterr().err
   assert code == 1 and err.count("\n") == 1
   assert "File name too long (ENAMETOOLONG)" in err and "shorter --output_dir" in err
+
+
+def test_resume_on_a_folder_of_runs_names_them_not_an_empty_folder(tmp_path):
+  from fedjax_proj.training import rundir
+
+  for k in range(7):  # the runs' folder, as --output_dir=runs/<name> leaves it
+    (tmp_path / f"run{k}" / "checkpoints" / "1").mkdir(parents=True)
+  with pytest.raises(rundir.RunDirError) as e:
+    rundir.check_run_dir(tmp_path, resume=True, overwrite=False)
+  msg = str(e.value)
+  assert "is empty" not in msg and "is not a run directory but holds 7 of them" in msg
+  assert " and 2 more); pass the one to resume as --output_dir" in msg
+  assert f"--output_dir={tmp_path}/run" in msg
+  only_notes = tmp_path / "run0" / "checkpoints" / "1"  # neither a run nor a folder of runs
+  (only_notes / "notes.txt").write_text("")
+  with pytest.raises(rundir.RunDirError, match=r"holds no run files \(metrics.jsonl, checkpo"):
+    rundir.check_run_dir(only_notes, resume=True, overwrite=False)
+  (only_notes / "notes.txt").unlink()
+  with pytest.raises(rundir.RunDirError, match=f"{only_notes} is empty, so there is nothing"):
+    rundir.check_run_dir(only_notes, resume=True, overwrite=False)
