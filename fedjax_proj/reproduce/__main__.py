@@ -307,8 +307,9 @@ def main(argv=None) -> int:
     print(f"error: --results={results} is a file, not a folder; pass a folder.", file=sys.stderr)
     return 1
   if args.list:
-    for c in claims_lib.CLAIMS.values():
+    for c in claims_lib.CLAIMS.values():  # a reference cites its paper by file number only
       print(f"{c.name:24s} {c.reference}  methods: {', '.join(c.methods)}")
+      print(f"{'':24s} paper {c.paper_title}")
   if args.claim:
     claim = claims_lib.get_claim(args.claim)
     try:

@@ -485,6 +485,20 @@ def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
   assert message in capsys.readouterr().err
 
 
+def test_list_names_each_claims_paper_by_title(capsys):
+  from fedjax_proj.reproduce import claims
+
+  assert cli.main(["--list"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 2 * len(claims.CLAIMS)  # a claim's line, then its paper's
+  for name, paper in zip(lines[::2], lines[1::2]):
+    claim = claims.get_claim(name.split()[0])
+    number = claim.reference.split()[0]
+    assert paper.split()[:3] == ["paper", number, "="] and claims.PAPERS[number] in paper
+  fot = lines.index(next(x for x in lines if x.startswith("fot-pmnist-iid ")))
+  assert '003 = FOT, "Federated Orthogonal Training: Mitigating' in lines[fot + 1]
+
+
 def test_missing_data_folder_is_an_error_before_any_run(tmp_path, capsys):
   argv = ["fedproj-cifar10-dir0.3", "--budget=smoke", f"--data={tmp_path / 'absent'}"]
   assert cli.main([*argv, f"--results={tmp_path}"]) == 1
