@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -301,7 +302,8 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  argv = sys.argv[1:] if argv is None else argv
+  args = parse_args(argv)
   results = Path(args.results)
   if results.exists() and not results.is_dir():  # read or written, never taken for an empty one
     print(f"error: --results={results} is a file, not a folder; pass a folder.", file=sys.stderr)
@@ -343,7 +345,13 @@ def main(argv=None) -> int:
           directory = results / claim.name / args.budget
           current = current_fingerprints(claim, args.budget, directory, root)
           expected = {**current, **expected}
-          print(report.write_report(claim, args.budget, directory, expected))
+          # The command as given (its --methods, --seeds, --data kept): pasted, it reruns this.
+          command = f"python -m fedjax_proj.reproduce {shlex.join(argv)}"
+          print(report.write_report(claim, args.budget, directory, expected, command))
+          if (directory / "report.md").is_file():
+            print(f"wrote {directory / 'report.md'} (and its figures beside it)")
+          else:
+            print(f"note: {directory} holds no results, so no report.md was written")
         if failed is not None:
           raise failed
     except TrainingInterrupted as e:

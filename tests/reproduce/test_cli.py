@@ -44,6 +44,27 @@ def _fake_runner(calls):
   return runner
 
 
+def test_report_names_its_file_and_a_command_that_reruns_exactly(tmp_path, capsys, monkeypatch):
+  import shlex
+
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  results = tmp_path / "results"
+  argv = [*PILOT_SMOKE, "--seeds=1,2", f"--data={tmp_path}", f"--results={results}", "--report"]
+  assert cli.main(argv) == 0 and calls == [1, 2]
+  written = results / PILOT.name / "smoke" / "report.md"
+  assert f"wrote {written} (and its figures beside it)" in capsys.readouterr().out
+  line = next(x for x in written.read_text().splitlines() if x.startswith("Command: `"))
+  command = shlex.split(line[len("Command: `") : -len("`.")])
+  assert command[:3] == ["python", "-m", "fedjax_proj.reproduce"]
+  assert "--methods=fedavg" in command and "--seeds=1,2" in command
+  assert f"--data={tmp_path}" in command
+  # Pasted, it reruns the same queue (every run now done) and rewrites the same report.
+  before = written.read_text()
+  assert cli.main(command[3:]) == 0 and calls == [1, 2]
+  assert written.read_text() == before
+
+
 def test_stale_result_rerun_only_on_request(tmp_path, capsys, monkeypatch):
   calls = []
   monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
