@@ -25,11 +25,19 @@ def names(ap: argparse.ArgumentParser, flag: str, text: str, valid=None) -> list
   choices = f"; choose from {', '.join(valid)}" if valid is not None else ""
   if not items:
     ap.error(f"{flag}={text} lists nothing; list one or more, comma-separated{choices}")
-  if valid is not None and (unknown := [t for t in items if t not in valid]):
+  if valid is not None and (unknown := [t for t in dict.fromkeys(items) if t not in valid]):
     ap.error(f"{flag}={text}: unknown {', '.join(unknown)}{choices}")
   if twice := [t for t in dict.fromkeys(items) if items.count(t) > 1]:
     ap.error(f"{flag}={text} lists {', '.join(twice)} more than once; list each once")
   return items
+
+
+def seeds(ap: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+  """The comma-separated seeds of ``flag``: non-negative integers, at least one, each once."""
+  items = names(ap, flag, text)
+  if not all(t.isdigit() for t in items):
+    ap.error(f"{flag} must be comma-separated non-negative integers, e.g. 0,1,2; got {text}")
+  return [int(t) for t in items]
 
 
 def at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: int, *flags: str) -> None:

@@ -745,9 +745,7 @@ def main(argv=None):
   import flag_checks
 
   methods = flag_checks.names(ap, "--methods", args.methods, ("fedavg", "fedproj"))
-  seed_names = flag_checks.names(ap, "--seeds", args.seeds)
-  if not all(s.isdigit() for s in seed_names):
-    ap.error(f"--seeds must be comma-separated non-negative integers, e.g. 0,1,2; got {args.seeds}")
+  seeds = flag_checks.seeds(ap, "--seeds", args.seeds)
   flag_checks.at_least(ap, args, 1, "rounds", "local_epochs", "num_clients", "clients_per_round")
   flag_checks.at_least(ap, args, 1, "public_size", "torch_threads")
   flag_checks.at_least(ap, args, 0, "train_subset", "test_subset")  # 0: the whole set
@@ -782,7 +780,6 @@ def main(argv=None):
     )
   torch = flag_checks.require_torch(ap, "parity")
   torch.set_num_threads(args.torch_threads)
-  seeds = [int(s) for s in seed_names]
   window = proj_window(args)
   code = AuthorsCode(repo, args.defects)
   runs, logits_diff = {}, 0.0

@@ -31,7 +31,8 @@ def no_torch(monkeypatch):
   monkeypatch.setitem(sys.modules, "torch", None)
   monkeypatch.setitem(sys.modules, "torch.nn", None)
   monkeypatch.setattr(os, "sched_setaffinity", lambda *a: pytest.fail("pinned before checks"))
-  monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put benchmarks/ on it
+  # Run as scripts, benchmarks/ is on the path (their imports of flag_checks and common).
+  monkeypatch.setattr(sys, "path", [str(ROOT / "benchmarks"), *sys.path])
 
 
 def _refused(capsys, main, argv) -> str:
@@ -107,3 +108,29 @@ def test_parity_rows_refuse_before_torch(argv, message, no_torch, capsys, tmp_pa
 )
 def test_parity_fedproj_refuses_before_torch(argv, message, no_torch, capsys):
   assert message in _refused(capsys, _script("parity_fedproj").main, argv)
+
+
+@pytest.mark.parametrize(
+  "script, argv, message",
+  [
+    ("accuracy_cifar10", ["--seeds=0,1,0"], "--seeds=0,1,0 lists 0 more than once"),
+    ("accuracy_cifar10", ["--seeds=0,a"], "--seeds must be comma-separated non-negative"),
+    ("accuracy_cifar10", ["--methods=fedavg,fedavg"], "lists fedavg more than once"),
+    ("accuracy_cifar10", ["--methods=fedbogus,fedbogus"], "unknown fedbogus; choose from cwc,"),
+    ("sfedkd_pilot", ["--methods=fedseq,fedseq"], "lists fedseq more than once"),
+    ("continual_pmnist", ["--methods=fl,fot,fl"], "--methods=fl,fot,fl lists fl more than once"),
+    ("continual_pmnist", ["--methods=fedavg"], "unknown fedavg; choose from fl, ewc, er, gpm,"),
+    ("continual_pmnist", ["--rounds_per_task=0"], "--rounds_per_task must be >= 1, got 0"),
+    ("smoke_times", ["--methods=moon,moon"], "--methods=moon,moon lists moon more than once"),
+    ("smoke_times", ["--timeout=0"], "--timeout must be > 0 seconds, got 0.0"),
+    ("strategies", ["--clients=4,x"], "--clients must be comma-separated non-negative integers"),
+    ("strategies", ["--clients=0"], "--clients and --conv_clients must list cohort sizes >= 1"),
+    ("strategies", ["--models=mlp,mlp"], "--models=mlp,mlp lists mlp more than once"),
+    ("conv_impl", ["--impls=xla,bogus"], "--impls=xla,bogus: unknown bogus; choose from xla,"),
+    ("conv_impl", ["--models=cnn", "--reps=0"], "--reps must be >= 1, got 0"),
+    ("gpse_cost", ["--models=resnet8"], "unknown resnet8; choose from mlp, alexnet"),
+    ("gpse_cost", ["--sketch_dists=gaussian,gaussian"], "lists gaussian more than once"),
+  ],
+)
+def test_other_benchmarks_refuse_bad_lists_before_any_work(script, argv, message, no_torch, capsys):
+  assert message in _refused(capsys, _script(script).main, argv)
