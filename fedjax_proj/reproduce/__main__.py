@@ -132,6 +132,17 @@ def parse_args(argv) -> argparse.Namespace:
   except ValueError as e:
     p.error(str(e))
   args.compilation_cache = str(cache) if cache is not None else compilation_cache.OFF
+  # --power and --dry_run print and run nothing, so a flag about running or reporting beside them
+  # (or the other of the two) would be dropped without a word: refused, naming each.
+  flags = ("power", "dry_run", "report", "no_run", "sweep", "rerun_stale")
+  modes = [f for f in flags if getattr(args, f)] + (["jobs"] if args.jobs != 1 else [])
+  only = [f for f in modes if f in ("power", "dry_run")]
+  if only and len(modes) > 1:
+    others = ", ".join(f"--{f}" for f in modes if f != only[0])
+    p.error(
+      f"--{only[0]} only prints (it runs and reports nothing), so {others} would be ignored; "
+      f"pass --{only[0]} alone, or leave it out"
+    )
   if args.jobs != 1:
     try:
       jobs.check_jobs(args.jobs)
@@ -141,16 +152,6 @@ def parse_args(argv) -> argparse.Namespace:
       p.error("--jobs does not apply to --sweep; run the sweep in one process")
   if not (args.claim or args.update_docs or args.list):
     p.error("give a CLAIM (or --list / --update_docs); claims: " + ", ".join(claims_lib.CLAIMS))
-  # --power and --dry_run print and run nothing, so a flag about running or reporting beside them
-  # would be dropped without a word; every pair of the three modes is refused by name.
-  modes = [f for f in ("power", "dry_run", "report", "no_run", "sweep") if getattr(args, f)]
-  only = [f for f in modes if f in ("power", "dry_run")]
-  if only and len(modes) > 1:
-    others = ", ".join(f"--{f}" for f in modes if f != only[0])
-    p.error(
-      f"--{only[0]} only prints (it runs and reports nothing), so {others} would be ignored; "
-      f"pass --{only[0]} alone, or leave it out"
-    )
   if not args.claim and args.budget not in claims_lib.BUDGETS:
     p.error(f"unknown --budget={args.budget}; choose from {', '.join(claims_lib.BUDGETS)}")
   if args.claim:

@@ -130,6 +130,9 @@ def test_parity_fedproj_refuses_before_torch(argv, message, no_torch, capsys):
     ("conv_impl", ["--models=cnn", "--reps=0"], "--reps must be >= 1, got 0"),
     ("gpse_cost", ["--models=resnet8"], "unknown resnet8; choose from mlp, alexnet"),
     ("gpse_cost", ["--sketch_dists=gaussian,gaussian"], "lists gaussian more than once"),
+    ("torch_reference", ["--cpr=10,10"], "--cpr=10,10 lists 10 more than once"),
+    ("torch_reference", ["--models=resnet8"], "unknown resnet8; choose from mlp, cnn"),
+    ("torch_reference", [], 'torch is not installed: pip install -e ".[bench]"'),
   ],
 )
 def test_other_benchmarks_refuse_bad_lists_before_any_work(script, argv, message, no_torch, capsys):

@@ -491,6 +491,10 @@ def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
     ),
     (["fedproj-iris-pilot", "--power", "--dry_run"], "--power only prints (it runs and"),
     (["fedproj-iris-pilot", "--power", "--report"], "so --report would be ignored"),
+    (
+      ["fedproj-iris-pilot", "--dry_run", "--rerun_stale", "--jobs=2"],
+      "--rerun_stale, --jobs would",
+    ),
     # An unknown budget lists the claim's budgets, not every claim's.
     (
       ["fedproj-iris-pilot", "--budget=cpuu"],
