@@ -40,6 +40,14 @@ def seeds(ap: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
   return [int(t) for t in items]
 
 
+def sizes(ap: argparse.ArgumentParser, flag: str, text: str) -> tuple[int, ...]:
+  """The comma-separated layer sizes of ``flag``: integers >= 1 (repeats allowed: 400,400,400)."""
+  items = [t.strip() for t in text.split(",")]
+  if not all(t.isdigit() and int(t) >= 1 for t in items):
+    ap.error(f"{flag} must be comma-separated sizes >= 1, e.g. 400,400,400; got {text}")
+  return tuple(int(t) for t in items)
+
+
 def at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, low: int, *flags: str) -> None:
   """Each integer flag of ``flags`` is at least ``low`` (0 timings or rounds would divide by 0)."""
   for flag in flags:

@@ -110,6 +110,12 @@ def test_parity_fedproj_refuses_before_torch(argv, message, no_torch, capsys):
   assert message in _refused(capsys, _script("parity_fedproj").main, argv)
 
 
+def test_parity_gpm_basis_needs_torch_before_loading_the_reference(no_torch, capsys, tmp_path):
+  (tmp_path / "main_pmnist.py").write_text("raise AssertionError('imported before the check')\n")
+  err = _refused(capsys, _script("parity_gpm_basis").main, [f"--gpm_repo={tmp_path}"])
+  assert 'torch is not installed: pip install -e ".[parity]"' in err
+
+
 @pytest.mark.parametrize(
   "script, argv, message",
   [
@@ -133,6 +139,7 @@ def test_parity_fedproj_refuses_before_torch(argv, message, no_torch, capsys):
     ("torch_reference", ["--cpr=10,10"], "--cpr=10,10 lists 10 more than once"),
     ("torch_reference", ["--models=resnet8"], "unknown resnet8; choose from mlp, cnn"),
     ("torch_reference", [], 'torch is not installed: pip install -e ".[bench]"'),
+    ("parity_fot_basis", ["--hidden=400,x"], "--hidden must be comma-separated sizes >= 1"),
   ],
 )
 def test_other_benchmarks_refuse_bad_lists_before_any_work(script, argv, message, no_torch, capsys):
