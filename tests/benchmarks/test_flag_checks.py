@@ -140,6 +140,8 @@ def test_parity_gpm_basis_needs_torch_before_loading_the_reference(no_torch, cap
     ("torch_reference", ["--models=resnet8"], "unknown resnet8; choose from mlp, cnn"),
     ("torch_reference", [], 'torch is not installed: pip install -e ".[bench]"'),
     ("parity_fot_basis", ["--hidden=400,x"], "--hidden must be comma-separated sizes >= 1"),
+    ("distillation_effect", ["--seeds=3,3"], "--seeds=3,3 lists 3 more than once"),
+    ("behaviour_fingerprint", ["--out=x", "--runs=bogus"], "--runs=bogus: unknown bogus; choose"),
   ],
 )
 def test_other_benchmarks_refuse_bad_lists_before_any_work(script, argv, message, no_torch, capsys):
