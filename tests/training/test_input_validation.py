@@ -94,6 +94,8 @@ def test_memory_size_in_method_kwargs_alone_becomes_the_flag(tmp_path):
     (["--method=fot", "--method_kwargs=eps=inf"], "--method_kwargs eps must be in [0, 1], got inf"),
     (["--method_kwargs=eps=0.9,eps=0.8"], "gives eps twice"),
     (["--rounds_per_task=4294967297"], "--rounds_per_task must be in [1, 4294967296]"),
+    (["--hidden=400,400", "--dropout=0.2,0.5,0.5"], "gives 3 rate(s) for the 2 hidden layer(s)"),
+    (["--hidden=,"], "rate(s) for the 0 hidden layer(s) of --hidden=,; give one rate per"),
   ],
 )
 def test_continual_entry_refuses_bad_numbers_before_data(flags, message, capsys, monkeypatch):
