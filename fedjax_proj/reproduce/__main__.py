@@ -18,8 +18,10 @@ and rerun. The queue is printed first with its time at the wall times this budge
 recorded (``--no_run``: only that), and what is left after each run. ``--jobs=N`` runs the
 queue in N worker processes pinned to disjoint cores (:mod:`.jobs`). A run holds a lock, so two
 processes never run (or delete) the same one. Every input
-is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
-See docs/reproduction.md, "Results".
+is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs
+(docs/design.md, "Input rules"). A failed run prints its error in one line and keeps its traceback
+in ``<method>-seed<k>.traceback`` beside its result (``--debug`` prints it too). See
+docs/reproduction.md, "Results".
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument(
     "--budget",
     default="cpu",
-    help="paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
+    help="one of the claim's budgets (--list shows the claims; a claim without it lists its "
+    "own): paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
     "forgetting mechanism in play on a CPU, where a claim has it), mnist (SFedKD's on MNIST, the "
     "offline analogue of Fashion-MNIST), smoke (wiring) (default: cpu)",
   )
