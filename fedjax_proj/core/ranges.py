@@ -62,8 +62,8 @@ SEED = Interval(0, 2**32 - 1, high_open=True, integer=True)
 ROUNDS = Interval(1, 2**32, integer=True)
 # The fix named next to a round count's range error.
 ROUNDS_FIX = (
-  "A round's index enters its random key as a 32-bit integer (core/random.py); pass a count of "
-  "rounds this machine can run (the header estimates its time)."
+  "A round's index enters its random key as a 32-bit integer (core/random.py), so a run has at "
+  "most 2**32 rounds; the header estimates a run's time before round 1."
 )
 
 
