@@ -43,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import numpy as np
 
@@ -210,6 +211,10 @@ def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
 
 def main(argv=None) -> int:
   p, args = parse_args(argv)
+
+  # The lists first (flag_checks): a seed or method twice would be run and averaged twice.
+  methods = flag_checks.names(p, "--methods", args.methods, registry.methods())
+  seeds = flag_checks.seeds(p, "--seeds", args.seeds)
   setting = SETTINGS[args.setting]
   shared = find_shared_data()
   if not args.data_dir:
@@ -220,16 +225,11 @@ def main(argv=None) -> int:
   if not args.public_data and shared is not None:
     candidate = shared / "cifar100" / "public_20k.npz"
     args.public_data = str(candidate) if candidate.exists() else ""
-  methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-  unknown = [m for m in methods if m not in registry.methods()]
-  if unknown:
-    p.error(f"unknown method(s) {unknown}; valid: {', '.join(registry.methods())}")
   try:
     given = parse_method_kwargs(args.method_kwargs)
   except ValueError as e:
     p.error(str(e))
   method_kwargs = {m: {**setting["method_kwargs"].get(m, {}), **given.get(m, {})} for m in methods}
-  seeds = [int(s) for s in args.seeds.split(",")]
 
   runs: dict[str, list[dict]] = {m: [] for m in methods}
   skipped: dict[str, str] = {}

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 
 PAPER = {"fl": (80.06, 9.21), "fot": (85.21, 1.97)}
@@ -58,6 +60,13 @@ def main(argv=None) -> int:
   )
   args = parser.parse_args(argv)
 
+  from fedjax_proj.algorithms.registry import methods as registered
+
+  # Each method once (a repeat would run twice and overwrite its own row), each a continual one.
+  methods = flag_checks.names(parser, "--methods", args.methods, registered(("continual",)))
+  flag_checks.at_least(parser, args, 1, "num_clients", "clients_per_round", "rounds_per_task")
+  flag_checks.at_least(parser, args, 1, "num_tasks", "batch_size", "local_epochs")
+
   from fedjax_proj.configs import pmnist
   from fedjax_proj.data.continual import permuted_mnist
   from fedjax_proj.data.sources import find_shared_data, load_dataset
@@ -87,7 +96,7 @@ def main(argv=None) -> int:
       print("error: --merge needs the same setting as the existing results file", file=sys.stderr)
       return 1
     results = previous["results"]
-  for method in args.methods.split(","):
+  for method in methods:
     c = pmnist.get_config("paper")
     c.method = method
     c.iid = args.iid

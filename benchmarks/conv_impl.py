@@ -31,6 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,7 +130,7 @@ def _max_diff(a, b):
   )
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--models", default="resnet8,cnn")
   parser.add_argument("--impls", default=",".join(CONV_IMPLS))
@@ -140,12 +141,19 @@ def main():
   parser.add_argument(
     "--out", default=str(Path(__file__).resolve().parent / "results" / "conv_impl.json")
   )
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
+
+  from fedjax_proj.models.registry import MODELS
+
+  # Each model and conv_impl once and known, the counts positive, before anything compiles.
+  models = flag_checks.names(parser, "--models", args.models, MODELS)
+  impls = flag_checks.names(parser, "--impls", args.impls, CONV_IMPLS)
+  flag_checks.at_least(parser, args, 1, "batch", "steps", "clients", "reps")
 
   rows = []
-  for model_name in args.models.split(","):
+  for model_name in models:
     reference = None
-    for impl in args.impls.split(","):
+    for impl in impls:
       results, finals = run(model_name, impl, args.batch, args.steps, args.clients, args.reps)
       if reference is None and impl == "xla":
         reference = finals

@@ -63,6 +63,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+# The cases of --cases, and our conv_impl columns --conv_impls may pick (models/conv.py's
+# CONV_IMPLS without the patches ones; the onednn pair needs the cpu-onednn extra). Named here, not
+# imported, since JAX must not load before one_thread_environment sets its flags.
+CASES = ("conv", "pool", "cnn_step", "fedproj_step", "resnet8_step")
+COLUMNS = ("xla", "gemm_grad", "onednn_grad", "onednn")
+
+
 def _pin(cpu: int | None) -> int:
   cpu = min(os.sched_getaffinity(0)) if cpu is None else cpu
   os.sched_setaffinity(0, {cpu})
@@ -540,7 +547,9 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--authors_repo", default="", help="checkout of the FedProj authors' code")
   ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the lowest)")
-  ap.add_argument("--cases", default="conv,pool,cnn_step,fedproj_step,resnet8_step")
+  ap.add_argument(
+    "--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}"
+  )
   ap.add_argument("--rounds", type=int, default=4, help="alternating timing rounds")
   ap.add_argument("--reps", type=int, default=2, help="calls per timing")
   ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
@@ -574,8 +583,25 @@ def main(argv=None):
     "(fedjax_proj.training.host_memory; --no-keep_freed_memory: the library before it)",
   )
   args = ap.parse_args(argv)
+  # Every flag, then torch, checked before anything is pinned, imported or timed (flag_checks).
+  sys.path.insert(0, str(HERE))
+  import flag_checks
+
   if args.unpinned and args.cpu is not None:
-    raise SystemExit("--cpu pins to one core; --unpinned runs on every core: pass one of them")
+    ap.error("--cpu pins to one core; --unpinned runs on every core: pass one of them")
+  cases = flag_checks.names(ap, "--cases", args.cases, CASES)
+  wanted = ()
+  if args.conv_impls:  # empty (the default): every column that loads here
+    wanted = flag_checks.names(ap, "--conv_impls", args.conv_impls, COLUMNS)
+  flag_checks.at_least(ap, args, 1, "rounds", "reps", "steps")
+  flag_checks.at_least(ap, args, 0, "torch_threads")
+  flag_checks.usable_cpu(ap, args.cpu)
+  if "fedproj_step" in cases and not args.authors_repo:
+    ap.error(
+      "--cases fedproj_step needs --authors_repo=<checkout of FedProj_Neurips>, or leave it out "
+      "of --cases"
+    )
+  flag_checks.require_torch(ap, "bench")
   cpu = None if args.unpinned else _pin(args.cpu)
   if not args.unpinned:
     one_thread_environment()
@@ -592,13 +618,11 @@ def main(argv=None):
     len(os.sched_getaffinity(0)) if args.unpinned else 1
   )
   torch.set_num_threads(TORCH_THREADS["restore"])
-  cases = args.cases.split(",")
   impls = conv_impls()
-  if args.conv_impls:
-    wanted = tuple(args.conv_impls.split(","))
-    if missing := [i for i in wanted if i not in impls]:
-      raise SystemExit(f"--conv_impls={args.conv_impls}: {missing} not among {impls}")
-    impls = wanted
+  if wanted:
+    if missing := [i for i in wanted if i not in impls]:  # onednn's need the cpu-onednn extra
+      raise SystemExit(f"--conv_impls={args.conv_impls}: {missing} not loadable here, only {impls}")
+    impls = tuple(wanted)
   measure = "wall" if args.unpinned else "cpu"
   result = {
     "command": " ".join(sys.argv),
@@ -647,8 +671,6 @@ def main(argv=None):
   if "cnn_step" in cases:
     record("cnn_step b64", fedavg_step_case("cnn", torch_init_from_ours=True, **step))
   if "fedproj_step" in cases:
-    if not args.authors_repo:
-      raise SystemExit("fedproj_step needs --authors_repo=<checkout of FedProj_Neurips>")
     for mb in (64, 256):
       record(f"fedproj_step b64 memory{mb}", fedproj_step_case(args, mb, **step))
   if "resnet8_step" in cases:

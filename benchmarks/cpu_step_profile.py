@@ -70,7 +70,13 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   sys.path.insert(0, str(HERE))
   import cpu_step
+  import flag_checks
 
+  # Every flag, then torch, checked before anything is pinned, imported or profiled.
+  flag_checks.at_least(ap, args, 1, "steps", "reps")
+  impls = flag_checks.names(ap, "--conv_impls", args.conv_impls, cpu_step.COLUMNS)
+  flag_checks.usable_cpu(ap, args.cpu)
+  flag_checks.require_torch(ap, "bench")
   cpu = cpu_step._pin(args.cpu)
   cpu_step.one_thread_environment()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -88,7 +94,6 @@ def main(argv=None) -> int:
   from fedjax_proj.models import get_model
 
   torch.set_num_threads(1)
-  impls = [i for i in args.conv_impls.split(",") if i]
   if missing := [i for i in impls if i not in cpu_step.conv_impls()]:
     raise SystemExit(f"--conv_impls: {missing} not loadable here ({cpu_step.conv_impls()})")
   batch, steps = 64, args.steps

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -198,10 +199,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     "--out", default="", help="result JSON (default: results/distillation_effect-*.json)"
   )
   args = p.parse_args(argv)
-  try:
-    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-  except ValueError:
-    p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+  sys.path.insert(0, str(Path(__file__).resolve().parent))  # imported as benchmarks.<name> too
+  import flag_checks
+
+  # At least one, each once: a seed twice would be paired with itself in the effect's mean.
+  args.seeds = flag_checks.seeds(p, "--seeds", args.seeds)
   return args
 
 

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -311,13 +312,22 @@ def main(argv=None) -> int:
   )
   parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpse_cost.json"))
   args = parser.parse_args(argv)
+
+  from fedjax_proj.algorithms.continual.gpse import SKETCH_DISTS
+
+  # Each model and sketch once and known (the two continual models), counts valid, first.
+  models = flag_checks.names(parser, "--models", args.models, ("mlp", "alexnet"))
+  dists = flag_checks.names(parser, "--sketch_dists", args.sketch_dists, SKETCH_DISTS)
+  flag_checks.at_least(parser, args, 0, "clients")
+  flag_checks.at_least(parser, args, 1, "repeats")
+  flag_checks.at_least(parser, args, -1, "gpse_batch")
   print(f"backend={jax.default_backend()} devices={jax.device_count()}", flush=True)
   rows = []
-  for name in args.models.split(","):
+  for name in models:
     clients = args.clients or (64 if name == "mlp" else 10)
     num_clients = 125 if name == "mlp" else 50
     gpse_batch = args.gpse_batch if args.gpse_batch >= 0 else (256 if name == "mlp" else 0)
-    for dist in args.sketch_dists.split(","):
+    for dist in dists:
       rows.append(
         measure(
           name,

@@ -482,15 +482,12 @@ def rows_main(
     add_args(ap)
   ap.add_argument("--out", default=str(RESULTS))
   args = ap.parse_args(argv)
-  methods = args.methods.split(",")
-  unknown = [m for m in methods if m not in rows]
-  if unknown:
-    ap.error(f"no parity rows for {unknown}; choose from {', '.join(rows)}")
-  try:
-    import torch
-    import torch.nn  # noqa: F401  (a half-installed torch imports as an empty namespace)
-  except ImportError:
-    ap.error("torch is not installed: pip install -e .[parity] (CPU build suffices)")
+  sys.path.insert(0, str(Path(__file__).resolve().parent))
+  import flag_checks
+
+  # Each method once, at least one, each with rows; then torch (flag_checks).
+  methods = flag_checks.names(ap, "--methods", args.methods, tuple(rows))
+  torch = flag_checks.require_torch(ap, "parity")
   torch.set_num_threads(1)
   # All checked first.
   repos = {m: reference_checkout(m, args.refs_dir) for m in (*extra_refs, *methods)}

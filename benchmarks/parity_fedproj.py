@@ -741,6 +741,18 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.merge:
     return merge([Path(p) for p in args.merge.split(",")], Path(args.out))
+  # The lists and counts, then (below) the checkout and torch, before anything loads or runs.
+  import flag_checks
+
+  methods = flag_checks.names(ap, "--methods", args.methods, ("fedavg", "fedproj"))
+  seeds = flag_checks.seeds(ap, "--seeds", args.seeds)
+  flag_checks.at_least(ap, args, 1, "rounds", "local_epochs", "num_clients", "clients_per_round")
+  flag_checks.at_least(ap, args, 1, "public_size", "torch_threads")
+  flag_checks.at_least(ap, args, 0, "train_subset", "test_subset")  # 0: the whole set
+  try:
+    proj_window(args)
+  except ValueError:
+    ap.error(f"--proj_rounds must be start:stop, two integers, e.g. 1:7; got {args.proj_rounds}")
   # What our entry points do first (docs/performance.md, "The step's page faults"), so our side
   # runs as a user's run does; torch shares the process's malloc settings.
   import cpu_step
@@ -766,14 +778,8 @@ def main(argv=None):
       f"{REFERENCES['fedproj'].commit[:12]}; the result records it",
       file=sys.stderr,
     )
-  try:
-    import torch
-    import torch.nn  # noqa: F401  (a half-installed torch imports as an empty namespace)
-  except ImportError:
-    ap.error("torch is not installed: pip install -e .[parity] (CPU build suffices)")
+  torch = flag_checks.require_torch(ap, "parity")
   torch.set_num_threads(args.torch_threads)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  methods = args.methods.split(",")
   window = proj_window(args)
   code = AuthorsCode(repo, args.defects)
   runs, logits_diff = {}, 0.0

@@ -296,10 +296,14 @@ def main(argv=None) -> int:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out", default=str(HERE / "results" / "parity"))
   args = ap.parse_args(argv)
+  sys.path.insert(0, str(HERE))
+  import flag_checks
+
   if not 0.0 < args.eps <= 1.0:
     ap.error(f"--eps must be in (0, 1], got {args.eps}")
   if min(args.tasks, args.clients, args.examples) < 1:
     ap.error("--tasks, --clients and --examples must be at least 1")
+  flag_checks.sizes(ap, "--hidden", args.hidden)  # run() reads it; checked before any data
   t0 = time.perf_counter()
   result = run(args)
   result["seconds"] = time.perf_counter() - t0

@@ -330,11 +330,15 @@ def main(argv=None) -> int:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out", default=str(HERE / "results" / "parity"))
   args = ap.parse_args(argv)
+  sys.path.insert(0, str(HERE))
+  import flag_checks
+
   repo = Path(args.gpm_repo)
   if not (repo / "main_pmnist.py").exists():
     ap.error(f"--gpm_repo={repo} has no main_pmnist.py; clone sahagobinda/GPM at {GPM_COMMIT}")
   if min(args.tasks, args.clients, args.examples) < 1:
     ap.error("--tasks, --clients and --examples must be at least 1")
+  flag_checks.require_torch(ap, "parity")  # GPM's main_pmnist imports it
   t0 = time.perf_counter()
   ref = load_reference(repo)
   inputs, keys, data_dir = layer_inputs(args)

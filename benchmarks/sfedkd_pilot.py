@@ -48,6 +48,7 @@ import json
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,9 +173,9 @@ def parse_args(argv=None) -> argparse.Namespace:
       p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
   if args.clients_per_round > args.num_clients:
     p.error("--clients_per_round must not exceed --num_clients")
-  bad = set(args.methods.split(",")) - set(METHODS)
-  if bad:
-    p.error(f"--methods: unknown {sorted(bad)}; choose from {METHODS}")
+
+  # Each method once (a repeat would run and be tabled twice), each one of METHODS.
+  args.method_list = flag_checks.names(p, "--methods", args.methods, METHODS)
   return args
 
 
@@ -280,7 +281,7 @@ def main(argv=None) -> dict:
     "backend": jax.default_backend(),
     "methods": {},
   }
-  for m in args.methods.split(","):
+  for m in args.method_list:
     result["methods"][m] = run(args, m, data)
   part = args.partition.replace(":", "")
   tag = (

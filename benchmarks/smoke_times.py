@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -85,13 +87,18 @@ def main(argv=None) -> int:
     "--out", default=str(RESULTS / "smoke_times.json"), help="JSON file (default: %(default)s)"
   )
   args = p.parse_args(argv)
+
+  # cifar10.py's methods: the sequential ones run through experiments/sequential.py instead.
+  cifar10_methods = list(registry.methods(("fl",)))
+  methods = cifar10_methods  # the default, empty; a list given names each method once
+  if args.methods:
+    methods = flag_checks.names(p, "--methods", args.methods, cifar10_methods)
+  if args.timeout <= 0:
+    p.error(f"--timeout must be > 0 seconds, got {args.timeout}")
   shared = find_shared_data()
   if shared is None:
     print("skipped: ../shared/data not found (set FEDJAX_PROJ_SHARED_DATA)")
     return 0
-  # cifar10.py's methods: the sequential ones run through experiments/sequential.py instead.
-  cifar10_methods = list(registry.methods(("fl",)))
-  methods = [m for m in args.methods.split(",") if m] or cifar10_methods
   rows = []
   print(f"{'method':<12} {'wall s':>8} {'cpu s':>7} {'<60 s':>6} {'acc':>6}  load(1/5/15) before")
   for method in methods:

@@ -21,6 +21,7 @@ import os
 import statistics
 import time
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,7 +141,7 @@ def rules_from_rows(rows: list[dict]) -> dict[str, list[list]]:
   return rules
 
 
-def main():
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--clients", default="4,16,64", help="comma-separated cohort sizes (dense models)")
   p.add_argument(
@@ -152,16 +153,24 @@ def main():
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--models", default="mlp,cnn")
   p.add_argument("--write_table", action="store_true", help="rewrite the auto rule's table")
-  args = p.parse_args()
-  cohorts = [int(c) for c in args.clients.split(",")]
-  conv_cohorts = [int(c) for c in args.conv_clients.split(",")]
+  args = p.parse_args(argv)
+
+  from fedjax_proj.models.registry import MODELS
+
+  # Cohort sizes are counts (each once), models known names (each once), before any data loads.
+  cohorts = flag_checks.seeds(p, "--clients", args.clients)
+  conv_cohorts = flag_checks.seeds(p, "--conv_clients", args.conv_clients)
+  if 0 in cohorts + conv_cohorts:
+    p.error("--clients and --conv_clients must list cohort sizes >= 1")
+  models = flag_checks.names(p, "--models", args.models, MODELS)
+  flag_checks.at_least(p, args, 1, "steps", "conv_steps", "batch", "repeats")
   n_max = max(cohorts + conv_cohorts) * max(args.steps, args.conv_steps) * args.batch
   x, y = cifar10(n_max)
   load_before = os.getloadavg()
   print(header(), f"cohorts={cohorts} conv_cohorts={conv_cohorts} batch={args.batch}")
   print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
   rows = []
-  for name in args.models.split(","):
+  for name in models:
     probe = get_model(name, 10)
     sample = normalizer_for("cifar10")(jnp.asarray(x[:2]))
     kind = model_kind(probe, probe.init(jax.random.key(0), sample), sample)

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import numpy as np
 from scaling import NUM_CLIENTS, federation, round_layouts, run_in_subprocess
 
@@ -196,7 +197,7 @@ def torch_in_subprocess(cfg: dict, timeout: float) -> dict:
   return json.loads(lines[-1][len("RESULT ") :])
 
 
-def main():
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--cpr", default="10,100", help="clients per round, comma-separated")
   p.add_argument("--models", default="mlp,cnn")
@@ -211,22 +212,30 @@ def main():
     help="torch intra-op threads (1: on a loaded 2-core machine 2 threads ran ~100x slower)",
   )
   p.add_argument("--worker", help=argparse.SUPPRESS)
-  args = p.parse_args()
+  args = p.parse_args(argv)
   if args.worker:
     print("RESULT " + json.dumps(run_torch(json.loads(args.worker))), flush=True)
     return
+  # The lists, the counts and torch, before a worker starts: a bad value, or no torch, would
+  # otherwise show only as an error row of every torch worker (flag_checks).
+  cprs = flag_checks.seeds(p, "--cpr", args.cpr)
+  if 0 in cprs:
+    p.error(f"--cpr must list clients per round >= 1, got {args.cpr}")
+  models = flag_checks.names(p, "--models", args.models, tuple(JAX_STRATEGIES))
+  flag_checks.at_least(p, args, 1, "steps", "batch", "rounds", "torch_threads")
+  flag_checks.require_torch(p, "bench")
   from common import header, write_results
 
   print(header(), f"steps={args.steps} batch={args.batch} timed rounds={args.rounds}", flush=True)
   rows, summary = [], []
-  for model in args.models.split(","):
-    for cpr in (int(c) for c in args.cpr.split(",")):
+  for model in models:
+    for cpr in cprs:
       base = dict(model=model, cpr=cpr, rounds=args.rounds, steps=args.steps, batch=args.batch)
       t = torch_in_subprocess({**base, "threads": args.torch_threads}, args.timeout)
       rows.append(t)
       jax_rows = []
       for strategy in JAX_STRATEGIES[model]:
-        if (model, strategy) in SLOW and cpr > min(int(c) for c in args.cpr.split(",")):
+        if (model, strategy) in SLOW and cpr > min(cprs):
           continue
         r = run_in_subprocess({**base, "strategy": strategy, "chunk": None}, args.timeout)
         r["framework"] = "jax"

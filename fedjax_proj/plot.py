@@ -86,7 +86,13 @@ def _describe(run: Path) -> tuple[str, str]:
   """
   summary = run / "summary.json"
   if summary.exists():
-    s = json.loads(summary.read_text())
+    try:
+      s = json.loads(summary.read_text())
+    except ValueError as e:  # cut short by a crash or a full disk: named, not a bare JSON error
+      raise ValueError(
+        f"{summary} is not valid JSON ({e}); it was cut short or edited. Delete it to label the "
+        "run from its newest checkpoint, or rerun the run to write it again."
+      ) from None
     return str(s.get("method", run.name)), f"seed {s.get('seed', '?')}"
   meta = _newest_checkpoint_meta(run)
   config = meta.get("config") or {}
@@ -120,6 +126,35 @@ def plot_runs(
   return out
 
 
+def check_runs(runs: list[Path], metrics: list[str] | None = None) -> None:
+  """Each of ``runs`` is a run directory holding ``metrics.jsonl``, given once, and each of
+  ``metrics`` is named once; the error says which path or name is wrong, and how.
+
+  A run or metric given twice would be drawn twice (a second line over the first, a second panel),
+  without a word, so it is refused like every other list of this library's commands
+  (docs/design.md, "Input rules").
+  """
+  for run in runs:
+    if not run.exists():
+      raise FileNotFoundError(f"{run} does not exist; check the path (a run directory of a run).")
+    if not run.is_dir():
+      raise FileNotFoundError(
+        f"{run} is a file, not a run directory; pass the folder that holds it ({run.parent})."
+      )
+    if not (run / "metrics.jsonl").exists():
+      raise FileNotFoundError(
+        f"{run} is a folder without metrics.jsonl, so not a run directory; pass run directories "
+        "written by a run (each holds metrics.jsonl)."
+      )
+  resolved = [run.resolve() for run in runs]
+  twice = [str(r) for r in dict.fromkeys(resolved) if resolved.count(r) > 1]
+  if twice:
+    raise ValueError(f"run directory {', '.join(twice)} is given more than once; pass each once.")
+  twice = [m for m in dict.fromkeys(metrics or ()) if metrics.count(m) > 1]
+  if twice:
+    raise ValueError(f"--metrics lists {', '.join(twice)} more than once; list each once.")
+
+
 def figure(runs: list[Path], metrics: list[str] | None = None, title: str | None = None):
   """The matplotlib figure of ``runs``' curves.
 
@@ -133,10 +168,9 @@ def figure(runs: list[Path], metrics: list[str] | None = None, title: str | None
   import matplotlib.pyplot as plt
   from matplotlib.ticker import MaxNLocator
 
+  check_runs(runs, metrics)
   records = {}
   for run in runs:
-    if not (run / "metrics.jsonl").exists():
-      raise FileNotFoundError(f"{run} has no metrics.jsonl; pass run directories written by a run.")
     lines, torn = read_metrics_lines(run)
     if torn:  # a crash or a full disk cut its last line short: plot the rounds before it
       print(f"note: {run}/metrics.jsonl ends in a torn line; it is skipped", file=sys.stderr)
@@ -205,6 +239,8 @@ def main(argv=None) -> int:
   p.add_argument("--title", default="", help="figure title (default: the methods compared)")
   args = p.parse_args(argv)
   metrics = [m for m in args.metrics.split(",") if m] or None
+  if args.metrics and metrics is None:  # given, yet empty: not "every metric"
+    p.error(f"--metrics={args.metrics} lists no metric; list them, or leave the flag out for all")
   problem = out_problem(args.out)
   if problem:
     print(f"error: {problem}", file=sys.stderr)

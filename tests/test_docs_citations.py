@@ -127,6 +127,19 @@ def test_cited_test_files_exist():
   assert not missing, "Cited test files that do not exist:\n" + "\n".join(sorted(missing))
 
 
+def test_cited_tests_exist():
+  # The docs name a test as ``file::name`` (docs/design.md, "Input rules": the test of each rule).
+  missing = set()
+  for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for m in re.finditer(r"\b(tests/[\w/]+\.py)::(\w+)", f.read_text()):
+      path = ROOT / m.group(1)
+      if not path.is_file() or f"def {m.group(2)}(" not in path.read_text():
+        missing.add(f"{f.relative_to(ROOT)}: {m.group(0)}")
+  assert not missing, "Cited tests that do not exist:\n" + "\n".join(sorted(missing))
+  rules = (ROOT / "docs" / "design.md").read_text().split("### Input rules")[1].split("\n## ")[0]
+  assert rules.count("\n| ") >= 10 and "::" in rules
+
+
 @pytest.mark.parametrize("text", ["(issue 13)", "Issue 14's must-show", "issues 8", "see (#12)"])
 def test_issue_pattern_catches(text):
   assert ISSUE_NUMBER.search(text)

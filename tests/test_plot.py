@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fedjax_proj import plot
 
 
@@ -29,6 +31,41 @@ def test_plot_rejects_missing_metrics(tmp_path, capsys):
   (tmp_path / "empty").mkdir()
   assert plot.main([str(tmp_path / "empty")]) == 1
   assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_plot_names_what_is_wrong_with_each_path_before_drawing(tmp_path, capsys):
+  _fake_run(tmp_path / "a", "fedavg", 0.1)
+  (tmp_path / "file.txt").write_text("")
+  (tmp_path / "empty").mkdir()
+  out = tmp_path / "c.png"
+  cases = [
+    ([str(tmp_path / "absent")], f"{tmp_path / 'absent'} does not exist; check the path"),
+    (
+      [str(tmp_path / "file.txt")],
+      f"{tmp_path / 'file.txt'} is a file, not a run directory; pass the folder that holds it",
+    ),
+    ([str(tmp_path / "empty")], f"{tmp_path / 'empty'} is a folder without metrics.jsonl"),
+    # Given twice, a run or a metric would be drawn twice without a word.
+    ([str(tmp_path / "a"), str(tmp_path / "a/")], f"run directory {tmp_path / 'a'} is given more"),
+    ([str(tmp_path / "a"), "--metrics=train_loss,train_loss"], "--metrics lists train_loss more"),
+  ]
+  for argv, message in cases:
+    assert plot.main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+  with pytest.raises(SystemExit) as e:  # given, yet empty (an unset variable): not every metric
+    plot.main([str(tmp_path / "a"), "--metrics=,", "--out", str(out)])
+  assert e.value.code == 2 and "--metrics=, lists no metric" in capsys.readouterr().err
+  assert not out.exists()
+
+
+def test_a_truncated_summary_is_named(tmp_path, capsys):
+  _fake_run(tmp_path / "a", "fedavg", 0.1)
+  (tmp_path / "a" / "summary.json").write_text('{"method": "fedavg", "se')  # cut by a crash
+  assert plot.main([str(tmp_path / "a"), "--out", str(tmp_path / "c.png")]) == 1
+  err = capsys.readouterr().err
+  assert f"{tmp_path / 'a' / 'summary.json'} is not valid JSON (" in err
+  assert "Delete it to label the run from its newest checkpoint" in err
 
 
 def test_plot_labels_axes_one_legend_integer_rounds_and_a_title(tmp_path):

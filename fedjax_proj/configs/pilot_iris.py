@@ -295,6 +295,8 @@ def main(argv=None) -> int:
   p = build_parser()
   args = fields_lib.parse_checked(p, argv, FIELDS)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  if not methods:  # an unset shell variable: nothing would run, yet a JSON would be written
+    p.error(f"--methods={args.methods} lists no method; list some of fedavg, feddf, fedproj")
   bad = [m for m in methods if m not in ("fedavg", "feddf", "fedproj")]
   if bad:
     p.error(f"unknown method(s) {bad}; choose from fedavg, feddf, fedproj")
@@ -303,7 +305,13 @@ def main(argv=None) -> int:
   except ValueError:
     p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
   if not seeds:
-    p.error("--seeds is empty")
+    p.error(f"--seeds={args.seeds} lists no seed; list them, e.g. --seeds=0,1,2")
+  # A method or seed listed twice would be run twice and counted twice in the mean, the spread
+  # and FedProj's wins over FedAvg, as if it were another draw (the claim runner refuses it too).
+  for flag, values in (("--methods", methods), ("--seeds", seeds)):
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+      p.error(f"{flag} lists {', '.join(map(str, twice))} more than once; list each once")
   out = Path(args.output_dir)
   out.mkdir(parents=True, exist_ok=True)
   print(

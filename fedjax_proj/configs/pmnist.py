@@ -94,7 +94,9 @@ FIELDS = fields_lib.table(
     help="number of clients each task's training set is split over",
   ),
   fields_lib.variant(_SHARED["clients_per_round"], default=64),
-  Field("rounds_per_task", 200, "communication rounds per task", ranges.AT_LEAST_ONE),
+  Field(
+    "rounds_per_task", 200, "communication rounds per task", ranges.ROUNDS, fix=ranges.ROUNDS_FIX
+  ),
   # FL only: rounds of tasks 2..K (F.4: "vanilla FL for 1100 rounds in total, where first task is
   # run for 200 and the others for 100 rounds"); 0 = rounds_per_task for every task.
   Field(
@@ -279,6 +281,15 @@ def check_run(c: ml_collections.ConfigDict) -> None:
     )
   if c.resume and not c.output_dir:
     raise ValueError("--resume needs --output_dir=<the interrupted run's directory>")
+  if "hidden" in c and "dropout" in c:  # the MLP's layers: one rate each, known before the data
+    widths = [h for h in c.hidden.split(",") if h.strip()]
+    rates = [d for d in c.dropout.split(",") if d.strip()]
+    if not widths or len(rates) != len(widths):
+      raise ValueError(
+        f"--dropout={c.dropout} gives {len(rates)} rate(s) for the {len(widths)} hidden layer(s) "
+        f"of --hidden={c.hidden}; give one rate per layer, e.g. --dropout="
+        f"{','.join(['0.2'] * max(len(widths), 1))}"
+      )
   if c.tensorboard:
     from fedjax_proj.training.tensorboard import require_tensorboardx
 

@@ -57,6 +57,14 @@ COUNT = Interval(0, integer=True)  # 0 allowed (often "all" or "none")
 FRACTION = Interval(0.0, 1.0)  # probabilities, thresholds
 RATE = Interval(0.0, 1.0, high_open=True)  # dropout, momentum: 1 would stop learning
 SEED = Interval(0, 2**32 - 1, high_open=True, integer=True)
+# A run's rounds: round r's key is fold_in(seed key, r) with r a uint32 (core/random.py), so the
+# indices 0..rounds-1 fit below 2**32; a longer run would fail with an OverflowError mid-run.
+ROUNDS = Interval(1, 2**32, integer=True)
+# The fix named next to a round count's range error.
+ROUNDS_FIX = (
+  "A round's index enters its random key as a 32-bit integer (core/random.py), so a run has at "
+  "most 2**32 rounds; the header estimates a run's time before round 1."
+)
 
 
 def check_number(name: str, value, interval: Interval = ANY, fix: str = "") -> None:

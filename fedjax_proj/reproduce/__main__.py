@@ -18,14 +18,17 @@ and rerun. The queue is printed first with its time at the wall times this budge
 recorded (``--no_run``: only that), and what is left after each run. ``--jobs=N`` runs the
 queue in N worker processes pinned to disjoint cores (:mod:`.jobs`). A run holds a lock, so two
 processes never run (or delete) the same one. Every input
-is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs.
-See docs/reproduction.md, "Results".
+is checked (claim, budget, methods, seeds, data folder, each run's config) before anything runs
+(docs/design.md, "Input rules"). A failed run prints its error in one line and keeps its traceback
+in ``<method>-seed<k>.traceback`` beside its result (``--debug`` prints it too). See
+docs/reproduction.md, "Results".
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -52,8 +55,8 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument(
     "--budget",
     default="cpu",
-    choices=claims_lib.BUDGETS,
-    help="paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
+    help="one of the claim's budgets (--list shows the claims; a claim without it lists its "
+    "own): paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
     "forgetting mechanism in play on a CPU, where a claim has it), mnist (SFedKD's on MNIST, the "
     "offline analogue of Fashion-MNIST), smoke (wiring) (default: cpu)",
   )
@@ -78,7 +81,7 @@ def parse_args(argv) -> argparse.Namespace:
     "--power", action="store_true", help="print the power calculation behind the seed count"
   )
   p.add_argument(
-    "--methods", default="", help="comma-separated subset (default: the budget's methods)"
+    "--methods", default=None, help="comma-separated subset (default: the budget's methods)"
   )
   p.add_argument("--report", action="store_true", help="write report.md and figures")
   p.add_argument("--no_run", action="store_true", help="only list statuses / report")
@@ -90,6 +93,12 @@ def parse_args(argv) -> argparse.Namespace:
     "a 2-core CPU, seconds for each further one; image and text claims)",
   )
   p.add_argument("--rerun_stale", action="store_true", help="rerun results of another config")
+  p.add_argument(
+    "--debug",
+    action="store_true",
+    help="also print a failed run's traceback (always kept in <method>-seed<k>.traceback beside "
+    "its result)",
+  )
   p.add_argument("--sweep", action="store_true", help="fedproj-iris-pilot: run the regime grid")
   p.add_argument("--update_docs", action="store_true", help="regenerate docs' results section")
   p.add_argument("--list", action="store_true", help="list the claims")
@@ -126,6 +135,17 @@ def parse_args(argv) -> argparse.Namespace:
   except ValueError as e:
     p.error(str(e))
   args.compilation_cache = str(cache) if cache is not None else compilation_cache.OFF
+  # --power and --dry_run print and run nothing, so a flag about running or reporting beside them
+  # (or the other of the two) would be dropped without a word: refused, naming each.
+  flags = ("power", "dry_run", "report", "no_run", "sweep", "rerun_stale")
+  modes = [f for f in flags if getattr(args, f)] + (["jobs"] if args.jobs != 1 else [])
+  only = [f for f in modes if f in ("power", "dry_run")]
+  if only and len(modes) > 1:
+    others = ", ".join(f"--{f}" for f in modes if f != only[0])
+    p.error(
+      f"--{only[0]} only prints (it runs and reports nothing), so {others} would be ignored; "
+      f"pass --{only[0]} alone, or leave it out"
+    )
   if args.jobs != 1:
     try:
       jobs.check_jobs(args.jobs)
@@ -135,19 +155,32 @@ def parse_args(argv) -> argparse.Namespace:
       p.error("--jobs does not apply to --sweep; run the sweep in one process")
   if not (args.claim or args.update_docs or args.list):
     p.error("give a CLAIM (or --list / --update_docs); claims: " + ", ".join(claims_lib.CLAIMS))
+  if not args.claim and args.budget not in claims_lib.BUDGETS:
+    p.error(f"unknown --budget={args.budget}; choose from {', '.join(claims_lib.BUDGETS)}")
   if args.claim:
     try:
       claim = claims_lib.get_claim(args.claim)
     except ValueError as e:
       p.error(str(e))
-    if args.budget not in claim.budgets:
-      p.error(f"claim {claim.name} has no budget {args.budget!r}")
-    args.method_list = _csv(args.methods) or list(claim.at(args.budget).methods)
+    if args.budget not in claim.budgets:  # an unknown name or another claim's budget
+      p.error(
+        f"claim {claim.name} has no budget {args.budget!r}; its budgets: {', '.join(claim.budgets)}"
+      )
+    if args.methods is not None and not _csv(args.methods):  # given but empty: not the default
+      p.error(
+        f"--methods={args.methods} lists no method; list them, e.g. --methods="
+        f"{','.join(claim.at(args.budget).methods[:2])}, or leave the flag out for the budget's "
+        f"methods ({', '.join(claim.at(args.budget).methods)})"
+      )
+    args.method_list = _csv(args.methods) if args.methods else list(claim.at(args.budget).methods)
     bad = [m for m in args.method_list if m not in claim.runnable]
     if bad:
       p.error(
         f"--methods: {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
       )
+    twice = [m for m in dict.fromkeys(args.method_list) if args.method_list.count(m) > 1]
+    if twice:  # each would queue the same run twice, the second finding the first's lock
+      p.error(f"--methods lists {', '.join(twice)} more than once; list each method once")
     b = claim.budgets[args.budget]
     if args.protocol == "v2" and b.v2 is None:
       with_v2 = [
@@ -273,14 +306,16 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  argv = sys.argv[1:] if argv is None else argv
+  args = parse_args(argv)
   results = Path(args.results)
   if results.exists() and not results.is_dir():  # read or written, never taken for an empty one
     print(f"error: --results={results} is a file, not a folder; pass a folder.", file=sys.stderr)
     return 1
   if args.list:
-    for c in claims_lib.CLAIMS.values():
+    for c in claims_lib.CLAIMS.values():  # a reference cites its paper by file number only
       print(f"{c.name:24s} {c.reference}  methods: {', '.join(c.methods)}")
+      print(f"{'':24s} paper {c.paper_title}")
   if args.claim:
     claim = claims_lib.get_claim(args.claim)
     try:
@@ -314,7 +349,13 @@ def main(argv=None) -> int:
           directory = results / claim.name / args.budget
           current = current_fingerprints(claim, args.budget, directory, root)
           expected = {**current, **expected}
-          print(report.write_report(claim, args.budget, directory, expected))
+          # The command as given (its --methods, --seeds, --data kept): pasted, it reruns this.
+          command = f"python -m fedjax_proj.reproduce {shlex.join(argv)}"
+          print(report.write_report(claim, args.budget, directory, expected, command))
+          if (directory / "report.md").is_file():
+            print(f"wrote {directory / 'report.md'} (and its figures beside it)")
+          else:
+            print(f"note: {directory} holds no results, so no report.md was written")
         if failed is not None:
           raise failed
     except TrainingInterrupted as e:

@@ -218,10 +218,15 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       # diverging loss is an outcome, recorded as a diverged result); the failures are listed
       # at the end and make the command exit 1. No result file is written, so a rerun retries
       # exactly the failed runs.
+      # Its message is the one line a user needs; the traceback, for a bug report, goes to a file
+      # beside the result (and here too with --debug), not between the queue's lines.
       failed.append(f"{tag}: {type(e).__name__}: {e}")
-      print(f"FAILED {tag}: {type(e).__name__}: {e}", flush=True)
-      traceback.print_exc()
+      kept = _keep_traceback(path.with_suffix(".traceback"))
+      print(f"FAILED {tag}: {type(e).__name__}: {e} ({kept})", flush=True)
+      if args.debug:
+        traceback.print_exc()
       continue
+    path.with_suffix(".traceback").unlink(missing_ok=True)  # an earlier attempt's, now moot
     summary = ", ".join(f"{k}={v:.2f}" for k, v in result["metrics"].items())
     if result.get("diverged"):
       d = result["diverged"]
@@ -237,6 +242,16 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   if failed:
     raise RunsFailed(failed, expected)
   return expected
+
+
+def _keep_traceback(where: Path) -> str:
+  """Writes the exception being handled's traceback to ``where``; says where it went (or, where
+  it could not be written, that --debug prints it)."""
+  try:
+    where.write_text(traceback.format_exc())
+  except OSError as e:
+    return f"its traceback could not be written to {where} ({e.strerror}); --debug prints it"
+  return f"traceback in {where}; --debug prints it here"
 
 
 # Worker lines the parent has printed itself (the plan's statuses) or that only say a run was

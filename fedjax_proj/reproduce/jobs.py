@@ -77,7 +77,9 @@ def worker_argv(
     f"--job_attempt={attempt}",
     f"--compilation_cache={args.compilation_cache}",
   ]
-  return argv + (["--rerun_stale"] if args.rerun_stale else [])
+  return (
+    argv + (["--rerun_stale"] if args.rerun_stale else []) + (["--debug"] if args.debug else [])
+  )
 
 
 def _preexec(share: list[int] | None):

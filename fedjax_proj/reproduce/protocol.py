@@ -188,6 +188,18 @@ def recommended_seeds(rows: Sequence[PlanRow], cap: int = MAX_SEEDS) -> int:
   return max(cap if r.needed is None else r.needed for r in usable)
 
 
+def _sd_line(b) -> str:
+  """Which paired sd the plan used and where it was measured, or that none was (a budget whose
+  ``power_sd`` is None: its seed count is the minimum)."""
+  if not b.power_sd:
+    return (
+      f"Paired sd: none measured for this budget yet, so the plan recommends the minimum, "
+      f"{MIN_SEEDS} seeds; once their results exist, --power also prints the sd they measure."
+    )
+  sds = ", ".join(f"{metric} {sd:.2f}" for metric, sd in b.power_sd.items())
+  return f"Paired sd used (pre-registered): {sds} (measured on {b.power_source})."
+
+
 def render_plan(claim, budget: str, measured: dict[str, float] | None = None) -> str:
   """The printed power calculation (``--power``) with the declared seed count."""
   b = claim.budgets[budget]
@@ -198,10 +210,11 @@ def render_plan(claim, budget: str, measured: dict[str, float] | None = None) ->
     f"Power calculation, {claim.name} budget {budget}: two-sided paired t-test at "
     f"alpha {ALPHA}/{len(rows)} (Holm's strictest step), target power {POWER:.0%}, "
     f"{MIN_SEEDS}..{cap} seeds.",
-    f"Paired sd used (pre-registered): {b.power_sd or 'none'} from {b.power_source}.",
+    _sd_line(b),
   ]
   if measured:
-    lines.append(f"Paired sd measured now from the result files (max per metric): {measured}.")
+    sds = ", ".join(f"{metric} {sd:.2f}" for metric, sd in measured.items())
+    lines.append(f"Paired sd measured now from the result files (max per metric): {sds}.")
   lines += [
     "",
     "| ordering | metric | paper effect | sd | seeds needed | power at declared n |",

@@ -68,6 +68,7 @@ def run_sweep(args, claim: Claim, root: Path, results: Path, run_claim) -> None:
   out.mkdir(parents=True, exist_ok=True)
   (out / "report.md").write_text(text)
   print(text)
+  print(f"wrote {out / 'report.md'}")
 
 
 def shows_forgetting(claim: Claim, found: dict) -> bool:

@@ -244,6 +244,25 @@ def run_state(output_dir: str | os.PathLike) -> str:
 EXTEND_HINT = "--resume --rounds=<more> to extend it"
 
 
+def _runs_inside(output_dir: str | os.PathLike) -> list[str]:
+  """Names of the run directories inside ``output_dir``, newest first (its own runs' folder)."""
+  path = Path(output_dir)
+  runs = [p for p in path.iterdir() if p.is_dir() and any((p / f).exists() for f in RUN_FILES[:4])]
+  runs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+  return [p.name for p in runs]
+
+
+def _held_text(output_dir: str | os.PathLike, state: str) -> str:
+  """What a directory without a checkpoint holds, as --resume's refusal says it."""
+  if state != "empty":
+    return "holds run files but no checkpoint"
+  others = sorted(p.name for p in Path(output_dir).iterdir())
+  if not others:
+    return "is empty"
+  shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+  return f"holds no run files ({RUN_FILES[0]}, checkpoints/, ...), only {shown}"
+
+
 def check_run_dir(
   output_dir: str | os.PathLike, *, resume: bool, overwrite: bool, extend: str | None = EXTEND_HINT
 ) -> str:
@@ -275,7 +294,15 @@ def check_run_dir(
         + _nearby_text(output_dir)
       )
     if not checkpoint_rounds(output_dir):
-      held = "is empty" if state == "empty" else "holds run files but no checkpoint"
+      inner = _runs_inside(output_dir) if state == "empty" else []
+      if inner:  # the folder of the runs, given for one of them
+        shown = ", ".join(inner[:5]) + (f" and {len(inner) - 5} more" if len(inner) > 5 else "")
+        raise RunDirError(
+          f"--resume: {output_dir} is not a run directory but holds {len(inner)} of them "
+          f"({shown}); pass the one to resume as --output_dir, e.g. "
+          f"--output_dir={Path(output_dir) / inner[0]} --resume."
+        )
+      held = _held_text(output_dir, state)
       raise RunDirError(
         f"--resume: {output_dir} {held}, so there is nothing to resume; check the path, or drop "
         "--resume (with --overwrite if it holds files) to start from round 1. "

@@ -19,7 +19,12 @@ def _error(capsys, main, argv) -> str:
 
 
 @pytest.mark.parametrize(
-  "flag,named", [("--rounds=0", "--rounds must be >= 1"), ("--seed=-1", "--seed must be in")]
+  "flag,named",
+  [
+    ("--rounds=0", "--rounds must be in [1, 4294967296]"),
+    ("--rounds=4294967297", "--rounds must be in [1, 4294967296]"),
+    ("--seed=-1", "--seed must be in"),
+  ],
 )
 def test_quickstart_refuses_out_of_range_before_writing(tmp_path, capsys, flag, named):
   out = tmp_path / "qs"
@@ -36,6 +41,13 @@ def test_quickstart_refuses_out_of_range_before_writing(tmp_path, capsys, flag, 
     ("--lr=0", "--lr must be > 0"),
     ("--hidden=0", "--hidden must be >= 1"),
     ("--public=foo", "invalid choice"),
+    # Each would be run and counted twice in the mean and FedProj's wins: refused, as reproduce.
+    ("--seeds=0,0", "--seeds lists 0 more than once"),
+    ("--seeds=3,1,3,1", "--seeds lists 1, 3 more than once"),
+    ("--methods=fedavg,fedproj,fedavg", "--methods lists fedavg more than once"),
+    # Empty (an unset shell variable): nothing would run, yet pilot_iris.json would be written.
+    ("--methods=", "--methods= lists no method; list some of fedavg, feddf, fedproj"),
+    ("--seeds=,", "--seeds=, lists no seed"),
   ],
 )
 def test_pilot_refuses_bad_flags(tmp_path, capsys, flag, named):

@@ -162,6 +162,18 @@ def test_power_command_prints_the_plan(capsys, tmp_path):
   out = capsys.readouterr().out
   assert "| sfedkd > fedseq | test_accuracy | +6.90 | 2.34 | 5 |" in out
   assert "declared (claims.py): 5" in out
+  assert "Paired sd used (pre-registered): test_accuracy 2.34 (measured on " in out
+
+
+def test_power_says_in_words_when_no_sd_was_measured(capsys, tmp_path):
+  pilot = claims.get_claim("fedproj-iris-pilot")
+  assert pilot.budgets["smoke"].power_sd is None  # the case the sentence is for
+  assert cli.main([pilot.name, "--budget=smoke", "--power", f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert (
+    "Paired sd: none measured for this budget yet, so the plan recommends the minimum, 3 " in out
+  )
+  assert "none from" not in out and "from not measured" not in out
 
 
 def test_holm_adjustment():

@@ -44,6 +44,27 @@ def _fake_runner(calls):
   return runner
 
 
+def test_report_names_its_file_and_a_command_that_reruns_exactly(tmp_path, capsys, monkeypatch):
+  import shlex
+
+  calls = []
+  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  results = tmp_path / "results"
+  argv = [*PILOT_SMOKE, "--seeds=1,2", f"--data={tmp_path}", f"--results={results}", "--report"]
+  assert cli.main(argv) == 0 and calls == [1, 2]
+  written = results / PILOT.name / "smoke" / "report.md"
+  assert f"wrote {written} (and its figures beside it)" in capsys.readouterr().out
+  line = next(x for x in written.read_text().splitlines() if x.startswith("Command: `"))
+  command = shlex.split(line[len("Command: `") : -len("`.")])
+  assert command[:3] == ["python", "-m", "fedjax_proj.reproduce"]
+  assert "--methods=fedavg" in command and "--seeds=1,2" in command
+  assert f"--data={tmp_path}" in command
+  # Pasted, it reruns the same queue (every run now done) and rewrites the same report.
+  before = written.read_text()
+  assert cli.main(command[3:]) == 0 and calls == [1, 2]
+  assert written.read_text() == before
+
+
 def test_stale_result_rerun_only_on_request(tmp_path, capsys, monkeypatch):
   calls = []
   monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
@@ -89,8 +110,24 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
   ]
   assert "FAILED fedproj-iris-pilot smoke fedavg seed 1: FloatingPointError" in out
   assert "1 run(s) failed" in err and "non-finite train loss" in err
+  # The clean line only; the traceback is kept beside the result, and the line says where.
+  kept = directory / "fedavg-seed1.traceback"
+  assert "Traceback" not in out + err and f"traceback in {kept}; --debug prints it here" in out
+  assert kept.read_text().startswith("Traceback") and "in runner" in kept.read_text()
   assert (directory / "report.md").is_file()  # the finished runs are reported
   assert cli.main(args) == 0 and calls == [0, 1, 2, 1]  # a rerun retries only the failed run
+  assert not kept.exists()  # the retried run succeeded: its old traceback is gone
+
+
+def test_debug_prints_a_failed_runs_traceback(tmp_path, capsys, monkeypatch):
+  def runner(claim, config, work, log):
+    raise ValueError("data/x.npz is truncated")
+
+  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  argv = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", "--debug"]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in err and "in runner" in err
 
 
 def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys, monkeypatch):
@@ -444,6 +481,28 @@ def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
     (["fedproj-iris-pilot", "--seeds="], "--seeds= lists no seed; list them, e.g. --seeds=0,1,2"),
     (["fedproj-iris-pilot", "--seeds=,"], "--seeds=, lists no seed"),
     (["fot-pmnist-iid", "--sweep"], "--sweep applies to fedproj-iris-pilot only"),
+    # Empty, as an unset shell variable gives: not the default (every method of the budget).
+    (["fedproj-iris-pilot", "--methods="], "--methods= lists no method; list them, e.g."),
+    (["fedproj-iris-pilot", "--methods=,"], "or leave the flag out for the budget's methods"),
+    # Twice: the second would find the first's result and call it another process's.
+    (["fedproj-iris-pilot", "--methods=fedavg,fedavg"], "--methods lists fedavg more than once"),
+    # A mode that only prints drops the others silently: refused by name.
+    (
+      ["fedproj-iris-pilot", "--dry_run", "--no_run", "--report"],
+      "--dry_run only prints (it runs and reports nothing), so --report, --no_run would be",
+    ),
+    (["fedproj-iris-pilot", "--power", "--dry_run"], "--power only prints (it runs and"),
+    (["fedproj-iris-pilot", "--power", "--report"], "so --report would be ignored"),
+    (
+      ["fedproj-iris-pilot", "--dry_run", "--rerun_stale", "--jobs=2"],
+      "--rerun_stale, --jobs would",
+    ),
+    # An unknown budget lists the claim's budgets, not every claim's.
+    (
+      ["fedproj-iris-pilot", "--budget=cpuu"],
+      "has no budget 'cpuu'; its budgets: paper, cpu, smoke",
+    ),
+    (["--list", "--budget=cpuu"], "unknown --budget=cpuu; choose from smoke, cpu"),
   ],
 )
 def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
@@ -451,6 +510,20 @@ def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
     cli.main(argv)
   assert e.value.code == 2
   assert message in capsys.readouterr().err
+
+
+def test_list_names_each_claims_paper_by_title(capsys):
+  from fedjax_proj.reproduce import claims
+
+  assert cli.main(["--list"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 2 * len(claims.CLAIMS)  # a claim's line, then its paper's
+  for name, paper in zip(lines[::2], lines[1::2]):
+    claim = claims.get_claim(name.split()[0])
+    number = claim.reference.split()[0]
+    assert paper.split()[:3] == ["paper", number, "="] and claims.PAPERS[number] in paper
+  fot = lines.index(next(x for x in lines if x.startswith("fot-pmnist-iid ")))
+  assert '003 = FOT, "Federated Orthogonal Training: Mitigating' in lines[fot + 1]
 
 
 def test_missing_data_folder_is_an_error_before_any_run(tmp_path, capsys):

@@ -55,6 +55,9 @@ def _main(flags, tmp_path):
     (["--seed=-1"], "--seed must be in [0, 4294967295)"),
     (["--seed=1180591620717411303424"], "--seed must be in [0, 4294967295)"),
     (["--eval_batch_size=0"], "--eval_batch_size must be >= 1"),
+    # Round r's key folds r in as a uint32: 2**32 rounds (indices 0..2**32-1) is the most.
+    (["--rounds=100000000000000000000"], "--rounds must be in [1, 4294967296] (a whole number)"),
+    (["--rounds=4294967297"], "as a 32-bit integer (core/random.py)"),
     (["--method=fedprox", "--method_kwargs=mu=nan"], "--method_kwargs mu must be >= 0, got nan"),
     (["--method=fedntd", "--method_kwargs=temperature=0"], "temperature must be > 0, got 0"),
     (["--method=fedprox", "--method_kwargs=mu=0.1,mu=0.2"], "gives mu twice (0.1 and '0.2')"),
@@ -90,6 +93,9 @@ def test_memory_size_in_method_kwargs_alone_becomes_the_flag(tmp_path):
     (["--lr=nan"], "--lr must be > 0, got nan"),
     (["--method=fot", "--method_kwargs=eps=inf"], "--method_kwargs eps must be in [0, 1], got inf"),
     (["--method_kwargs=eps=0.9,eps=0.8"], "gives eps twice"),
+    (["--rounds_per_task=4294967297"], "--rounds_per_task must be in [1, 4294967296]"),
+    (["--hidden=400,400", "--dropout=0.2,0.5,0.5"], "gives 3 rate(s) for the 2 hidden layer(s)"),
+    (["--hidden=,"], "rate(s) for the 0 hidden layer(s) of --hidden=,; give one rate per"),
   ],
 )
 def test_continual_entry_refuses_bad_numbers_before_data(flags, message, capsys, monkeypatch):
@@ -185,3 +191,23 @@ def test_an_output_dir_name_too_long_is_one_line(tmp_path, capsys):
   err = capsys.readouterr().err
   assert code == 1 and err.count("\n") == 1
   assert "File name too long (ENAMETOOLONG)" in err and "shorter --output_dir" in err
+
+
+def test_resume_on_a_folder_of_runs_names_them_not_an_empty_folder(tmp_path):
+  from fedjax_proj.training import rundir
+
+  for k in range(7):  # the runs' folder, as --output_dir=runs/<name> leaves it
+    (tmp_path / f"run{k}" / "checkpoints" / "1").mkdir(parents=True)
+  with pytest.raises(rundir.RunDirError) as e:
+    rundir.check_run_dir(tmp_path, resume=True, overwrite=False)
+  msg = str(e.value)
+  assert "is empty" not in msg and "is not a run directory but holds 7 of them" in msg
+  assert " and 2 more); pass the one to resume as --output_dir" in msg
+  assert f"--output_dir={tmp_path}/run" in msg
+  only_notes = tmp_path / "run0" / "checkpoints" / "1"  # neither a run nor a folder of runs
+  (only_notes / "notes.txt").write_text("")
+  with pytest.raises(rundir.RunDirError, match=r"holds no run files \(metrics.jsonl, checkpo"):
+    rundir.check_run_dir(only_notes, resume=True, overwrite=False)
+  (only_notes / "notes.txt").unlink()
+  with pytest.raises(rundir.RunDirError, match=f"{only_notes} is empty, so there is nothing"):
+    rundir.check_run_dir(only_notes, resume=True, overwrite=False)

@@ -12,6 +12,21 @@ from typing import Any, NamedTuple
 BUDGETS = ("smoke", "cpu", "drift", "gpu", "mnist", "paper")
 # The order budgets appear in docs tables and reports.
 BUDGET_ORDER = ("paper", "cpu", "drift", "gpu", "mnist", "smoke")
+# The papers a claim's ``reference`` cites by the number of its file in the papers folder the
+# project was given (docs/reproduction.md's opening), with the title each file carries; 004's
+# text starts at its authors, so its name is the one its abstract gives the method.
+PAPERS = {
+  "000": 'FedProj (first version), "Avoid Forgetting by Preserving Global Knowledge Gradients in '
+  'Federated Learning with Non-IID Data"',
+  "001": 'FedProj (revised), "Towards Preventing Global Knowledge Forgetting in Federated Learning '
+  'with Non-IID Data"',
+  "002": 'FedGKD, "Local-Global Knowledge Distillation in Heterogeneous Federated Learning with '
+  'Non-IID Data"',
+  "003": 'FOT, "Federated Orthogonal Training: Mitigating Global Catastrophic Forgetting in '
+  'Continual Federated Learning"',
+  "004": "SFedKD, Sequential Federated learning with discrepancy-aware multi-teacher Knowledge "
+  "Distillation",
+}
 # Metrics where lower is better (FOT's forgetting); every other metric is higher-is-better.
 LOWER_IS_BETTER = frozenset({"fgt"})
 
@@ -165,6 +180,12 @@ class Claim(NamedTuple):
       orderings=tuple(o for o in self.orderings if o.better in keep and o.worse in keep),
       paper={m: v for m, v in self.paper.items() if m in keep},
     )
+
+  @property
+  def paper_title(self) -> str:
+    """The cited paper's number and title (:data:`PAPERS`), from ``reference``'s first word."""
+    number = self.reference.split()[0]
+    return f"{number} = {PAPERS[number]}"
 
   @property
   def runnable(self) -> tuple[str, ...]:

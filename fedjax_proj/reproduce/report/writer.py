@@ -94,6 +94,7 @@ def render(
   figures: list[str],
   corrupt: list | None = None,
   equivalent=(),
+  command: str | None = None,
 ) -> str:
   full = claim
   found, found_v2 = split_protocols(found)
@@ -105,12 +106,15 @@ def render(
   b = claim.budgets.get(budget)
   if b is not None:
     claim = claim.at(budget)  # the budget's methods and the orderings between them
+  # The command that wrote it, flags and all (its --methods, --seeds, --data), so pasting it
+  # reruns exactly this report; without one, the budget's whole default command.
+  command = command or f"python -m fedjax_proj.reproduce {claim.name} --budget={budget} --report"
   lines = [
     f"### {claim.name} — budget `{budget}`",
     "",
     f"Paper: {claim.reference}. Entry point: `{claim.entry}`. "
     + (f"Budget: {b.note}." if b is not None and b.note else ""),
-    f"Command: `python -m fedjax_proj.reproduce {claim.name} --budget={budget} --report`.",
+    f"Command: `{command}`.",
     "",
   ]
   if stale:
@@ -148,13 +152,16 @@ def render(
   return "\n".join(lines) + "\n"
 
 
-def write_report(claim: Claim, budget: str, directory: Path, expected: dict | None) -> str:
-  """Writes ``report.md`` and the figures in ``directory``; returns the markdown."""
+def write_report(
+  claim: Claim, budget: str, directory: Path, expected: dict | None, command: str | None = None
+) -> str:
+  """Writes ``report.md`` and the figures in ``directory``; returns the markdown. ``command``:
+  the command line that wrote it, for its "Command:" line (None: the budget's default one)."""
   found, stale, corrupt = load_results(directory, expected)
   plotted = split_diverged(split_protocols(found)[0])[0]  # the figures are v1's
   figures = plot_curves(claim, plotted, directory) if directory.is_dir() else []
   equivalent = _load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
-  text = render(claim, budget, found, stale, figures, corrupt, equivalent)
+  text = render(claim, budget, found, stale, figures, corrupt, equivalent, command)
   if directory.is_dir():
     (directory / "report.md").write_text(text)
     v1, v2 = split_protocols(found)

@@ -1,0 +1,148 @@
+"""The benchmark scripts check their flags, then torch, before they pin, import or time anything.
+
+Each bad flag is one line and exit 2 from the script's parser (benchmarks/flag_checks.py,
+docs/design.md, "Input rules"). torch is made unimportable here (``sys.modules["torch"] = None``)
+and pinning fails the test, so a check that came after either would show as another error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name):
+  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture
+def no_torch(monkeypatch):
+  """torch unimportable (as in a venv without the bench/parity extra) and no core pinned."""
+  monkeypatch.setitem(sys.modules, "torch", None)
+  monkeypatch.setitem(sys.modules, "torch.nn", None)
+  monkeypatch.setattr(os, "sched_setaffinity", lambda *a: pytest.fail("pinned before checks"))
+  # Run as scripts, benchmarks/ is on the path (their imports of flag_checks and common).
+  monkeypatch.setattr(sys, "path", [str(ROOT / "benchmarks"), *sys.path])
+
+
+def _refused(capsys, main, argv) -> str:
+  with pytest.raises(SystemExit) as e:
+    main(argv)
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--cases=bogus"], "--cases=bogus: unknown bogus; choose from conv, pool, cnn_step,"),
+    (["--cases=conv,pool,conv"], "--cases=conv,pool,conv lists conv more than once"),
+    (["--cases="], "--cases= lists nothing; list one or more"),
+    (["--rounds=0"], "--rounds must be >= 1, got 0"),
+    (["--reps=-1"], "--reps must be >= 1, got -1"),
+    (["--conv_impls=bogus"], "unknown bogus; choose from xla, gemm_grad, onednn_grad, onednn"),
+    (["--cpu=99999", "--cases=conv"], "--cpu=99999 is not a core this process may run on"),
+    (["--cpu=0", "--unpinned"], "--cpu pins to one core; --unpinned runs on every core"),
+    (["--cases=fedproj_step"], "--cases fedproj_step needs --authors_repo="),
+    (["--cases=conv"], 'torch is not installed: pip install -e ".[bench]"'),
+  ],
+)
+def test_cpu_step_refuses_before_torch_or_pinning(argv, message, no_torch, capsys):
+  assert message in _refused(capsys, _script("cpu_step").main, argv)
+
+
+def test_cpu_step_columns_are_the_models_conv_impls():
+  from fedjax_proj.models.conv import CONV_IMPLS
+
+  # Named in the script (JAX must not load first): each must be one the models accept.
+  assert set(_script("cpu_step").COLUMNS) <= set(CONV_IMPLS)
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--steps=0"], "--steps must be >= 1, got 0"),
+    (["--conv_impls=gemm_grad,gemm_grad"], "lists gemm_grad more than once"),
+    ([], 'torch is not installed: pip install -e ".[bench]"'),
+  ],
+)
+def test_cpu_step_profile_refuses_before_torch_or_pinning(argv, message, no_torch, capsys):
+  assert message in _refused(capsys, _script("cpu_step_profile").main, argv)
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--methods=moon,moon"], "--methods=moon,moon lists moon more than once"),
+    (["--methods="], "--methods= lists nothing"),
+    (["--methods=fedavg"], "unknown fedavg; choose from fedntd, fedgkd, moon"),
+    (["--methods=moon"], 'torch is not installed: pip install -e ".[parity]"'),
+  ],
+)
+def test_parity_rows_refuse_before_torch(argv, message, no_torch, capsys, tmp_path):
+  main = _script("parity_methods").main
+  assert message in _refused(capsys, main, [f"--refs_dir={tmp_path}", *argv])
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--seeds=0,0"], "--seeds=0,0 lists 0 more than once"),
+    (["--seeds=0,x"], "--seeds must be comma-separated non-negative integers"),
+    (["--methods=fedprox"], "unknown fedprox; choose from fedavg, fedproj"),
+    (["--rounds=0"], "--rounds must be >= 1, got 0"),
+    (["--proj_rounds=3"], "--proj_rounds must be start:stop, two integers"),
+  ],
+)
+def test_parity_fedproj_refuses_before_torch(argv, message, no_torch, capsys):
+  assert message in _refused(capsys, _script("parity_fedproj").main, argv)
+
+
+def test_parity_gpm_basis_needs_torch_before_loading_the_reference(no_torch, capsys, tmp_path):
+  (tmp_path / "main_pmnist.py").write_text("raise AssertionError('imported before the check')\n")
+  err = _refused(capsys, _script("parity_gpm_basis").main, [f"--gpm_repo={tmp_path}"])
+  assert 'torch is not installed: pip install -e ".[parity]"' in err
+
+
+@pytest.mark.parametrize(
+  "script, argv, message",
+  [
+    ("accuracy_cifar10", ["--seeds=0,1,0"], "--seeds=0,1,0 lists 0 more than once"),
+    ("accuracy_cifar10", ["--seeds=0,a"], "--seeds must be comma-separated non-negative"),
+    ("accuracy_cifar10", ["--methods=fedavg,fedavg"], "lists fedavg more than once"),
+    ("accuracy_cifar10", ["--methods=fedbogus,fedbogus"], "unknown fedbogus; choose from cwc,"),
+    ("sfedkd_pilot", ["--methods=fedseq,fedseq"], "lists fedseq more than once"),
+    ("continual_pmnist", ["--methods=fl,fot,fl"], "--methods=fl,fot,fl lists fl more than once"),
+    ("continual_pmnist", ["--methods=fedavg"], "unknown fedavg; choose from fl, ewc, er,"),
+    ("continual_pmnist", ["--rounds_per_task=0"], "--rounds_per_task must be >= 1, got 0"),
+    ("smoke_times", ["--methods=moon,moon"], "--methods=moon,moon lists moon more than once"),
+    ("smoke_times", ["--timeout=0"], "--timeout must be > 0 seconds, got 0.0"),
+    ("strategies", ["--clients=4,x"], "--clients must be comma-separated non-negative integers"),
+    ("strategies", ["--clients=0"], "--clients and --conv_clients must list cohort sizes >= 1"),
+    ("strategies", ["--models=mlp,mlp"], "--models=mlp,mlp lists mlp more than once"),
+    ("conv_impl", ["--impls=xla,bogus"], "--impls=xla,bogus: unknown bogus; choose from xla,"),
+    ("conv_impl", ["--models=cnn", "--reps=0"], "--reps must be >= 1, got 0"),
+    ("gpse_cost", ["--models=resnet8"], "unknown resnet8; choose from mlp, alexnet"),
+    ("gpse_cost", ["--sketch_dists=gaussian,gaussian"], "lists gaussian more than once"),
+    ("torch_reference", ["--cpr=10,10"], "--cpr=10,10 lists 10 more than once"),
+    ("torch_reference", ["--models=resnet8"], "unknown resnet8; choose from mlp, cnn"),
+    ("torch_reference", [], 'torch is not installed: pip install -e ".[bench]"'),
+    ("parity_fot_basis", ["--hidden=400,x"], "--hidden must be comma-separated sizes >= 1"),
+    ("distillation_effect", ["--seeds=3,3"], "--seeds=3,3 lists 3 more than once"),
+    ("behaviour_fingerprint", ["--out=x", "--runs=bogus"], "--runs=bogus: unknown bogus; choose"),
+  ],
+)
+def test_other_benchmarks_refuse_bad_lists_before_any_work(script, argv, message, no_torch, capsys):
+  assert message in _refused(capsys, _script(script).main, argv)
