@@ -27,6 +27,8 @@ METHODS = {
   "fedgkd-cifar10-table3": ("fedgen",),
   "sfedkd-cifar10-exdir": ("sfedkd",),
   "sfedkd-fmnist-exdir": ("sfedkd",),  # LeNet-5 on grayscale Fashion-MNIST
+  # FedCurv on the chain's data: the parallel baseline whose Fisher state the others lack.
+  "sfedkd-fmnist-exdir-baselines": ("fedcurv",),
   "fot-pmnist-noniid": ("ewc",),
   "fot-pmnist-iid": ("fot",),
   "fedproj-iris-pilot": ("fedproj",),

@@ -113,6 +113,7 @@ from fedjax_proj.reproduce.claims.sfedkd import (
   SEQ_SD_SOURCE,
   SFEDKD,
   SFEDKD_FMNIST,
+  SFEDKD_FMNIST_BASELINES,
   SFEDKD_METHODS,
   _seq_smoke,
   _sfedkd,
@@ -181,6 +182,7 @@ __all__ = [
   "SEQ_SD_SOURCE",
   "SFEDKD",
   "SFEDKD_FMNIST",
+  "SFEDKD_FMNIST_BASELINES",
   "SFEDKD_METHODS",
   "TABLE2",
   "_beats",
@@ -196,7 +198,7 @@ __all__ = [
 CLAIMS: dict[str, Claim] = {
   c.name: c
   for c in (FEDPROJ_DIR03, FEDPROJ_DIR05, PILOT, FOT_NONIID, FOT_IID, SFEDKD, SFEDKD_FMNIST, FEDGKD)
-  + (FEDGKD_TABLE3,)
+  + (FEDGKD_TABLE3, SFEDKD_FMNIST_BASELINES)
   + NLP_FEDPROJ
   + (FEDGKD_AGNEWS,)
 }
