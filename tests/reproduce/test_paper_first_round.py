@@ -31,6 +31,7 @@ METHODS = {
   "sfedkd-fmnist-exdir-baselines": ("fedcurv",),
   "fot-pmnist-noniid": ("ewc",),
   "fot-pmnist-iid": ("fot",),
+  "fot-pmnist-noniid-table1": ("rgo",),  # RGO's per-client projectors at the end of a task
   "fedproj-iris-pilot": ("fedproj",),
   # Text: NLI pairs with an unlabelled public set and α > 0, and FedGKD's buffer on AG News.
   "fedproj-mnli-dir0.5": ("fedproj",),
