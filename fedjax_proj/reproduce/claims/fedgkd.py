@@ -18,6 +18,29 @@ FEDGKD_CPU = {
   "model_kwargs": {},
   "eval_every": 1,  # the best accuracy over the rounds (002 Table 3) needs every round
 }
+# Both FedGKD CIFAR-10 claims' wiring check: the cpu budget on 10 clients, 2 per round, 2 rounds.
+FEDGKD_SMOKE = {
+  **FEDGKD_CPU,
+  "num_clients": 10,
+  "clients_per_round": 2,
+  "rounds": 2,
+  "train_subset": 2000,
+  "test_subset": 500,
+}
+
+
+def _paper_budget(why_borrowed: str) -> Budget:
+  """A FedGKD CIFAR-10 claim's ``paper`` budget: the fedgkd_paper preset (002 Sec. 5) on the shared
+  data, evaluated every round (Table 3 is the best accuracy over the rounds), its 10 v1 seeds from
+  the FedProj cpu results' sd, borrowed (``why_borrowed``)."""
+  return Budget(
+    {"data_dir": "{data}/cifar10", "eval_every": 1},
+    seeds=10,
+    power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
+    power_source=f"{FEDPROJ_SD_SOURCE}, borrowed ({why_borrowed})",
+  )
+
+
 FEDGKD = Claim(
   name="fedgkd-cifar10",
   reference="002 Table 3 (tbl:table_compare, best accuracy over rounds) and Table 6 "
@@ -46,12 +69,7 @@ FEDGKD = Claim(
     # training images, 20 clients C = 0.2, 100 rounds x 20 local epochs, SGD 0.05; buffer M = 5
     # (002 Table 7: M = 5 gives Table 3's 72.27 at α = 0.1), VOTE's server-side validation.
     # Evaluated every round: Table 3 is the best accuracy over the rounds.
-    "paper": Budget(
-      {"data_dir": "{data}/cifar10", "eval_every": 1},
-      seeds=10,
-      power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
-      power_source=FEDPROJ_SD_SOURCE + ", borrowed (no FedGKD run exists)",
-    ),
+    "paper": _paper_budget("no FedGKD run exists"),
     "cpu": Budget(
       FEDGKD_CPU,
       IMAGE_METHOD_KW,
@@ -69,19 +87,7 @@ FEDGKD = Claim(
         effect_metric="best_test_accuracy",
       ),
     ),
-    "smoke": Budget(
-      {
-        **FEDGKD_CPU,
-        "num_clients": 10,
-        "clients_per_round": 2,
-        "rounds": 2,
-        "train_subset": 2000,
-        "test_subset": 500,
-        "eval_every": 1,
-      },
-      IMAGE_METHOD_KW,
-      "wiring only",
-    ),
+    "smoke": Budget(FEDGKD_SMOKE, IMAGE_METHOD_KW, "wiring only"),
   },
 )
 
@@ -201,12 +207,7 @@ FEDGKD_TABLE3 = Claim(
   budgets={
     # The fedgkd_paper preset (002 Sec. 5), its method defaults for the new columns cited there
     # (docs/reproduction.md, "FedGKD (paper 002)"); as fedgkd-cifar10's paper budget.
-    "paper": Budget(
-      {"data_dir": "{data}/cifar10", "eval_every": 1},
-      seeds=10,
-      power_sd={m: FEDPROJ_SD["test_accuracy"] for m in ("best_test_accuracy", "test_accuracy")},
-      power_source=FEDPROJ_SD_SOURCE + ", borrowed (no run of these methods exists)",
-    ),
+    "paper": _paper_budget("no run of these methods exists"),
     # fedgkd-cifar10's cpu budget, declared for protocol v2 only (no v1 seeds): the seed count is
     # the power calculation's (`--protocol=v2 --power`): FedGKD > MOON's +1.15 needs more than the
     # cap at the borrowed sd, so it is capped and that ordering declared underpowered.
@@ -218,17 +219,6 @@ FEDGKD_TABLE3 = Claim(
       seeds=0,
       v2=Replication(20, 1.83, TABLE3_SD_SOURCE, effect_metric="best_test_accuracy"),
     ),
-    "smoke": Budget(
-      {
-        **FEDGKD_CPU,
-        "num_clients": 10,
-        "clients_per_round": 2,
-        "rounds": 2,
-        "train_subset": 2000,
-        "test_subset": 500,
-      },
-      TABLE3_METHOD_KW,
-      "wiring only",
-    ),
+    "smoke": Budget(FEDGKD_SMOKE, TABLE3_METHOD_KW, "wiring only"),
   },
 )
