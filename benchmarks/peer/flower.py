@@ -38,11 +38,12 @@ def make_net():
 
 
 @functools.cache
-def client_data(path: str):
-  """Each Ray worker reads the export once and keeps it (a ClientApp is rebuilt per message)."""
+def client_data(path: str, device: str):
+  """Each Ray worker reads the export once and keeps it on its device (the handler runs anew for
+  every message)."""
   export = load_export(path)
   x = torch.from_numpy(normalize(export["train_x"]).transpose(0, 3, 1, 2).copy())
-  return export, x, torch.from_numpy(export["train_y"])
+  return export, x.to(device), torch.from_numpy(export["train_y"]).to(device)
 
 
 client_app = ClientApp()
@@ -51,14 +52,15 @@ client_app = ClientApp()
 @client_app.train()
 def train(msg: Message, context) -> Message:
   cfg = msg.content["config"]
-  export, x_all, y_all = client_data(str(cfg["export"]))
-  net = make_net()
+  device = str(cfg["device"])
+  export, x_all, y_all = client_data(str(cfg["export"]), device)
+  net = make_net().to(device)
   net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
   opt = torch.optim.SGD(net.parameters(), lr=float(cfg["lr"]))
   data = export["clients"][int(cfg["client"])]
   rng = np.random.default_rng([int(cfg["client"]), int(cfg["server-round"])])
   for _ in range(int(cfg["local-epochs"])):
-    order = torch.from_numpy(rng.permutation(data))
+    order = torch.from_numpy(rng.permutation(data)).to(device)
     for i in range(0, len(order), int(cfg["batch-size"])):
       idx = order[i : i + int(cfg["batch-size"])]
       opt.zero_grad()
@@ -86,6 +88,7 @@ def main(argv=None) -> None:
 
   s = export["settings"]
   torch.manual_seed(s["seed"])
+  device = "cuda" if args.device in ("cuda", "gpu") else "cpu"
 
   class ReplayFedAvg(FedAvg):
     """FedAvg sending round r to the exported cohort r instead of sampling nodes itself."""
@@ -97,7 +100,7 @@ def main(argv=None) -> None:
         cfg = ConfigRecord({
           "client": int(c), "server-round": server_round, "lr": args.lr,
           "batch-size": s["batch_size"], "local-epochs": s["local_epochs"],
-          "export": os.path.abspath(args.export),
+          "export": os.path.abspath(args.export), "device": device,
         })  # fmt: skip
         record = RecordDict({"arrays": arrays, "config": cfg})
         messages.append(Message(record, dst_node_id=nodes[c], message_type=MessageType.TRAIN))
@@ -134,11 +137,12 @@ def main(argv=None) -> None:
     strategy.start(grid, ArrayRecord(make_net().state_dict()), args.rounds, evaluate_fn=round_hook)
 
   cpus = len(os.sched_getaffinity(0))  # Ray counts every core, pinned or not
+  gpus = 0.1 if device == "cuda" else 0.0  # on a GPU, up to 10 clients share it at once
   run_simulation(
     server_app=server_app,
     client_app=client_app,
     num_supernodes=s["num_clients"],
-    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
                     "init_args": {"num_cpus": cpus}},
   )  # fmt: skip
   # --- end user code

@@ -43,8 +43,12 @@ for s in "${systems[@]}"; do
     pfl) make_env pfl "torch==2.13.0" "pfl[pytorch]==0.6.0 psutil" ;;
     # Flower's simulation engine runs on Ray: the `simulation` extra.
     flower) make_env flower "torch==2.13.0" "flwr[simulation]==1.42.0 psutil" ;;
-    # fedjax 0.0.17 (2023) breaks on current jax; jax 0.4.30 is the last it was seen to run on.
-    fedjax) make_env fedjax "jax[cpu]==0.4.30 jaxlib==0.4.30" "fedjax==0.0.17 jax==0.4.30 jaxlib==0.4.30 psutil" ;;
+    # fedjax 0.0.17 (2023) breaks on current jax, and its unpinned dm-haiku/optax/chex pull one:
+    # these are the last releases it imports and runs with (seen here, 2026-12).
+    fedjax) make_env fedjax "fedjax==0.0.17" \
+      "jax==0.4.30 jaxlib==0.4.30 numpy<2 dm-haiku==0.0.12 optax==0.2.2 chex==0.1.86 psutil" ;;
+    # Fails on Python 3.11: it pins jaxlib==0.4.14, which has no wheel for it (kept so that the
+    # attempt is reproducible; run.py records the system as not installed).
     tff) make_env tff "tensorflow-federated==0.87.0 psutil" ;;
     *) echo "unknown system '$s' (choose from: ours torch pfl flower fedjax tff)"; exit 2 ;;
   esac

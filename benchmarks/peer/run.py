@@ -33,15 +33,16 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "peer"
-MODULES = {"ours": "ours", "torch": "torch_loop", "pfl": "pfl", "flower": "flower"}
+MODULES = {"ours": "ours", "torch": "torch_loop", "pfl": "pfl", "flower": "flower",
+           "fedjax": "fedjax_runner"}  # fmt: skip
 # Systems whose environment make_envs.sh tries to build but that have no runner: recorded as such.
 NO_RUNNER = {
-  "fedjax": "fedjax 0.0.17 installs on jax 0.4.30 (make_envs.sh) but has no runner yet",
   "tff": "tensorflow-federated 0.87.0 does not install on Python 3.11: it pins jaxlib==0.4.14, "
   "which has no Python 3.11 wheel (make_envs.sh's log)",
 }
 MODES = ("one-core", "all-cores", "device", "scaling")
 DEVICE_COHORTS = (10, 100, 500)
+DEVICE_SYSTEMS = ("ours", "torch", "pfl", "flower")  # the device targets
 SCALING_COHORTS = (10, 50, 100, 500)
 
 
@@ -231,8 +232,8 @@ def main(argv=None) -> None:
 
   if args.mode in ("device", "scaling"):
     cohorts = DEVICE_COHORTS if args.mode == "device" else SCALING_COHORTS
-    if args.mode == "scaling":
-      runnable = [s for s in runnable if s in ("ours", "torch", "pfl")]
+    keep = ("ours", "torch", "pfl") if args.mode == "scaling" else DEVICE_SYSTEMS
+    runnable = [s for s in runnable if s in keep]
     plan = []
     for cpr in cohorts:
       export = RESULTS / f"workload-{args.mode}-{cpr}.npz"
