@@ -149,9 +149,9 @@ def markdown(title: str, table: dict, meta: dict) -> str:
     if r.get("status") != "ok":
       lines.append(f"| {system} | {r.get('status')}: {r.get('reason', '')} |" + " |" * 10)
       continue
-    label = f"{system} ({r['framework']})"
+    label = f"{system}: {r['framework']}"
     if "strategy" in r:
-      label += f", {r['strategy']}, conv_impl={r.get('conv_impl')}"
+      label += f", `auto` = {r['strategy']}, conv_impl={r.get('conv_impl')}"
     share = f"{100 * r['share_of_peak']:.0f}%" if "share_of_peak" in r else "-"
     acc = "/".join(f"{a:.3f}" for a in r["accuracy"])
     lines.append(
@@ -161,8 +161,28 @@ def markdown(title: str, table: dict, meta: dict) -> str:
       f"| {r['peak_mem_mb']:.0f} ({r['mem_kind'].upper()}) | {acc} "
       f"| {r['achieved_gflops']:.1f} | {share} | {r['user_code_lines']} |"
     )
-  lines += ["", "```", json.dumps(meta, indent=1), "```", ""]
+  peak, m = meta.get("peak", {}), meta.get("meta", {})
+  lines += [
+    "",
+    f"Steady rounds: medians over {meta.get('runs', '?')} runs per system x the rounds after the "
+    "warm-up; ratios: medians of the round-paired ratios against ours (above 1: slower than ours).",
+    f"Peak: {peak.get('peak_gflops', float('nan')):.1f} GFLOP/s per CPU second (float32 GEMM "
+    f"{peak.get('n')}x{peak.get('n')}: numpy {peak.get('numpy_gflops', float('nan')):.1f}, "
+    f"jax {peak.get('jax_gflops', float('nan')):.1f}), measured in the same run under the same "
+    "pinning. FLOPs per training example: "
+    f"{peak.get('counted_train_flops_per_example', 0) / 1e6:.1f} M counted (dense kernels, padding "
+    f"taps included), {(peak.get('xla_train_flops_per_example') or 0) / 1e6:.1f} M by XLA's cost "
+    "analysis (padding taps left out).",
+    f"CPU: {meta.get('cpu')}, {meta.get('nproc')} cores, shared with other users: load average "
+    f"(1/5/15 min) {_fmt_load(m.get('load_before'))} before, {_fmt_load(m.get('load_after'))} "
+    f"after. Commit {meta.get('commit', '')[:10]}, {meta.get('date')}.",
+    "",
+  ]
   return "\n".join(lines)
+
+
+def _fmt_load(load) -> str:
+  return "/".join(f"{x:.1f}" for x in load) if load else "?"
 
 
 def measure_peak(mode: str, core: int | None) -> dict:
@@ -216,7 +236,11 @@ def main(argv=None) -> None:
   p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   p.add_argument("--tag", default=None, help="result file name (default: the mode)")
+  p.add_argument("--render", action="store_true", help="only rewrite <tag>.md from <tag>.json")
   args = p.parse_args(argv)
+  if args.render:
+    render(args.tag or args.mode)
+    return
   systems = args.systems.split(",")
   unknown = [s for s in systems if s not in MODULES and s not in NO_RUNNER]
   if unknown:
@@ -287,6 +311,15 @@ def _uptime() -> str:
   return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
+def render(tag: str) -> None:
+  """(Re)writes <tag>.md from <tag>.json."""
+  payload = json.loads((RESULTS / f"{tag}.json").read_text())
+  meta = {k: payload.get(k) for k in ("peak", "meta", "commit", "cpu", "nproc", "date")}
+  meta["runs"] = payload["settings"]["alternations"]
+  (RESULTS / f"{tag}.md").write_text(markdown(f"Peer benchmark, {tag}", payload["table"], meta))
+  print((RESULTS / f"{tag}.md").read_text())
+
+
 def write(args, payload: dict, table: dict | None) -> None:
   tag = args.tag or args.mode
   payload |= {
@@ -304,9 +337,7 @@ def write(args, payload: dict, table: dict | None) -> None:
   RESULTS.mkdir(parents=True, exist_ok=True)
   (RESULTS / f"{tag}.json").write_text(json.dumps(payload, indent=1) + "\n")
   if table is not None:
-    meta = {k: payload[k] for k in ("peak", "meta", "commit", "cpu", "nproc", "date")}
-    (RESULTS / f"{tag}.md").write_text(markdown(f"Peer benchmark, {tag}", table, meta))
-    print((RESULTS / f"{tag}.md").read_text())
+    render(tag)
   else:
     rows = []
     for cpr, t in payload["by_clients_per_round"].items():
