@@ -47,8 +47,11 @@ SCALING_COHORTS = (10, 50, 100, 500)
 
 
 def python_for(system: str, envs: Path) -> str:
-  """The interpreter of a system's environment; ours runs on the driver's own."""
-  return sys.executable if system == "ours" else str(envs / system / "bin" / "python")
+  """The interpreter of a system's environment; ours runs on the driver's own, and so does every
+  system with ``--envs -`` (a machine with one Python holding them all, e.g. a lent GPU's)."""
+  if system == "ours" or str(envs) == "-":
+    return sys.executable
+  return str(envs / system / "bin" / "python")
 
 
 def runner_command(system, export, rounds, out, envs, *, core=None, device="cpu") -> list[str]:
@@ -232,7 +235,9 @@ def main(argv=None) -> None:
   p.add_argument("--warmup", type=int, default=1, help="leading rounds left out of the medians")
   p.add_argument("--alternations", type=int, default=2, help="runs of every system")
   p.add_argument("--core", type=int, default=0, help="the pinned core (one-core, scaling)")
-  p.add_argument("--envs", type=Path, default=Path(os.environ.get("PEER_ENVS", "/work/peer-envs")))
+  envs = Path(os.environ.get("PEER_ENVS", "/work/peer-envs"))
+  p.add_argument("--envs", type=Path, default=envs,
+                 help="make_envs.sh's folder; '-': this interpreter for every system")  # fmt: skip
   p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   p.add_argument("--tag", default=None, help="result file name (default: the mode)")
