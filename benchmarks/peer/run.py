@@ -241,6 +241,8 @@ def main(argv=None) -> None:
   p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   p.add_argument("--tag", default=None, help="result file name (default: the mode)")
+  p.add_argument("--device_data", type=Path, default=ROOT / ".device_data" / "device_data.npz",
+                 help="device mode: the carried data (benchmarks/make_device_data.py)")  # fmt: skip
   p.add_argument("--render", action="store_true", help="only rewrite <tag>.md from <tag>.json")
   args = p.parse_args(argv)
   if args.render:
@@ -282,9 +284,12 @@ def main(argv=None) -> None:
           print(shlex.join(c))
       print(json.dumps({"mode": args.mode, "plan": plan, "not_run": recorded}))
       return
+    env = runner_env(args.mode)
+    if args.mode == "device" and args.device_data.exists():
+      env["FEDJAX_PROJ_SHARED_DATA"] = str(unpack_device_data(args.device_data))
     results = {}
     for step in plan:
-      subprocess.run(step["export"], env=runner_env(args.mode), cwd=ROOT, check=True)
+      subprocess.run(step["export"], env=env, cwd=ROOT, check=True)
       args.alternations = args.alternations if args.mode == "scaling" else 1
       runs = run_mode(args, runnable, Path(step["export"][step["export"].index("--out") + 1]),
                       f"{args.mode}-{step['clients_per_round']}")  # fmt: skip
@@ -310,6 +315,20 @@ def main(argv=None) -> None:
     table[s] = {"status": "not run", "reason": why}
   write(args, {"mode": args.mode, "table": table, "peak": peak, "meta": meta,
                "runs": {s: [r for r, _ in v] for s, v in runs.items()}}, table)  # fmt: skip
+
+
+def unpack_device_data(path: Path) -> Path:
+  """A lent GPU has no ../shared/data: unpack the carried CIFAR-10 (benchmarks/make_device_data.py,
+  docs/performance.md "Running the GPU suite") into its layout, for the export to read."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("make_device_data", ROOT / "benchmarks" /
+                                                "make_device_data.py")  # fmt: skip
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  dest = Path("/tmp/peer_device_data")
+  module.unpack(path, dest)
+  return dest
 
 
 def _uptime() -> str:
