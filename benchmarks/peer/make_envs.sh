@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes one virtual environment per peer system, under ${PEER_ENVS:-/work/peer-envs}/<system>.
+# Makes one virtual environment per peer system, under ${PEER_ENVS:-<repository>/../peer-envs}/<system>.
 #
 # Each system gets its own environment so that no system's pins (numpy, torch, jax) change another's.
 # torch is always installed first as `torch==2.13.0`, the CPU build that lies on this machine's disk
@@ -11,9 +11,9 @@
 # A failed install is logged to <env>/install.log and the script goes on with the next system; the
 # driver (benchmarks/peer/run.py) records a system whose environment is missing as "not installed".
 set -u
-ROOT="${PEER_ENVS:-/work/peer-envs}"
 PY="${PEER_PYTHON:-python3.11}"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
+ROOT="${PEER_ENVS:-$REPO/../peer-envs}"
 mkdir -p "$ROOT"
 
 make_env() {  # name, then pip arguments in install order (one pip call per argument group, ';'-split)

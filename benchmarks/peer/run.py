@@ -235,7 +235,7 @@ def main(argv=None) -> None:
   p.add_argument("--warmup", type=int, default=1, help="leading rounds left out of the medians")
   p.add_argument("--alternations", type=int, default=2, help="runs of every system")
   p.add_argument("--core", type=int, default=0, help="the pinned core (one-core, scaling)")
-  envs = Path(os.environ.get("PEER_ENVS", "/work/peer-envs"))
+  envs = Path(os.environ.get("PEER_ENVS", ROOT.parent / "peer-envs"))  # make_envs.sh's default
   p.add_argument("--envs", type=Path, default=envs,
                  help="make_envs.sh's folder; '-': this interpreter for every system")  # fmt: skip
   p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
