@@ -208,6 +208,7 @@ def run_mode(args, systems, export: Path, tag: str) -> dict:
     for system in order:
       out = logs / f"{system}-{a}.jsonl"
       out.unlink(missing_ok=True)
+      (logs / f"{system}-{a}.stderr").unlink(missing_ok=True)  # an earlier run's
       cmd = runner_command(system, export, args.rounds, out, args.envs, core=core)
       print(f"[{tag} {a}] {shlex.join(cmd)}", flush=True)
       env["PEER_T0"] = repr(time.time())
