@@ -99,8 +99,9 @@ def main(argv=None) -> None:
   net.eval()
   with torch.no_grad():
     x_test = torch.from_numpy(normalize(export["test_x"]).transpose(0, 3, 1, 2).copy())
+    x_test = x_test.to(next(net.parameters()).device)  # pfl put the model on its default device
     pred = torch.cat([net(x_test[i : i + 500]).argmax(-1) for i in range(0, len(x_test), 500)])
-  correct = int((pred.numpy() == export["test_y"]).sum())
+  correct = int((pred.cpu().numpy() == export["test_y"]).sum())
   # --- end user code
   rec.finish(
     correct / len(export["test_y"]),
