@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,5 +155,8 @@ def test_device_mode_dry_run_builds_every_command(tmp_path, capsys):
       assert c[-2:] == ["--device", "cuda"] and "taskset" not in c
       assert c[c.index("--export") + 1] == exp[exp.index("--out") + 1]
   assert "tff" not in plan["not_run"]  # only asked-for systems are listed
+  # "--envs -": a lent GPU machine's one Python runs every system.
+  assert run.python_for("pfl", Path("-")) == sys.executable
+  assert run.python_for("pfl", tmp_path) == str(tmp_path / "pfl" / "bin" / "python")
   with pytest.raises(SystemExit, match="unknown"):
     run.main(["--mode", "device", "--dry_run", "--systems", "ours,nope"])
