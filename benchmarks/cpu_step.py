@@ -43,7 +43,12 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
 
 Writes ``benchmarks/results/cpu_step.json`` (``--out``): per case the seconds of every timing,
 medians and, for the steps, ``speedup_vs_torch`` / ``speedup_vs_authors`` = their median CPU
-seconds over ours (above 1: ours is faster), for each of our ``conv_impl``.
+seconds over ours (above 1: ours is faster), for each of our ``conv_impl``. The distance to the
+limit (docs/performance.md, "Distance to the limit"), for ``cnn_step``, the case with a FLOP
+count: ``flops_per_step`` (counted from the model, and XLA's cost analysis beside), per
+implementation ``gflops_per_cpu_second`` (those FLOPs over its CPU seconds per step) and
+``share_of_peak``, against ``peak``: the core's float32 GEMM rate per CPU second, measured in the
+same process under the same pinning before the cases (``benchmarks.peer.peak``, reused as is).
 """
 
 from __future__ import annotations
@@ -354,6 +359,49 @@ def _per_step(res: dict, fns: dict, steps_of, theirs: str) -> None:
     }
 
 
+def flop_rates(flops_per_step: float, seconds_per_step: dict, peak_gflops: float | None) -> dict:
+  """Achieved GFLOP/s of every timed step and its share of the measured peak.
+
+  Args:
+    flops_per_step: the training FLOPs of one step (the same model and batch on every side).
+    seconds_per_step: CPU seconds of one step per callable name (``cpu_seconds_per_step``).
+    peak_gflops: the core's GEMM rate per CPU second (``benchmarks.peer.peak.gemm_peak``), or None
+      where it was not measured (then no shares).
+
+  Returns:
+    ``gflops_per_cpu_second`` (FLOPs / CPU seconds / 1e9) and, with a peak, ``share_of_peak``
+    (that rate over the peak: 1 is the rate of a large GEMM on the same core), each per name.
+  """
+  if flops_per_step <= 0 or any(s <= 0 for s in seconds_per_step.values()):
+    raise ValueError(
+      f"flop_rates needs FLOPs > 0 and seconds > 0 per step, got {flops_per_step} and "
+      f"{seconds_per_step}; a zero timing means --reps or --steps too small for the clock"
+    )
+  rates = {n: flops_per_step / s / 1e9 for n, s in seconds_per_step.items()}
+  out = {"gflops_per_cpu_second": rates}
+  if peak_gflops:
+    out["share_of_peak"] = {n: r / peak_gflops for n, r in rates.items()}
+  return out
+
+
+def cnn_step_flops(batch: int) -> dict:
+  """FLOPs of one FedAvg CNN training step of ``batch`` examples, counted two ways, with the
+  peer benchmark's functions (docs/performance.md, "Distance to the limit"): ``counted``, the
+  model's multiply-adds (``benchmarks.peer.common.cnn_train_flops_per_example`` x batch, the one
+  the rates use, as the peer benchmark's do), and ``xla``, XLA's cost analysis of the compiled
+  step (``benchmarks.peer.peak.xla_step_flops``; it leaves out the SAME padding's taps, which dense
+  kernels compute anyway; None with the reason where it fails)."""
+  from benchmarks.peer.common import cnn_train_flops_per_example
+  from benchmarks.peer.peak import xla_step_flops
+
+  out = {"counted": cnn_train_flops_per_example()["train"] * batch, "used": "counted"}
+  try:
+    out["xla"] = xla_step_flops(batch)
+  except Exception as e:  # noqa: BLE001 - the second count is a check; the first stands alone
+    out["xla"], out["xla_error"] = None, f"{type(e).__name__}: {e}"
+  return out
+
+
 def _with_flax_pool(run):
   """``run`` with every model's max pooling traced as flax's ``nn.max_pool`` (the library's path
   before :mod:`fedjax_proj.models.pool`), for a side-by-side timing: the patch is held around every
@@ -391,7 +439,7 @@ def torch_client(net, images, labels, batch, steps):
 
 
 def fedavg_step_case(
-  model_name, rounds, reps, steps, batch, torch_init_from_ours, impls, flax_pool=True
+  model_name, rounds, reps, steps, batch, torch_init_from_ours, impls, flax_pool=True, peak=None
 ):
   import jax
   import numpy as np
@@ -430,6 +478,9 @@ def fedavg_step_case(
   fns["torch"] = torch_client(net, normalize(x), y, batch, steps)
   res = alternate(fns, rounds, reps)
   _per_step(res, fns, lambda n: steps, "torch")
+  if model_name == "cnn":  # the only model with a FLOP count (cnn_step_flops); ResNet-8: none
+    res["flops_per_step"] = cnn_step_flops(batch)
+    res.update(flop_rates(res["flops_per_step"]["counted"], res["cpu_seconds_per_step"], peak))
   return res
 
 
@@ -643,6 +694,15 @@ def main(argv=None):
     "loadavg_before": os.getloadavg(),
     "cases": {},
   }
+  if "cnn_step" in cases:  # the case with a FLOP count: the core's peak, this run, this pinning
+    from benchmarks.peer.peak import gemm_peak
+
+    result["peak"] = {
+      **gemm_peak(),
+      "method": "benchmarks.peer.peak.gemm_peak: best float32 n x n GEMM GFLOP/s per CPU second "
+      "of numpy and of jax.numpy (2 n^3 FLOPs), in this process before the cases",
+    }
+  peak = result.get("peak", {}).get("peak_gflops")
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -665,11 +725,22 @@ def main(argv=None):
       k: res[k] for k in (f"{prefix}speedup_vs_torch", f"{prefix}speedup_vs_authors") if k in res
     }
     print(f"{name}: {measure} ms {brief} {extra}", flush=True)
+    if "gflops_per_cpu_second" in res:
+      shares = res.get("share_of_peak", {})
+      rates = ", ".join(
+        f"{n} {g:.1f}" + (f" ({100 * shares[n]:.0f}%)" if n in shares else "")
+        for n, g in res["gflops_per_cpu_second"].items()
+      )
+      print(
+        f"  {res['flops_per_step']['counted'] / 1e6:.0f} MFLOP a step, GFLOP/s per CPU second "
+        f"(share of the {peak or float('nan'):.1f} GFLOP/s GEMM peak): {rates}",
+        flush=True,
+      )
 
   step = dict(rounds=args.rounds, reps=args.reps, steps=args.steps, batch=64, impls=impls)
   step["flax_pool"] = args.flax_pool
   if "cnn_step" in cases:
-    record("cnn_step b64", fedavg_step_case("cnn", torch_init_from_ours=True, **step))
+    record("cnn_step b64", fedavg_step_case("cnn", torch_init_from_ours=True, peak=peak, **step))
   if "fedproj_step" in cases:
     for mb in (64, 256):
       record(f"fedproj_step b64 memory{mb}", fedproj_step_case(args, mb, **step))
