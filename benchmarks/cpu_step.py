@@ -44,7 +44,7 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
 Writes ``benchmarks/results/cpu_step.json`` (``--out``): per case the seconds of every timing,
 medians and, for the steps, ``speedup_vs_torch`` / ``speedup_vs_authors`` = their median CPU
 seconds over ours (above 1: ours is faster), for each of our ``conv_impl``. The distance to the
-limit (docs/performance.md, "Distance to the limit"), for ``cnn_step``, the case with a FLOP
+limit (docs/performance.md, "Peer benchmark"), for ``cnn_step``, the case with a FLOP
 count: ``flops_per_step`` (counted from the model, and XLA's cost analysis beside), per
 implementation ``gflops_per_cpu_second`` (those FLOPs over its CPU seconds per step) and
 ``share_of_peak``, against ``peak``: the core's float32 GEMM rate per CPU second, measured in the
@@ -386,7 +386,7 @@ def flop_rates(flops_per_step: float, seconds_per_step: dict, peak_gflops: float
 
 def cnn_step_flops(batch: int) -> dict:
   """FLOPs of one FedAvg CNN training step of ``batch`` examples, counted two ways, with the
-  peer benchmark's functions (docs/performance.md, "Distance to the limit"): ``counted``, the
+  peer benchmark's functions (docs/performance.md, "Peer benchmark"): ``counted``, the
   model's multiply-adds (``benchmarks.peer.common.cnn_train_flops_per_example`` x batch, the one
   the rates use, as the peer benchmark's do), and ``xla``, XLA's cost analysis of the compiled
   step (``benchmarks.peer.peak.xla_step_flops``; it leaves out the SAME padding's taps, which dense
