@@ -68,8 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   # Each checked before the data loads: otherwise a traceback from deep in the run (a negative
   # subset from NumPy, a bad partition spec from the partitioner) after the CIFAR-10 decode.
   names = ("num_clients", "clients_per_round", "local_epochs", "eval_every_epochs", "rounds")
-  flag_checks.at_least(p, args, 1, *names, "batch_size", "test_subset")
-  flag_checks.at_least(p, args, 0, "train_subset", "warmup_rounds", "seed")
+  flag_checks.at_least(p, args, 1, *names, "batch_size")
+  # A subset of 0 is the whole split.
+  flag_checks.at_least(p, args, 0, "train_subset", "test_subset", "warmup_rounds", "seed")
   if args.clients_per_round > args.num_clients:
     p.error(
       f"--clients_per_round={args.clients_per_round} exceeds --num_clients={args.num_clients}; "

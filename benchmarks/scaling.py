@@ -215,7 +215,7 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=2, help="local steps per client per round")
   p.add_argument("--batch", type=int, default=20)
   p.add_argument("--timeout", type=float, default=300, help="seconds per configuration")
-  p.add_argument("--out", default="scaling")
+  p.add_argument("--out", default="scaling", help="benchmarks/results/<out>.json")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   # Before any configuration starts: 0 steps or batches would time nothing, and a timeout <= 0
@@ -223,6 +223,8 @@ def main(argv=None):
   flag_checks.at_least(p, args, 1, "steps", "batch")
   if not args.timeout > 0:
     p.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+  if not args.out or os.sep in args.out:  # written after the first configuration, not before
+    p.error(f"--out={args.out} must be a file name stem under benchmarks/results/, e.g. scaling")
   if args.worker:
     print("RESULT " + json.dumps(run_config(json.loads(args.worker))), flush=True)
     return
