@@ -12,6 +12,7 @@ to compare on a shared machine, where the load inflates wall time (docs/performa
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import resource
@@ -19,10 +20,7 @@ import runpy
 import sys
 import time
 
-import jax.monitoring
-from jax._src import compiler  # the function the compile path calls through this module
-
-_START = time.perf_counter()
+_START = time.perf_counter()  # reset once JAX has loaded (main): the entry point's wall time
 _TOTAL = {"cpu": 0.0, "wall": 0.0, "programs": 0, "hits": 0}
 
 
@@ -59,16 +57,28 @@ def _report() -> None:
   )
 
 
-def main() -> None:
-  if len(sys.argv) < 2:
-    sys.exit(__doc__.splitlines()[2].strip())
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("script", help="the entry point to run, e.g. experiments/cifar10.py")
+  p.add_argument("script_args", nargs=argparse.REMAINDER, help="its flags, passed on unchanged")
+  argv = sys.argv[1:] if argv is None else argv
+  if not argv:  # argparse would also ask for script_args, which may be empty
+    p.error("name the entry point to run, e.g. experiments/cifar10.py --preset=smoke")
+  args = p.parse_args(argv)
+  # Before JAX loads: a mistyped path would otherwise be runpy's traceback after the import.
+  if not os.path.isfile(args.script):
+    p.error(f"{args.script} is not a file; name the entry point, e.g. experiments/cifar10.py")
+  global _START
+  import jax.monitoring
+  from jax._src import compiler  # the function the compile path calls through this module
+
+  _START = time.perf_counter()
   compiler.compile_or_get_cached = _timed(compiler.compile_or_get_cached)
   jax.monitoring.register_event_listener(_on_event)
   atexit.register(_report)
-  script = sys.argv[1]
-  sys.argv = sys.argv[1:]
-  sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-  runpy.run_path(script, run_name="__main__")
+  sys.argv = [args.script, *args.script_args]
+  sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+  runpy.run_path(args.script, run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_proj.data.partition import partition
+from fedjax_proj.data.partition import parse_partition, partition
 from fedjax_proj.data.pipeline import normalizer_for
 from fedjax_proj.data.sources import find_shared_data, load_dataset
 from fedjax_proj.models.registry import get_model
@@ -63,11 +65,23 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--seed", type=int, default=100)
   p.add_argument("--out", default="", help="result JSON (default: results/drift_pilot-<tag>.json)")
   args = p.parse_args(argv)
-  for name in ("num_clients", "clients_per_round", "local_epochs", "eval_every_epochs", "rounds"):
-    if getattr(args, name) < 1:
-      p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+  # Each checked before the data loads: otherwise a traceback from deep in the run (a negative
+  # subset from NumPy, a bad partition spec from the partitioner) after the CIFAR-10 decode.
+  names = ("num_clients", "clients_per_round", "local_epochs", "eval_every_epochs", "rounds")
+  flag_checks.at_least(p, args, 1, *names, "batch_size")
+  # A subset of 0 is the whole split.
+  flag_checks.at_least(p, args, 0, "train_subset", "test_subset", "warmup_rounds", "seed")
   if args.clients_per_round > args.num_clients:
-    p.error("--clients_per_round must not exceed --num_clients")
+    p.error(
+      f"--clients_per_round={args.clients_per_round} exceeds --num_clients={args.num_clients}; "
+      "sample at most every client"
+    )
+  if not (math.isfinite(args.lr) and args.lr > 0):
+    p.error(f"--lr must be a finite number > 0, got {args.lr}")
+  try:
+    parse_partition(args.partition)
+  except ValueError as e:
+    p.error(f"--partition={args.partition}: {e}")
   return args
 
 

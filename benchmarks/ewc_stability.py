@@ -43,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -262,6 +263,26 @@ def markdown(r: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def check_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """The claim runs EWC under the budget, and the data folder exists, before JAX or any data loads.
+
+  Otherwise each is a traceback from deep in the run (an unknown claim or budget, a missing folder
+  read as the claim's data) after the imports.
+  """
+  from fedjax_proj.reproduce.claims import CLAIMS  # no JAX: the claims are plain data
+
+  ewc = [name for name, c in CLAIMS.items() if "ewc" in c.methods]
+  if args.claim not in ewc:
+    ap.error(f"--claim={args.claim} is not a claim that runs EWC; choose from {', '.join(ewc)}")
+  budgets = list(CLAIMS[args.claim].budgets)
+  if args.budget not in budgets:
+    ap.error(f"--budget={args.budget} is not {args.claim}'s; choose from {', '.join(budgets)}")
+  flag_checks.at_least(ap, args, 0, "seed")
+  flag_checks.at_least(ap, args, 1, "stop_round")
+  if args.data and not Path(args.data).is_dir():
+    ap.error(f"--data={args.data} is not a folder; pass the shared data folder (its README)")
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--claim", default="fot-pmnist-noniid")
@@ -271,8 +292,7 @@ def main(argv=None) -> int:
   ap.add_argument("--data", default="", help="shared data root (default: the runner's)")
   ap.add_argument("--out", default=str(HERE / "results" / "ewc_stability"))
   args = ap.parse_args(argv)
-  if args.stop_round < 1:
-    ap.error(f"--stop_round must be >= 1, got {args.stop_round}")
+  check_flags(ap, args)
   result = run(args)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

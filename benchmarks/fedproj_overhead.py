@@ -22,6 +22,7 @@ import argparse
 import os
 import time
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +47,7 @@ from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
-from fedjax_proj.models import get_model
+from fedjax_proj.models import MODELS, get_model
 
 
 def measure(
@@ -170,7 +171,11 @@ def measure(
   return out
 
 
-def main():
+# The real sets' sizes (benchmarks/common.py draws without replacement from them).
+CIFAR10_TRAIN, PUBLIC = 50_000, 20_000
+
+
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--clients", type=int, default=2)
   p.add_argument("--steps", type=int, default=10)
@@ -178,9 +183,20 @@ def main():
   p.add_argument("--public", type=int, default=2000)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--strategy", default="auto", choices=engine_lib.STRATEGIES)
-  p.add_argument("--model", default="resnet8")
+  # Every image model (BERT reads tokens, not CIFAR-10 images).
+  p.add_argument("--model", default="resnet8", choices=[m for m in MODELS if m != "bert"])
   p.add_argument("--fusion_probe", action="store_true", help="also time fused client steps")
-  args = p.parse_args()
+  args = p.parse_args(argv)
+  # Before the data loads and anything compiles: a count of 0 times nothing (or divides by 0),
+  # and more examples than the set holds is NumPy's error from inside the sampling.
+  flag_checks.at_least(p, args, 1, "clients", "steps", "batch", "public", "repeats")
+  if (n := args.clients * args.steps * args.batch) > CIFAR10_TRAIN:
+    p.error(
+      f"--clients x --steps x --batch = {n} examples, more than CIFAR-10's {CIFAR10_TRAIN}; "
+      "lower one of them"
+    )
+  if args.public > PUBLIC:
+    p.error(f"--public={args.public} exceeds the public set's {PUBLIC} images; lower it")
   x, y = cifar10(args.clients * args.steps * args.batch)
   public = cifar100_public(args.public)
   payload = measure(

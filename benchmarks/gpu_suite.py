@@ -58,6 +58,9 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
   sys.path.insert(0, str(REPO))
 
+import flag_checks  # noqa: E402  (benchmarks/flag_checks.py: this script's folder is on sys.path)
+
+DEFAULT_DATA = REPO / ".device_data" / "device_data.npz"  # made by benchmarks/make_device_data.py
 STEPS = ("correctness", "throughput", "fedproj_overhead", "accuracy", "gpse_cost", "nlp_round")
 SCHEMA_VERSION = 1
 # Full-size budgets (seconds): 20 minutes in all on one H100, compilation included.
@@ -651,11 +654,31 @@ def suite_config(args) -> argparse.Namespace:
   )
 
 
+def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """The numbers and paths the suite will use, before it loads JAX, data or anything else.
+
+  Only the default ``--data`` may be absent (the suite then warns and runs on synthetic images);
+  a named one, or a named ``--accuracy_state``, that is missing would otherwise be run without,
+  silently.
+  """
+  if not (0 < args.tolerance < float("inf")):
+    p.error(f"--tolerance must be a finite number > 0, got {args.tolerance}")
+  for name in BUDGETS:
+    if (budget := getattr(args, f"budget_{name}")) is not None and not 0 < budget < float("inf"):
+      p.error(f"--budget_{name} must be a finite number of seconds > 0, got {budget}")
+  for flag in ("data", "accuracy_state"):
+    if (path := getattr(args, flag)) and not Path(path).is_file():
+      p.error(f"--{flag}={path} is not a file; name an existing one, or leave the flag out")
+  for flag in ("out_dir", "work_dir"):
+    if (path := Path(getattr(args, flag))).exists() and not path.is_dir():
+      p.error(f"--{flag}={path} is a file; name a folder")
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out_dir", required=True, help="<name>.json, <name>.md, accuracy_state.tar.gz")
   p.add_argument("--name", default="suite", help="file name stem of the JSON and the table")
-  p.add_argument("--data", default=str(REPO / ".device_data" / "device_data.npz"))
+  p.add_argument("--data", help=f"the device npz (default {DEFAULT_DATA.relative_to(REPO)})")
   p.add_argument("--work_dir", default="/tmp/gpu_suite", help="unpacked data, step d's runs")
   p.add_argument("--tiny", action="store_true", help="CPU smoke sizes (about a minute)")
   p.add_argument("--steps", default=",".join(STEPS), help=f"subset of {','.join(STEPS)}")
@@ -671,15 +694,13 @@ def main(argv=None) -> int:
       f"--budget_{name}", type=float, help=f"seconds (default {seconds}; --tiny: {TINY_BUDGET})"
     )
   args = p.parse_args(argv)
-  chosen = [s for s in args.steps.split(",") if s]
-  unknown = sorted(set(chosen) - set(STEPS))
-  if unknown:
-    p.error(f"unknown --steps {unknown}; choose from {','.join(STEPS)}")
+  check_flags(p, args)
+  chosen = flag_checks.names(p, "--steps", args.steps, STEPS)
   cfg = suite_config(args)
   cfg.out_dir.mkdir(parents=True, exist_ok=True)
   cfg.work_dir.mkdir(parents=True, exist_ok=True)
   t_start = time.perf_counter()
-  data = prepare_data(Path(args.data), cfg.work_dir)
+  data = prepare_data(Path(args.data) if args.data else DEFAULT_DATA, cfg.work_dir)
 
   from common import cifar10, cifar100_public
 

@@ -37,6 +37,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import flag_checks  # noqa: E402  (benchmarks/flag_checks.py: this script's folder is on sys.path)
+
 from fedjax_proj.reproduce import run  # noqa: E402
 
 CIFAR10_CLASSES = (
@@ -169,6 +171,41 @@ def unpack(npz_path: Path, dest: Path) -> dict[str, int]:
   return counts
 
 
+def check_counts(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """Each count and setting in its range, before any file is read or encoded.
+
+  A count of 0 would pack empty arrays that a run reads as data (MNIST alone may be left out,
+  ``--mnist_train=0``); a negative one, or a negative seed, is NumPy's traceback mid-build.
+  """
+  flag_checks.at_least(p, args, 1, "cifar10_train", "cifar10_test", "public")
+  flag_checks.at_least(p, args, 0, "mnist_train", "seed")
+  if args.mnist_train:
+    flag_checks.at_least(p, args, 1, "mnist_test")
+  if not 1 <= args.public_quality <= 100:
+    p.error(f"--public_quality must be a JPEG quality in 1..100, got {args.public_quality}")
+  if not args.max_mib > 0:  # NaN too
+    p.error(f"--max_mib must be > 0, got {args.max_mib}")
+  out = Path(args.out_dir)
+  if out.exists() and not out.is_dir():
+    p.error(f"--out_dir={out} is a file; name a folder for {FILE_NAME}")
+
+
+def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """The shared folder holds every file the build reads (a missing one named, with the fix)."""
+  shared = Path(args.shared)
+  if not shared.is_dir():
+    p.error(f"--shared={shared} is not a folder; pass the shared data folder (its README)")
+  need = [shared / "cifar10" / "train", shared / "cifar10" / "test"]
+  need.append(shared / "cifar100" / "public_20k.npz")
+  if args.mnist_train:
+    need += [shared / "mnist" / "train.npz", shared / "mnist" / "test.npz"]
+  if missing := [str(path) for path in need if not path.exists()]:
+    p.error(
+      f"--shared={shared} lacks {', '.join(missing)}; pass the shared data folder (its README)"
+      + ("" if not args.mnist_train else ", or --mnist_train=0 to leave MNIST out")
+    )
+
+
 def main(argv=None) -> int:
   from fedjax_proj.data.sources import find_shared_data
 
@@ -187,6 +224,7 @@ def main(argv=None) -> int:
   p.add_argument("--max_mib", type=float, default=60.0)
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
+  check_counts(p, args)
   if not args.shared:
     found = find_shared_data()
     if found is None:
@@ -195,6 +233,7 @@ def main(argv=None) -> int:
         "$FEDJAX_PROJ_SHARED_DATA"
       )
     args.shared = str(found)
+  check_paths(p, args)
   arrays = build(args)
   out = Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)

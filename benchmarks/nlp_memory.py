@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -92,14 +94,28 @@ def main(argv=None) -> int:
   p.add_argument("--one", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "nlp_memory.json"))
   a = p.parse_args(argv)
+  # Before any process starts: a chunk that is not a client count, or one listed twice (measured
+  # twice), would otherwise show as a child's traceback or a silent duplicate row.
+  flag_checks.at_least(p, a, 1, "clients", "steps", "batch", "seq_len")
+  chunks = flag_checks.names(p, "--chunks", a.chunks)
+  if bad := [c for c in chunks if c != "none" and not (c.isdigit() and 1 <= int(c) <= a.clients)]:
+    p.error(
+      f"--chunks={a.chunks}: {', '.join(bad)} is not none or a chunk size in 1..--clients="
+      f"{a.clients}; e.g. none,2,1"
+    )
   if a.one:
     print(json.dumps(one(a.one, a.clients, a.steps, a.batch, a.seq_len)))
     return 0
+  Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # not a traceback after the runs
   rows = []
-  for chunk in a.chunks.split(","):
-    cmd = [sys.executable, __file__, f"--one={chunk}", f"--clients={a.clients}",
-           f"--steps={a.steps}", f"--batch={a.batch}", f"--seq_len={a.seq_len}"]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
+  for chunk in chunks:
+    cmd = [sys.executable, __file__, f"--one={chunk}", f"--chunks={chunk}",
+           f"--clients={a.clients}", f"--steps={a.steps}", f"--batch={a.batch}",
+           f"--seq_len={a.seq_len}"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    if out.returncode != 0:  # the child's last line, not this process's traceback over it
+      last = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["no output"]
+      sys.exit(f"error: client_chunk={chunk} exited {out.returncode}: {last[0]}")
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(rows[-1])
   import jax

@@ -42,6 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+# Run as ``python -m benchmarks.onednn_stress`` (its repeats are), this folder is not on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flag_checks  # noqa: E402  (benchmarks/flag_checks.py)
+
 # (input NHWC, kernel HWIO, strides, padding): the GEMM-based ones first (scratchpad: im2col).
 SHAPES = [
   ((3, 1, 1, 256), (3, 3, 256, 256), (1, 1), ((1, 1), (1, 1))),
@@ -153,8 +157,11 @@ def main(argv=None) -> dict:
   p.add_argument("--repeat", type=int, default=0, help="run this many fresh-cache processes")
   p.add_argument("--out", default="benchmarks/results/onednn_stress.json")
   a = p.parse_args(argv)
-  if min(a.threads, a.rounds, a.shapes) < 1 or a.shapes > len(SHAPES) or a.repeat < 0:
-    p.error(f"--threads, --rounds >= 1, --shapes in 1..{len(SHAPES)}, --repeat >= 0")
+  # Each refusal names its flag and value (benchmarks/flag_checks.py), before JAX loads.
+  flag_checks.at_least(p, a, 1, "threads", "rounds", "shapes")
+  flag_checks.at_least(p, a, 0, "repeat")
+  if a.shapes > len(SHAPES):
+    p.error(f"--shapes={a.shapes} exceeds the {len(SHAPES)} shapes; choose 1..{len(SHAPES)}")
   if a.repeat:
     child_args = [f"--threads={a.threads}", f"--rounds={a.rounds}", f"--shapes={a.shapes}"]
     result = {

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -208,15 +209,22 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--grid", default="default", choices=sorted(GRIDS))
   p.add_argument("--steps", type=int, default=2, help="local steps per client per round")
   p.add_argument("--batch", type=int, default=20)
   p.add_argument("--timeout", type=float, default=300, help="seconds per configuration")
-  p.add_argument("--out", default="scaling")
+  p.add_argument("--out", default="scaling", help="benchmarks/results/<out>.json")
   p.add_argument("--worker", help=argparse.SUPPRESS)
-  args = p.parse_args()
+  args = p.parse_args(argv)
+  # Before any configuration starts: 0 steps or batches would time nothing, and a timeout <= 0
+  # would record every configuration as timed out without running it.
+  flag_checks.at_least(p, args, 1, "steps", "batch")
+  if not args.timeout > 0:
+    p.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+  if not args.out or os.sep in args.out:  # written after the first configuration, not before
+    p.error(f"--out={args.out} must be a file name stem under benchmarks/results/, e.g. scaling")
   if args.worker:
     print("RESULT " + json.dumps(run_config(json.loads(args.worker))), flush=True)
     return

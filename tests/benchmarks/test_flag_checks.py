@@ -146,3 +146,85 @@ def test_parity_gpm_basis_needs_torch_before_loading_the_reference(no_torch, cap
 )
 def test_other_benchmarks_refuse_bad_lists_before_any_work(script, argv, message, no_torch, capsys):
   assert message in _refused(capsys, _script(script).main, argv)
+
+
+@pytest.fixture
+def no_children(monkeypatch):
+  """A script that starts a child process (a timed configuration, a chunk) fails the test."""
+  import subprocess
+
+  monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a child first"))
+
+
+@pytest.mark.parametrize(
+  "script, argv, message",
+  [
+    ("scaling", ["--steps=0"], "--steps must be >= 1, got 0"),
+    ("scaling", ["--timeout=-1"], "--timeout must be > 0 seconds, got -1.0"),
+    ("scaling", ["--out=sub/x"], "--out=sub/x must be a file name stem under benchmarks/results/"),
+    ("drift_pilot", ["--partition=dirichlet"], "--partition=dirichlet: Bad partition spec"),
+    ("drift_pilot", ["--train_subset=-5"], "--train_subset must be >= 0, got -5"),
+    ("drift_pilot", ["--lr=nan"], "--lr must be a finite number > 0, got nan"),
+    ("drift_pilot", ["--clients_per_round=9", "--num_clients=8"], "exceeds --num_clients=8"),
+    ("ewc_stability", ["--claim=fedgkd-cifar10"], "is not a claim that runs EWC; choose from"),
+    ("ewc_stability", ["--budget=drift"], "--budget=drift is not fot-pmnist-noniid's; choose"),
+    ("ewc_stability", ["--stop_round=0"], "--stop_round must be >= 1, got 0"),
+    ("ewc_stability", ["--data=/nonexistent"], "--data=/nonexistent is not a folder"),
+    ("fedproj_overhead", ["--repeats=0"], "--repeats must be >= 1, got 0"),
+    ("fedproj_overhead", ["--clients=50", "--steps=20"], "= 64000 examples, more than CIFAR-10's"),
+    ("fedproj_overhead", ["--public=20001"], "--public=20001 exceeds the public set's 20000"),
+    ("nlp_memory", ["--chunks=none,1,none"], "--chunks=none,1,none lists none more than once"),
+    ("nlp_memory", ["--chunks="], "--chunks= lists nothing"),
+    ("nlp_memory", ["--clients=1"], "--chunks=none,2,1: 2 is not none or a chunk size in 1..--c"),
+    (
+      "nlp_memory",
+      ["--chunks=3", "--clients=2"],
+      "3 is not none or a chunk size in 1..--clients=2",
+    ),
+    ("onednn_stress", ["--threads=0"], "--threads must be >= 1, got 0"),
+    ("onednn_stress", ["--shapes=8"], "--shapes=8 exceeds the 7 shapes; choose 1..7"),
+    ("onednn_stress", ["--repeat=-1"], "--repeat must be >= 0, got -1"),
+    ("compile_seconds", [], "name the entry point to run"),
+    ("compile_seconds", ["nope.py", "--preset=smoke"], "nope.py is not a file; name the entry"),
+  ],
+)
+def test_more_benchmarks_refuse_bad_flags_before_any_work(
+  script, argv, message, no_torch, no_children, capsys
+):
+  assert message in _refused(capsys, _script(script).main, argv)
+
+
+def test_make_device_data_names_what_the_shared_folder_lacks(no_torch, capsys, tmp_path):
+  main = _script("make_device_data").main
+  out = tmp_path / "out"
+  (tmp_path / "cifar10" / "train").mkdir(parents=True)
+  (tmp_path / "cifar10" / "test").mkdir()
+  err = _refused(capsys, main, [f"--shared={tmp_path}", f"--out_dir={out}"])
+  assert f"lacks {tmp_path}/cifar100/public_20k.npz, {tmp_path}/mnist/train.npz" in err
+  assert err.endswith("or --mnist_train=0 to leave MNIST out")
+  for argv, message in [
+    (["--cifar10_test=0"], "--cifar10_test must be >= 1, got 0"),
+    (["--mnist_test=0"], "--mnist_test must be >= 1, got 0"),
+    (["--public_quality=101"], "--public_quality must be a JPEG quality in 1..100, got 101"),
+    (["--max_mib=nan"], "--max_mib must be > 0, got nan"),
+    ([f"--shared={tmp_path / 'none'}"], f"--shared={tmp_path / 'none'} is not a folder"),
+  ]:
+    assert message in _refused(capsys, main, [f"--shared={tmp_path}", f"--out_dir={out}", *argv])
+  assert not out.exists()  # refused before anything was packed
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--steps="], "--steps= lists nothing; list one or more, comma-separated; choose from corr"),
+    (["--steps=accuracy,accuracy"], "--steps=accuracy,accuracy lists accuracy more than once"),
+    (["--tolerance=0"], "--tolerance must be a finite number > 0, got 0.0"),
+    (["--budget_accuracy=inf"], "--budget_accuracy must be a finite number of seconds > 0"),
+    (["--data=/nonexistent.npz"], "--data=/nonexistent.npz is not a file; name an existing one"),
+    (["--accuracy_state=/no.tar.gz"], "--accuracy_state=/no.tar.gz is not a file; name an exis"),
+  ],
+)
+def test_gpu_suite_refuses_before_it_writes_or_loads(argv, message, no_torch, capsys, tmp_path):
+  out = tmp_path / "out"
+  assert message in _refused(capsys, _script("gpu_suite").main, [f"--out_dir={out}", *argv])
+  assert not out.exists()
