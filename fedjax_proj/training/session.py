@@ -192,7 +192,7 @@ class Records:
 
       self.tb = TensorBoardWriter(run.tensorboard_dir)
     if not writes:
-      line = lambda record, plain: None
+      line = lambda record, plain: None  # noqa: E731
     self.interactive = run.progress and writes and getattr(sys.stderr, "isatty", lambda: False)()
     self.plain, self.line = run.progress and not self.interactive, line
     self.bar = tqdm(
