@@ -29,7 +29,7 @@ method sees the same partition, client samples and batches (same seed).
 
 Prints a mean ± std table (std over seeds; 0 with one seed) with the paper's number where it has
 one, each run's wall time and the first seed's accuracy curve, and writes JSON to the setting's
-``--out`` (``benchmarks/results/accuracy_cifar10.json`` or ``accuracy_sequential.json``).
+``--out`` (``results/accuracy_cifar10.json`` or ``accuracy_sequential.json``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ SETTINGS = {
     "method_kwargs": {"moon": {"mu": 5.0}},
     "paper": {"fedavg": 63.19, "feddf": 61.32, "fedproj": 65.52},
     "paper_setting": "FedProj paper (papers/001), CIFAR-10 Dir 0.3, full budget",
-    "out": "benchmarks/results/accuracy_cifar10.json",
+    "out": "results/accuracy_cifar10.json",
   },
   "sequential": {
     "methods": "fedavg,fedseq,cwc,sfedkd",
@@ -81,7 +81,7 @@ SETTINGS = {
     "method_kwargs": {"sfedkd": {"num_teachers": 5}},
     "paper": {"fedavg": 32.48, "fedseq": 54.66, "cwc": 55.16, "sfedkd": 61.56},
     "paper_setting": "SFedKD paper (papers/004) Table 1, CIFAR-10 ExDir(2, 0.5), full budget",
-    "out": "benchmarks/results/accuracy_sequential.json",
+    "out": "results/accuracy_sequential.json",
   },
 }
 # The flags --setting fills when they are not given.

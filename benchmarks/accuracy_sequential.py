@@ -3,7 +3,7 @@
     python benchmarks/accuracy_sequential.py --seeds=0,1,2 --rounds=30
 
 runs that command with the same flags (the commands recorded in
-benchmarks/results/accuracy_sequential.json keep working); ``--num_teachers=K`` is SFedKD's K,
+results/accuracy_sequential.json keep working); ``--num_teachers=K`` is SFedKD's K,
 passed as ``--method_kwargs=sfedkd:num_teachers=K``. See benchmarks/accuracy_cifar10.py.
 """
 

@@ -21,7 +21,7 @@
 #   not packed: an unfinished run continues in a later call on the same warm machine, and starts
 #   afresh on a fresh one) and the claims not started are named. The pack is refreshed every
 #   20 s, so a call cut short still returns what finished. Here: tar xzf claims_results.tgz -C
-#   benchmarks/results/reproduce
+#   results/reproduce
 set -uo pipefail
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
   echo "usage: bash benchmarks/claims_on_device.sh SECONDS CLAIM:BUDGET [CLAIM:BUDGET ...]" >&2
@@ -82,7 +82,7 @@ print("device data:", unpacked, flush=True)
 EOF
 results=$work/results
 mkdir -p "$results"
-cp -r benchmarks/results/reproduce/. "$results/"
+cp -r results/reproduce/. "$results/"
 touch "$work/start"
 deadline=$(($(date +%s) + seconds))
 pack() {

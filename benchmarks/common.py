@@ -11,7 +11,7 @@ import numpy as np
 
 from fedjax_proj.data.sources import find_shared_data, load_dataset
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def cifar10(n_train: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

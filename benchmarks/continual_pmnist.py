@@ -4,7 +4,7 @@ FOT paper (Bakman et al., ICLR 2024), Table 2, PMNIST non-IID: FL 80.06 / 9.21, 
 (ACC / FGT, %), with 125 clients, 64 per round, 200 rounds per task. This benchmark runs a reduced
 budget on a shared 2-core CPU (defaults below; every method sees the same clients, partitions and
 rounds) and prints a table of ACC and FGT plus each method's wall time, and writes
-``benchmarks/results/continual_pmnist.json``.
+``results/continual_pmnist.json``.
 
     python benchmarks/continual_pmnist.py --methods=fl,fot --rounds_per_task=10
 """
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
   )
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument(
-    "--out", default=str(REPO / "benchmarks" / "results" / "continual_pmnist.json")
+    "--out", default=str(REPO / "results" / "continual_pmnist.json")
   )
   args = parser.parse_args(argv)
 

@@ -262,7 +262,7 @@ def main(argv=None) -> int:
   ap.add_argument("--method_kwargs", default="", help="overrides, e.g. threshold_rule=authors")
   ap.add_argument("--label", default="", help="suffix of the output name (e.g. authors-rule)")
   ap.add_argument("--data", default="", help="shared data root (default: the runner's)")
-  ap.add_argument("--out", default=str(HERE / "results" / "continual_subspace"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "continual_subspace"))
   ap.add_argument(
     "--work",
     default="",

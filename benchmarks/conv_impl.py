@@ -16,7 +16,7 @@ Document Processing" (IWFHR 2006).
 
 Prints a table of samples/s (median over ``--reps`` timed runs, after one compile run) and writes
 JSON (with compile times, load averages and, per impl, the largest parameter difference from the
-``xla`` result after the same steps) to ``benchmarks/results/conv_impl.json``.
+``xla`` result after the same steps) to ``results/conv_impl.json``.
 
 Usage: ``python benchmarks/conv_impl.py [--models resnet8,cnn] [--batch 32] [--reps 3]``.
 """
@@ -139,7 +139,7 @@ def main(argv=None):
   parser.add_argument("--clients", type=int, default=4)
   parser.add_argument("--reps", type=int, default=3)
   parser.add_argument(
-    "--out", default=str(Path(__file__).resolve().parent / "results" / "conv_impl.json")
+    "--out", default=str(Path(__file__).resolve().parents[1] / "results" / "conv_impl.json")
   )
   args = parser.parse_args(argv)
 

@@ -41,7 +41,7 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
 - ``resnet8_step``: as ``cnn_step`` for ResNet-8 (torch: benchmarks/torch_reference.py's ResNet-8
   with torch's own initial weights; the speed of a step does not depend on the weights).
 
-Writes ``benchmarks/results/cpu_step.json`` (``--out``): per case the seconds of every timing,
+Writes ``results/cpu_step.json`` (``--out``): per case the seconds of every timing,
 medians and, for the steps, ``speedup_vs_torch`` / ``speedup_vs_authors`` = their median CPU
 seconds over ours (above 1: ours is faster), for each of our ``conv_impl``. The distance to the
 limit (docs/performance.md, "Peer benchmark"), for ``cnn_step``, the case with a FLOP
@@ -604,7 +604,7 @@ def main(argv=None):
   ap.add_argument("--rounds", type=int, default=4, help="alternating timing rounds")
   ap.add_argument("--reps", type=int, default=2, help="calls per timing")
   ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
-  ap.add_argument("--out", default=str(HERE / "results" / "cpu_step.json"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "cpu_step.json"))
   ap.add_argument(
     "--unpinned",
     action="store_true",

@@ -9,7 +9,7 @@ is warmed (compiled) first, then ``--reps`` calls of ``--steps`` steps run under
 ``jax.profiler.trace`` (XLA:CPU records one event per executed thunk, named after its HLO
 instruction) and ``torch.profiler`` (self CPU time per aten operator). Profilers add their own
 cost, so read the shares within a side, not the totals against ``cpu_step.py``'s timings.
-Writes ``benchmarks/results/cpu_step_profile.json`` (``--out``).
+Writes ``results/cpu_step_profile.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
   ap.add_argument("--steps", type=int, default=4, help="local steps per profiled call")
   ap.add_argument("--reps", type=int, default=5, help="profiled calls per side")
   ap.add_argument("--conv_impls", default="gemm_grad,onednn_grad")
-  ap.add_argument("--out", default=str(HERE / "results" / "cpu_step_profile.json"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "cpu_step_profile.json"))
   ap.add_argument(
     "--keep_freed_memory",
     action=argparse.BooleanOptionalAction,

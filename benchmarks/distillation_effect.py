@@ -43,7 +43,7 @@ from fedjax_proj.reproduce.claims import BUDGETS
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import to_device
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 # The server's teacher per method (fedjax_proj/algorithms/distillation: FedET weighs by certainty).
 TEACHERS = {"feddf": "mean", "fedproj": "mean", "fedet": "uncertainty"}
 

@@ -40,7 +40,7 @@ from fedjax_proj.data.sources import find_shared_data, load_dataset
 from fedjax_proj.models.registry import get_model
 from fedjax_proj.training.inputs import subset
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -28,7 +28,7 @@ pays for none of it):
   model's largest deviation from the anchor over all coordinates and over those with |a_i| > 1,
   and the train loss.
 
-Writes ``<out>/<claim>-<budget>-ewc-seed<s>.{json,md}`` (``benchmarks/results/`` is gitignored:
+Writes ``<out>/<claim>-<budget>-ewc-seed<s>.{json,md}`` (``results/`` is gitignored:
 ``git add -f``).
 """
 
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
   ap.add_argument("--seed", type=int, default=1)
   ap.add_argument("--stop_round", type=int, default=40, help="stop after this round (>= 1)")
   ap.add_argument("--data", default="", help="shared data root (default: the runner's)")
-  ap.add_argument("--out", default=str(HERE / "results" / "ewc_stability"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "ewc_stability"))
   args = ap.parse_args(argv)
   check_flags(ap, args)
   result = run(args)

@@ -13,7 +13,7 @@ Defaults are the parity budget's shapes (docs/fedproj.md, "Parity with the autho
 512 CIFAR-100 images in mini-batches of 256 (``paper_code``'s FedProj client settings). The three
 client phases run alternated in one process, ``repeats`` times each, timed in CPU seconds of this
 process (``getrusage``; pin it to one core) and wall seconds; the medians and their ratios are
-written to benchmarks/results/fedproj_window_step.json.
+written to results/fedproj_window_step.json.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ and the median is reported, in wall time and in this process's CPU time (less se
 jobs on a shared machine). The 1-minute load average is recorded. For comparison on the same
 device, ``host_server_baseline_seconds`` times the server step as it ran before it moved to the
 device (:func:`host_server_baseline`). Prints a table and writes
-``benchmarks/results/gpse_cost.json``.
+``results/gpse_cost.json``.
 
     python benchmarks/gpse_cost.py --models=mlp,alexnet
 """
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     help="FOT's threshold rule (docs/fot.md, 'The threshold rule'); it changes the ranks added, "
     "hardly the cost",
   )
-  parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpse_cost.json"))
+  parser.add_argument("--out", default=str(REPO / "results" / "gpse_cost.json"))
   args = parser.parse_args(argv)
 
   from fedjax_proj.algorithms.continual.gpse import SKETCH_DISTS

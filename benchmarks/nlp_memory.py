@@ -1,6 +1,6 @@
 """Peak host memory of one vmapped round of TinyBERT-sized clients on CPU, with and without chunks.
 
-    python benchmarks/nlp_memory.py  # writes benchmarks/results/nlp_memory.json
+    python benchmarks/nlp_memory.py  # writes results/nlp_memory.json
 
 Each setting runs in its own process (a fresh peak): FedAvg with Adam on a random-init TinyBERT
 4L-312 (14.5M parameters, 30522-word vocabulary), 5 clients, sequences of 128 tokens, ``--steps``
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--chunks", default="none,2,1")
   p.add_argument("--one", default="", help=argparse.SUPPRESS)
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "nlp_memory.json"))
+  p.add_argument("--out", default=str(ROOT / "results" / "nlp_memory.json"))
   a = p.parse_args(argv)
   # Before any process starts: a chunk that is not a client count, or one listed twice (measured
   # twice), would otherwise show as a child's traceback or a silent duplicate row.

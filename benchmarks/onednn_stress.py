@@ -18,7 +18,7 @@ exits 1 naming the first wrong result; a memory fault ends the process with a si
 ``--fresh_cache`` first builds the handler into a new cache folder (the build and its first use in
 one process, as in the first run after the handler's source changes). ``--repeat=N`` runs N such
 processes, each with a fresh cache, and writes their exit statuses to
-``benchmarks/results/onednn_stress.json``.
+``results/onednn_stress.json``.
 
 Usage: ``python -m benchmarks.onednn_stress [--threads 4] [--rounds 5] [--fresh_cache]
 [--repeat N]``.
@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
   p.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
   p.add_argument("--fresh_cache", action="store_true", help="build the handler into a new cache")
   p.add_argument("--repeat", type=int, default=0, help="run this many fresh-cache processes")
-  p.add_argument("--out", default="benchmarks/results/onednn_stress.json")
+  p.add_argument("--out", default="results/onednn_stress.json")
   a = p.parse_args(argv)
   # Each refusal names its flag and value (benchmarks/flag_checks.py), before JAX loads.
   flag_checks.at_least(p, a, 1, "threads", "rounds", "shapes")

@@ -22,7 +22,7 @@ Pieces:
 * :func:`client_step`: one local step of our ClientProgram on that batch, returning the loss and
   the gradient the optimiser received (:func:`grad_stash` as the optimiser).
 * :func:`compare`, :func:`float32_tolerance`, :func:`write_results`: the verdict and the files
-  under ``benchmarks/results/parity/``.
+  under ``results/parity/``.
 * :data:`SUITE`: every parity benchmark with its result file, the older ones included.
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULTS = HERE / "results" / "parity"
+RESULTS = HERE.parent / "results" / "parity"
 
 # float32 machine epsilon, 2^-23 (the spacing of floats in [1, 2)).
 EPS32 = float(np.finfo(np.float32).eps)
@@ -392,7 +392,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
 
 def our_commit() -> str:
   """Short HEAD of this repository, ``+dirty`` with uncommitted tracked changes outside
-  ``benchmarks/results/`` (which a run rewrites itself)."""
+  ``results/`` (which a run rewrites itself)."""
   try:
     sha = subprocess.run(
       ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -403,7 +403,7 @@ def our_commit() -> str:
       capture_output=True,
       text=True,
     ).stdout.splitlines()
-    dirty = [line for line in dirty if "benchmarks/results/" not in line]
+    dirty = [line for line in dirty if "results/" not in line]
     return sha + ("+dirty" if dirty else "")
   except OSError:
     return "unknown"

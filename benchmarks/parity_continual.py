@@ -24,7 +24,7 @@ Our side is the library's own code on the inputs of :func:`parity_common.tiny_in
 Dense 12→16→16→5, in the shared-head task model of the PMNIST setup); the torch side loads the same
 weights (:func:`parity_methods.torch_mlp`, or the reference's own ``MLP`` for EWC).
 
-Writes ``benchmarks/results/parity/ewc.json``, ``er.json`` and their ``.md``.
+Writes ``results/parity/ewc.json``, ``er.json`` and their ``.md``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ parameters, main_fedproj.py line 278); ``--defects=fixed`` turns both off in bot
 ``int_cast_memory=False``, ``divergence_anchor=fedavg``; the authors': lines 85-86 without the cast,
 and the anchor a detached copy of the FedAvg result).
 
-Writes ``benchmarks/results/parity/parity_<defects>.json`` and ``.md``.
+Writes ``results/parity/parity_<defects>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -731,7 +731,7 @@ def main(argv=None):
     "default: a run after the first loads its programs) or off (default: off, as the earlier "
     "results ran)",
   )
-  ap.add_argument("--out", default=str(HERE / "results" / "parity"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "parity"))
   ap.add_argument(
     "--merge",
     default="",

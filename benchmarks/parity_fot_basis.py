@@ -30,7 +30,7 @@ loop keeps one direction and we none) and ours with the default ``"energy"`` rul
 docs/fot.md "The threshold rule": expected to add fewer directions once a basis is stored). Each
 keeps its own basis from task to task, so after a first difference in rank the states differ.
 
-Writes ``benchmarks/results/parity/fot_basis.json`` and ``.md``.
+Writes ``results/parity/fot_basis.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def main(argv=None) -> int:
   ap.add_argument("--hidden", default="400,400,400", help="the paper's PMNIST MLP (003 F.3)")
   ap.add_argument("--eps", type=float, default=0.96, help="003 Table 9, PMNIST non-IID")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out", default=str(HERE / "results" / "parity"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "parity"))
   args = ap.parse_args(argv)
   sys.path.insert(0, str(HERE))
   import flag_checks

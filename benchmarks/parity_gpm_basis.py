@@ -39,7 +39,7 @@ the smallest rank reaching the threshold (``np.sum(np.cumsum(ratio) < threshold)
 commented out), GPM paper eq. 5 and ours keep the smallest rank. Its later-task loop is the
 smallest rank, as ours.
 
-Writes ``benchmarks/results/parity/gpm_basis.json`` and ``.md``.
+Writes ``results/parity/gpm_basis.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
   ap.add_argument("--hidden", default="400,400,400", help="the paper's PMNIST MLP (003 F.3)")
   ap.add_argument("--threshold", type=float, default=0.95, help="the claims' GPM threshold")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out", default=str(HERE / "results" / "parity"))
+  ap.add_argument("--out", default=str(HERE.parent / "results" / "parity"))
   args = ap.parse_args(argv)
   sys.path.insert(0, str(HERE))
   import flag_checks

@@ -19,7 +19,7 @@ The reference's own functions run, loaded from the checkout by name
 (torchvision, wandb, a torch.distributed world): each row names the call path it ran. The
 reference code is never copied into this repository.
 
-Writes ``benchmarks/results/parity/<method>.json`` and ``.md``.
+Writes ``results/parity/<method>.json`` and ``.md``.
 """
 
 from __future__ import annotations

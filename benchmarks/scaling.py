@@ -13,7 +13,7 @@ Device memory (``peak_bytes_in_use``) is reported where the backend exposes it (
 client's outputs materialised at once); a number is :func:`~fedjax_proj.core.chunked.
 make_chunked_round` with that many clients per chunk. Rounds after the first must not compile
 anything: the number of XLA compilations per round is counted with ``jax.monitoring``.
-Writes benchmarks/results/scaling.json and prints a table.
+Writes results/scaling.json and prints a table.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=2, help="local steps per client per round")
   p.add_argument("--batch", type=int, default=20)
   p.add_argument("--timeout", type=float, default=300, help="seconds per configuration")
-  p.add_argument("--out", default="scaling", help="benchmarks/results/<out>.json")
+  p.add_argument("--out", default="scaling", help="results/<out>.json")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   # Before any configuration starts: 0 steps or batches would time nothing, and a timeout <= 0
@@ -224,7 +224,7 @@ def main(argv=None):
   if not args.timeout > 0:
     p.error(f"--timeout must be > 0 seconds, got {args.timeout}")
   if not args.out or os.sep in args.out:  # written after the first configuration, not before
-    p.error(f"--out={args.out} must be a file name stem under benchmarks/results/, e.g. scaling")
+    p.error(f"--out={args.out} must be a file name stem under results/, e.g. scaling")
   if args.worker:
     print("RESULT " + json.dumps(run_config(json.loads(args.worker))), flush=True)
     return

@@ -61,7 +61,7 @@ from fedjax_proj.models.registry import get_model
 from fedjax_proj.training.inputs import subset
 from fedjax_proj.training.optimizers import make_optimizer
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 METHODS = ("fedavg", "fedseq")
 NUM_CLASSES = 10
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from fedjax_proj.algorithms import registry  # noqa: E402
 from fedjax_proj.data.sources import find_shared_data  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 BUDGET_SECONDS = 60.0
 
 

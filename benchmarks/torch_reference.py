@@ -13,7 +13,7 @@ training examples; the first (compiling / warm-up) round is excluded. torch runs
 ``--torch_threads`` intra-op threads (default 1: on the shared, overloaded 2-core development
 machine torch's default of 2 OpenMP threads made a round ~100x slower, 67 vs ~9000 samples/s for
 the MLP); XLA uses its own thread pool. Writes
-benchmarks/results/torch_reference.json.
+results/torch_reference.json.
 """
 
 from __future__ import annotations

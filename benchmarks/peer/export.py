@@ -1,6 +1,6 @@
 """Writes the peer benchmark's workload to one .npz and a JSON of its settings.
 
-    python -m benchmarks.peer.export --out benchmarks/results/peer/workload.npz
+    python -m benchmarks.peer.export --out results/peer/workload.npz
 
 Every system reads the same file (benchmarks/peer/common.py, ``load_export``), so all of them train
 on the same train subset, the same clients' examples and the same cohort in every round. The subset

@@ -14,7 +14,7 @@ medians. Ratios are round-paired: for each alternation and steady round, the sys
 ours in the same round of the same alternation (same clients, same examples), then the median.
 Achieved GFLOP/s is a round's counted training FLOPs (``common.cnn_train_flops_per_example`` x its
 real examples) over its CPU seconds, as a share of the GEMM peak that ``benchmarks.peer.peak``
-measures in the same run, under the same pinning. Writes benchmarks/results/peer/<mode>.json and
+measures in the same run, under the same pinning. Writes results/peer/<mode>.json and
 .md (docs/performance.md, "Peer benchmark").
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results" / "peer"
+RESULTS = ROOT / "results" / "peer"
 MODULES = {"ours": "ours", "torch": "torch_loop", "pfl": "pfl", "flower": "flower",
            "fedjax": "fedjax_runner"}  # fmt: skip
 # Systems whose environment make_envs.sh tries to build but that have no runner: recorded as such.

@@ -130,7 +130,7 @@ _CLIENT_OPTIMIZER_NOTE = (
   "Adam moves every coordinate by about lr per step whatever the gradient's size, so "
   "(θ_g − θ_k)/D(K) makes c − c_k of order 1 per coordinate and the correction swamps the "
   "gradients (CIFAR-10 benchmark, 10 rounds: Adam 1e-3 gave 9.25%, chance; SGD 0.01 gave 15.70%; "
-  "benchmarks/results/accuracy_cifar10*.json). Use --optimizer=sgd."
+  "results/accuracy_cifar10*.json). Use --optimizer=sgd."
 )
 
 

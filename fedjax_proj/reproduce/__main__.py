@@ -105,7 +105,7 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument(
     "--results",
     default=str(run.DEFAULT_RESULTS),
-    help="results folder (default: a source checkout's benchmarks/results/reproduce, which holds "
+    help="results folder (default: a source checkout's results/reproduce, which holds "
     "its committed results; an installed package's is ./fedjax_proj_results; now: "
     f"{run.DEFAULT_RESULTS})",
   )

@@ -71,7 +71,7 @@ from fedjax_proj.reproduce.runners import tiny as tiny
 # its docs cite, wherever the command runs from; for an installed package, ./fedjax_proj_results
 # in the working directory (site-packages is no place for results: shared, maybe read-only, and
 # replaced on upgrade).
-CHECKOUT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "reproduce"
+CHECKOUT_RESULTS = REPO_ROOT / "results" / "reproduce"
 INSTALLED_RESULTS = Path("fedjax_proj_results")
 DEFAULT_RESULTS = CHECKOUT_RESULTS if in_checkout() else INSTALLED_RESULTS
 

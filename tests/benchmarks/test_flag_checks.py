@@ -161,7 +161,7 @@ def no_children(monkeypatch):
   [
     ("scaling", ["--steps=0"], "--steps must be >= 1, got 0"),
     ("scaling", ["--timeout=-1"], "--timeout must be > 0 seconds, got -1.0"),
-    ("scaling", ["--out=sub/x"], "--out=sub/x must be a file name stem under benchmarks/results/"),
+    ("scaling", ["--out=sub/x"], "--out=sub/x must be a file name stem under results/"),
     ("drift_pilot", ["--partition=dirichlet"], "--partition=dirichlet: Bad partition spec"),
     ("drift_pilot", ["--train_subset=-5"], "--train_subset must be >= 0, got -5"),
     ("drift_pilot", ["--lr=nan"], "--lr must be a finite number > 0, got nan"),

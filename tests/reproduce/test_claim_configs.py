@@ -494,7 +494,7 @@ def test_an_installed_package_defaults_to_the_working_directory(tmp_path, monkey
   checkout's pyproject.toml, docs/ and benchmarks/ (site-packages) is no checkout, and there
   --update_docs refuses instead of writing a docs/ folder into it."""
   assert run.in_checkout(run.REPO_ROOT) and run.DEFAULT_RESULTS == run.CHECKOUT_RESULTS
-  assert run.CHECKOUT_RESULTS == run.REPO_ROOT / "benchmarks" / "results" / "reproduce"
+  assert run.CHECKOUT_RESULTS == run.REPO_ROOT / "results" / "reproduce"
   assert not run.in_checkout(tmp_path) and not run.INSTALLED_RESULTS.is_absolute()
   assert run.git_commit(tmp_path) == "unknown" or os.environ.get("FEDJAX_PROJ_GIT_COMMIT")
   monkeypatch.setattr(run, "in_checkout", lambda root=run.REPO_ROOT: False)
