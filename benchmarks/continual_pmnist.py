@@ -55,9 +55,7 @@ def main(argv=None) -> int:
     help="single: one classifier shared by all tasks (the authors' PMNIST setup)",
   )
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument(
-    "--out", default=str(REPO / "results" / "continual_pmnist.json")
-  )
+  parser.add_argument("--out", default=str(REPO / "results" / "continual_pmnist.json"))
   args = parser.parse_args(argv)
 
   from fedjax_proj.algorithms.registry import methods as registered
