@@ -322,3 +322,13 @@ def test_the_gpu_budget_is_drift_three_times_as_long_declared_for_v2_only(tmp_pa
   assert "missing fedproj-cifar10-dir0.3 gpu fedproj seed 1019" in out and "seed 1020" not in out
   # No recorded time at this budget: the way to get one names a seed the v2 command accepts.
   assert "run one seed (--seeds=1000) or time one step of each (--no_run --time_step)" in out
+
+
+def test_the_declared_line_names_the_sds_own_protocol_not_always_v1():
+  # The gpu budget's seed count came from drift's v2 sd; its report said "v1's paired sd".
+  fedproj = claims.CLAIMS["fedproj-cifar10-dir0.5"]
+  line = next(
+    s for s in report.writer.v2_section(fedproj, "gpu", {}) if s.startswith("Declared before")
+  )
+  assert "v1's paired sd" not in line
+  assert "on the paired sd 2.65 (fedproj-cifar10-dir0.5 drift v2 results" in line

@@ -59,7 +59,7 @@ def v2_section(
     f"#### Protocol v2: confirmatory replication on seeds {seeds[0]}..{seeds[-1]}",
     "",
     f'Declared before any of its runs (docs/reproduction.md, "Protocol v2"): {metric}; '
-    f"{len(seeds)} seeds from the power calculation on v1's paired sd "
+    f"{len(seeds)} seeds from the power calculation on the paired sd "
     f"{b.v2.power_sd} ({b.v2.power_source}). Command: `python -m fedjax_proj.reproduce "
     f"{claim.name} --budget={budget} --protocol=v2 --report`.",
     "",
