@@ -276,7 +276,24 @@ def resolve(
   what its entry point runs. Raises ValueError naming the
   field and the fix (an unknown field included).
   """
-  config = set_fields(get_config(preset), fields)
+  config = get_config(preset)
+  preset_model = config.get("model")
+  config = set_fields(config, fields)
+  preset_options = dict(config.get("model_kwargs", {}))
+  overridden = config.get("model") != preset_model and "model_kwargs" not in (fields or {})
+  if overridden and preset_options:
+    # A preset's model_kwargs are options of its own network (fedgkd_paper's norm=group for
+    # resnet8); another --model keeps those it takes too and leaves the others out.
+    from fedjax_proj.training.config import model_takes
+
+    kept = {k: v for k, v in preset_options.items() if model_takes(config.model, {k: v})}
+    config.model_kwargs = type(config.model_kwargs)(kept)
+    if dropped := [f"{k}={v}" for k, v in preset_options.items() if k not in kept]:
+      print(
+        f"note: --model={config.model} replaces the preset's {preset_model} and does not take "
+        f"the preset's model options {','.join(dropped)}: left out",
+        file=sys.stderr,
+      )
   if preset == "smoke":
     from fedjax_proj.algorithms.registry import declared_hparams
 

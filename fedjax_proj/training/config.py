@@ -214,6 +214,20 @@ def validate_model_kwargs(model: str, kwargs: dict) -> None:
     ) from None
 
 
+def model_takes(model: str, options: dict) -> bool:
+  """Whether ``model``'s factory builds with ``options`` (a module definition, no parameters);
+  an unknown model takes nothing."""
+  from fedjax_proj.models import MODELS, get_model
+
+  if model not in MODELS:
+    return False
+  try:
+    get_model(model, 2, **options)
+  except TypeError:
+    return False
+  return True
+
+
 def validate_method_kwargs(method: str, kwargs: dict) -> None:
   """Unknown keys and wrongly typed values of ``--method_kwargs`` fail, listing the valid ones
   (the method's declared hyperparameters, :func:`fedjax_proj.algorithms.registry.check_hparams`)."""

@@ -104,3 +104,25 @@ def test_without_onednn_the_run_falls_back_to_gemm_grad_and_logs_why(tmp_path, m
     "gradient)"
   )
   assert line in logs, logs
+
+
+def test_another_model_leaves_the_presets_model_options_out_and_says_so(capsys):
+  # fedgkd_paper's norm=group,group_size=16 are resnet8's; --model=cnn raised a TypeError from
+  # the cnn factory after the data was read.
+  c = _config(["--preset=fedgkd_paper", "--model=cnn"])
+  assert c.model == "cnn" and dict(c.model_kwargs) == {}
+  err = capsys.readouterr().err
+  assert "--model=cnn replaces the preset's resnet8" in err and "group_size=16,norm=group" in err
+  from fedjax_proj.models import get_model
+
+  get_model(c.model, 10, **dict(c.model_kwargs))  # builds: no option it does not take
+  # Options given for the new model go on it; the same model keeps the preset's options.
+  c = _config(["--preset=fedgkd_paper", "--model=cnn", "--model_kwargs=conv_impl=gemm_grad"])
+  assert dict(c.model_kwargs) == {"conv_impl": "gemm_grad"}
+  c = _config(["--preset=fedgkd_paper", "--model=resnet8"])
+  assert dict(c.model_kwargs) == {"norm": "group", "group_size": 16}
+  # A network that takes the preset's options keeps them (resnet10 has the same norm options).
+  capsys.readouterr()
+  c = _config(["--preset=fedgkd_paper", "--model=resnet10"])
+  assert dict(c.model_kwargs) == {"norm": "group", "group_size": 16}
+  assert "left out" not in capsys.readouterr().err
