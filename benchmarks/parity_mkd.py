@@ -526,7 +526,10 @@ def fedcurv_rows(repo: Path, args) -> dict:
         ours,
         ref,
         tol_n,
-        baseline={**baseline, "penalty": np.float32(0.0)},
+        # The effect on the loss and gradient (the penalty entry is the term itself).
+        method_term_effect=pc.compare(
+          baseline, {k: a for k, a in ours.items() if k != "penalty"}, 0.0
+        )["max_rel"],
       )
     )
   # The client took part in the previous round (it is prev0): the code subtracts its own terms.
