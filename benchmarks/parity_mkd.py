@@ -36,6 +36,7 @@ Writes ``results/parity/mtkd.json``, ``fedcurv.json``, ``glfc.json`` and their `
 from __future__ import annotations
 
 import collections
+import copy
 import sys
 import time
 import types
@@ -49,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import parity_common as pc  # noqa: E402
+import parity_continual as pcont  # noqa: E402
 import parity_methods as pm  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ def fedcurv_ns(repo: Path) -> dict:
     repo,
     FEDCURV_FILE,
     ("register_buffer", "get_buffer", "FedCurv"),
-    {"deepcopy": __import__("copy").deepcopy},
+    {"deepcopy": copy.deepcopy},
   )
 
 
@@ -766,9 +768,6 @@ def our_glfc_loss(inp, y_new, x_old, y_old, task: int):
   stored examples as the memory of task 0, all replayed; loss and gradient."""
   import jax
   import jax.numpy as jnp
-
-  sys.path.insert(0, str(HERE))
-  import parity_continual as pcont
 
   from fedjax_proj.algorithms import client as client_lib
   from fedjax_proj.algorithms.continual.er import union_replay_loss
