@@ -97,10 +97,26 @@ REFERENCES: dict[str, Reference] = {
   ),
   "ewc": Reference("kuc2477/pytorch-ewc", "4afaa6666d6b4f1a91a110caf69e7b77f049dc08", "model.py"),
   "er": Reference("aimagelab/mammoth", "e75a491c69fd729edeb01431afb753d9157d9a81", "models/er.py"),
+  # benchmarks/parity_mkd.py: CA-MKD's authors' code holds AVER, EBKD and CA-MKD (004 Table 2's
+  # KD ablations on FedSeq); FedCurv's paper links no code, OpenFL's is the public one; GLFC's
+  # authors' code for GLFC+FL (003 F.2).
+  "mtkd": Reference(
+    "Rorozhl/CA-MKD", "c2f39a9f13c1998e9971815760364587222581ce", "helper/loops.py"
+  ),
+  "fedcurv": Reference(
+    "securefederatedai/openfl",
+    "6aac83ae52f628e3dd81806d5a5f962d1099d161",
+    "openfl/utilities/fedcurv/torch/fedcurv.py",
+  ),
+  "glfc": Reference(
+    "conditionWang/FCIL", "11e161a9d57ecd14126201b7bd9a424137749ee5", "src/GLFC.py"
+  ),
 }
 
 # References whose rows benchmarks/parity_continual.py runs ("fot" is read by both).
 CONTINUAL = ("ewc", "er")
+# References whose rows benchmarks/parity_mkd.py runs.
+MKD = ("mtkd", "fedcurv", "glfc")
 
 COMMIT_FILE = ".parity_commit"
 
@@ -462,13 +478,15 @@ def rows_main(
   add_args=None,
   extra_refs: tuple[str, ...] = (),
   finish=None,
+  check=None,
 ) -> None:
-  """The command line of a rows benchmark (parity_methods.py, parity_continual.py).
+  """The command line of a rows benchmark (parity_methods.py, parity_continual.py, parity_mkd.py).
 
   Parses ``--refs_dir``, ``--methods`` (of ``rows``), ``--seed``, ``--classes``, ``--out`` and what
-  ``add_args(parser)`` adds; checks torch and every checkout (``extra_refs`` too) before anything
-  runs; then per method runs ``rows[m](checkout, args)``, lets ``finish(m, result, checkouts)``
-  amend the result, and writes it (:func:`write_results`).
+  ``add_args(parser)`` adds; ``check(parser, args, methods)`` may refuse a flag combination
+  (``parser.error``); checks torch and every checkout (``extra_refs`` too) before anything runs;
+  then per method runs ``rows[m](checkout, args)``, lets ``finish(m, result, checkouts)`` amend
+  the result, and writes it (:func:`write_results`).
   """
   import argparse
   import sys
@@ -487,6 +505,8 @@ def rows_main(
 
   # Each method once, at least one, each with rows; then torch (flag_checks).
   methods = flag_checks.names(ap, "--methods", args.methods, tuple(rows))
+  if check is not None:
+    check(ap, args, methods)
   torch = flag_checks.require_torch(ap, "parity")
   torch.set_num_threads(1)
   # All checked first.
@@ -525,7 +545,8 @@ SUITE = (
   *(
     SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json")
     for m in REFERENCES
-    if m not in ("fedproj", "fot", *CONTINUAL)
+    if m not in ("fedproj", "fot", *CONTINUAL, *MKD)
   ),
   *(SuiteEntry(m, "benchmarks/parity_continual.py", f"{m}.json") for m in CONTINUAL),
+  *(SuiteEntry(m, "benchmarks/parity_mkd.py", f"{m}.json") for m in MKD),
 )
