@@ -97,10 +97,33 @@ REFERENCES: dict[str, Reference] = {
   ),
   "ewc": Reference("kuc2477/pytorch-ewc", "4afaa6666d6b4f1a91a110caf69e7b77f049dc08", "model.py"),
   "er": Reference("aimagelab/mammoth", "e75a491c69fd729edeb01431afb753d9157d9a81", "models/er.py"),
+  # 002's baselines with public code (benchmarks/parity_fedgen.py). FedDistill+ has two: 002's
+  # authors' (the FedGKD repository) and FedGen's `FedDistill` with `share_model`; FedGKD+ is the
+  # FedGKD repository's worker on its --projection model.
+  "feddistill_plus": Reference(
+    "CGCL-codes/FedGKD",
+    "72e7bac970228a3a5999e7fdd87e60fda6a3bc6e",
+    "pcode/workers/worker_feddistill.py",
+  ),
+  "feddistill_fedgen": Reference(
+    "zhuangdizhu/FedGen",
+    "dd5807c5625404e99035d97e2ef8c712c2e007a6",
+    "FLAlgorithms/users/userFedDistill.py",
+  ),
+  "fedgen": Reference(
+    "zhuangdizhu/FedGen",
+    "dd5807c5625404e99035d97e2ef8c712c2e007a6",
+    "FLAlgorithms/servers/serverpFedGen.py",
+  ),
+  "fedgkd_plus": Reference(
+    "CGCL-codes/FedGKD", "72e7bac970228a3a5999e7fdd87e60fda6a3bc6e", "pcode/models/resnet.py"
+  ),
 }
 
 # References whose rows benchmarks/parity_continual.py runs ("fot" is read by both).
 CONTINUAL = ("ewc", "er")
+# References whose rows benchmarks/parity_fedgen.py runs.
+GENERATIVE = ("feddistill_plus", "feddistill_fedgen", "fedgen", "fedgkd_plus")
 
 COMMIT_FILE = ".parity_commit"
 
@@ -463,7 +486,8 @@ def rows_main(
   extra_refs: tuple[str, ...] = (),
   finish=None,
 ) -> None:
-  """The command line of a rows benchmark (parity_methods.py, parity_continual.py).
+  """The command line of a rows benchmark (parity_methods.py, parity_continual.py,
+  parity_fedgen.py).
 
   Parses ``--refs_dir``, ``--methods`` (of ``rows``), ``--seed``, ``--classes``, ``--out`` and what
   ``add_args(parser)`` adds; checks torch and every checkout (``extra_refs`` too) before anything
@@ -525,7 +549,8 @@ SUITE = (
   *(
     SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json")
     for m in REFERENCES
-    if m not in ("fedproj", "fot", *CONTINUAL)
+    if m not in ("fedproj", "fot", *CONTINUAL, *GENERATIVE)
   ),
   *(SuiteEntry(m, "benchmarks/parity_continual.py", f"{m}.json") for m in CONTINUAL),
+  *(SuiteEntry(m, "benchmarks/parity_fedgen.py", f"{m}.json") for m in GENERATIVE),
 )
