@@ -221,6 +221,15 @@ def fedgen_client_draws(key, labels, *, num_classes: int, noise_dim: int, gen_ba
   return np.asarray(eps_same, np.float32), np.asarray(y_hat), np.asarray(eps_gen, np.float32)
 
 
+def moment_entries(loss, m: dict, v: dict, skip=("fc/bias",)) -> dict:
+  """A generator step's compared entries: the loss and Adam's moments (flat dicts), less
+  ``skip``: fc's bias, whose gradient BatchNorm (training mode) makes zero in exact arithmetic."""
+  out = {"loss": np.float32(loss)}
+  out |= {f"adam_m/{k}": a for k, a in m.items() if k not in skip}
+  out |= {f"adam_v/{k}": a for k, a in v.items() if k not in skip}
+  return out
+
+
 def unweighted_class_means(outs: list[dict], plus: float) -> np.ndarray:
   """mean_k S_k / (n_k + plus) over client outputs: the per-class rule both public codes apply
   (their trackers' counts start at ``plus`` = 1), computed from our tables, to classify a
@@ -957,17 +966,10 @@ def fedgen_rows(repo: Path, args) -> dict:
     # fc's bias is followed by BatchNorm in training mode, which subtracts the batch mean: its
     # gradient is zero in exact arithmetic (and its initial value is 0, so no weight decay), so
     # both sides hold rounding noise there; it is reported, not compared.
-    zero_grad = ("fc/bias",)
     total = float(metrics["generator_teacher_loss"]) + float(metrics["generator_diversity"])
 
-    def entries(loss, m, v):
-      out = {"loss": np.float32(loss)}
-      out |= {f"adam_m/{k}": a for k, a in m.items() if k not in zero_grad}
-      out |= {f"adam_v/{k}": a for k, a in v.items() if k not in zero_grad}
-      return out
-
-    ours_f = entries(total, pc.flatten(mu), pc.flatten(nu))
-    ref_f = entries(values[0].numpy(), ref_mu, ref_nu)
+    ours_f = moment_entries(total, pc.flatten(mu), pc.flatten(nu))
+    ref_f = moment_entries(values[0].numpy(), ref_mu, ref_nu)
     noise = max(
       float(np.abs(pc.flatten(mu)["fc/bias"]).max()), float(np.abs(ref_mu["fc/bias"]).max())
     )
@@ -1004,7 +1006,7 @@ def fedgen_rows(repo: Path, args) -> dict:
         f"the same ({config}), ours with the code's teacher rule mean(CE)·mean(w) "
         "(classification check)",
         "as above",
-        entries(code["loss"], code_m, code_v),
+        moment_entries(code["loss"], code_m, code_v),
         ref_f,
         len(inp.y) ** 2,  # the longest reduction: the diversity term's mean over B² pairs
         note="a match: the row above differs by the teacher rule alone",
@@ -1121,352 +1123,6 @@ def fedgen_rows(repo: Path, args) -> dict:
     "findings": FEDGEN_FINDINGS,
     "measured": measured,
   }
-
-
-FEDGEN_FINDINGS = [
-  {
-    "what": "FedDistill.aggregate_logits averages the sampled users' per-class averages "
-    "unweighted, each S_k/(n_k + 1) (LogitTracker's counts start at 1), so a class a user "
-    "lacks enters as a zero logit; ours is the count-weighted Σ_k S_k / Σ_k n_k with absent "
-    "classes left out. Measured: equal with equal class counts and the trackers' counts from "
-    "0; apart otherwise (rows).",
-    "classification": "the reference's behaviour where the paper is silent (002 gives no formula)",
-    "action": "documented (feddistill.py module docstring)",
-  },
-  {
-    "what": "The users' LogitTrackers are built once and never reset, so the table a user "
-    "reports sums every round it was sampled in; ours are this round's.",
-    "classification": "the reference's behaviour where the paper is silent",
-    "action": "documented, not measured (the rows run one round)",
-  },
-  {
-    "what": "The code's term is reg_alpha · KL(σ(G[y]) ‖ σ(z)) with reg_alpha = 1 and no "
-    "temperature; 002 sets β = 0.1, which ours uses by default. Measured equal at β = 1, T = 1.",
-    "classification": "no difference in the maths (the coefficient is the paper's)",
-    "action": "none",
-  },
-]
-
-
-# ---------------------------------------------------------------------------------------------
-# FedGen (zhuangdizhu/FedGen): servers/serverpFedGen.py, users/userpFedGen.py,
-# trainmodel/generator.py
-
-
-def our_generator(inp, args):
-  """Our FedGen's initial generator with running statistics moved off (0, 1), so the client's
-  inference-mode generator reads them."""
-  import jax
-  import jax.numpy as jnp
-
-  from fedjax_proj.algorithms.distillation import fedgen
-
-  alg = fedgen.fedgen(
-    inp.model,
-    pc.grad_stash(),
-    args.classes,
-    hidden_dim=GEN_HIDDEN,
-    noise_dim=GEN_NOISE,
-    gen_batch_size=GEN_BATCH,
-    generator_batch_size=len(inp.y),
-    generator_steps=1,
-  )
-  state = alg.init(jax.tree.map(jnp.asarray, inp.variables), jax.random.key(args.seed))
-  gen = pc.to_numpy(state.generator)
-  rng = np.random.default_rng(args.seed + 5)
-  gen["batch_stats"]["bn"]["mean"] = 0.3 * rng.standard_normal(GEN_HIDDEN).astype(np.float32)
-  gen["batch_stats"]["bn"]["var"] = rng.uniform(0.5, 2.0, GEN_HIDDEN).astype(np.float32)
-  return alg, state._replace(generator=jax.tree.map(jnp.asarray, gen)), gen
-
-
-def fedgen_rows(repo: Path, args) -> dict:
-  import jax
-  import jax.numpy as jnp
-  import torch
-
-  from fedjax_proj.algorithms.distillation import fedgen
-
-  K = args.classes
-  inp = pc.tiny_inputs(args.seed, classes=K)
-  params = inp.variables["params"]
-  rows = []
-  mns = loaded(repo, "FLAlgorithms/trainmodel/models.py", ("Net",))
-
-  # Server: FedGen.train_generator, one epoch of one iteration (n_teacher_iters = 1), its
-  # Adam (lr ensemble_lr, weight_decay 1e-2) against our aggregate with generator_steps = 1.
-  clients = [pc.tiny_inputs(args.seed + 60 + k, classes=K).variables for k in range(CLIENTS)]
-  min_samples = module_constant(
-    repo / "FLAlgorithms/servers/serverpFedGen.py", "MIN_SAMPLES_PER_LABEL"
-  )
-  measured = {}
-  for config, counts in (
-    ("equal label counts", np.full((CLIENTS, K), 4.0, np.float32)),
-    (
-      "unequal label counts, class 4 held by no client",
-      np.asarray([[6, 4, 3, 3, 0], [1, 2, 9, 4, 0], [0, 5, 5, 6, 0], [4, 0, 8, 4, 0]], np.float32)[
-        :, :K
-      ],
-    ),
-  ):
-    alg, state, gen = our_generator(inp, args)
-    key = jax.random.key(args.seed + 3)
-    outputs = {
-      "variables": stack_outputs(clients),
-      "num_steps": jnp.ones(CLIENTS, jnp.int32),
-      "metrics": {"train_loss": jnp.zeros(CLIENTS), "train_accuracy": jnp.zeros(CLIENTS)},
-      "label_counts": jnp.asarray(counts),
-    }
-    new, metrics = alg.aggregate(state, round_data(CLIENTS), outputs, key)
-    labels, eps = generator_draws(key, counts, len(inp.y), noise_dim=GEN_NOISE)
-    heads = outputs["variables"]["params"]["head"]
-    check = generator_objective(gen, heads, counts, labels, eps, num_classes=K)
-    drift = abs(check["teacher"] - float(metrics["generator_teacher_loss"])) + abs(
-      check["diversity"] - float(metrics["generator_diversity"])
-    )
-    if drift > 1e-5:
-      raise RuntimeError(
-        f"generator_draws no longer reproduces the aggregate's draws (losses differ by {drift}): "
-        "update it to train_generator's key path"
-      )
-    mu, nu = adam_moments(new.generator_opt_state)
-
-    # The reference, on the same labels and noise.
-    gns = loaded(repo, "FLAlgorithms/trainmodel/generator.py", ("Generator", "DiversityLoss"))
-    gns["torch"] = Draws(torch, rand=[eps])
-    tgen = torch_generator(gns, gen, K)
-    server_ns = loaded(
-      repo,
-      "FLAlgorithms/servers/serverpFedGen.py",
-      ("FedGen",),
-      {"Server": object, "np": Draws(np, choice=[labels]), "MIN_SAMPLES_PER_LABEL": min_samples},
-    )
-    server = server_ns["FedGen"].__new__(server_ns["FedGen"])
-    server.unique_labels = K
-    server.selected_users = [
-      types.SimpleNamespace(
-        model=fedgen_net(mns, c["params"])[0],
-        label_counts={label: float(counts[k, label]) + 1 for label in range(K)},
-      )
-      for k, c in enumerate(clients)
-    ]
-    server.model = fedgen_net(mns, params)[0]  # the student (its loss has ensemble_beta = 0)
-    server.generative_model = tgen
-    server.ensemble_alpha, server.ensemble_beta, server.ensemble_eta = 1, 0, 1
-    server.n_teacher_iters = 1
-    server.generative_optimizer = torch.optim.Adam(
-      tgen.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2
-    )
-    server.generative_lr_scheduler = torch.optim.lr_scheduler.ExponentialLR(
-      server.generative_optimizer, gamma=0.98
-    )
-    weights_ref, qualified = server.get_label_weights()
-    values: list = []
-    with recorded_backward(values):
-      server.train_generator(len(inp.y), epoches=1, latent_layer_idx=-1, verbose=False)
-    if not (gns["torch"].used_up() and server_ns["np"].used_up()):
-      raise RuntimeError("the reference drew fewer labels or noise vectors than queued")
-    moments = {}
-    for p_name, p in tgen.named_parameters():
-      st = server.generative_optimizer.state[p]
-      moments[p_name] = (st["exp_avg"].numpy(), st["exp_avg_sq"].numpy())
-    ref_mu = as_ours({n: m[0] for n, m in moments.items()})
-    ref_nu = as_ours({n: m[1] for n, m in moments.items()})
-    ours_w, held = fedgen.label_weights(jnp.asarray(counts))
-    rows.append(
-      pm.row(
-        f"label weights w[y, k] and the labels drawn from, {config}",
-        "FedGen.get_label_weights (users' label_counts from 1, as clean_up_counts leaves them)",
-        {"weights": np.asarray(ours_w), "qualified": np.asarray(held, np.float32)},
-        {
-          "weights": weights_ref,
-          "qualified": np.isin(np.arange(K), qualified).astype(np.float32),
-        },
-        CLIENTS,
-      )
-    )
-    # fc's bias is followed by BatchNorm in training mode, which subtracts the batch mean: its
-    # gradient is zero in exact arithmetic (and its initial value is 0, so no weight decay), so
-    # both sides hold rounding noise there; it is reported, not compared.
-    zero_grad = ("fc/bias",)
-    total = float(metrics["generator_teacher_loss"]) + float(metrics["generator_diversity"])
-
-    def entries(loss, m, v):
-      out = {"loss": np.float32(loss)}
-      out |= {f"adam_m/{k}": a for k, a in m.items() if k not in zero_grad}
-      out |= {f"adam_v/{k}": a for k, a in v.items() if k not in zero_grad}
-      return out
-
-    ours_f = entries(total, pc.flatten(mu), pc.flatten(nu))
-    ref_f = entries(values[0].numpy(), ref_mu, ref_nu)
-    noise = max(
-      float(np.abs(pc.flatten(mu)["fc/bias"]).max()), float(np.abs(ref_mu["fc/bias"]).max())
-    )
-    scale = float(np.abs(ref_mu["fc/kernel"]).max())
-    code = generator_objective(gen, heads, counts, labels, eps, num_classes=K, teacher_rule="code")
-    code_m, code_v = adam_first_moments(
-      pc.flatten(code["grads"]), pc.flatten(gen["params"]), fedgen.GENERATOR_WEIGHT_DECAY
-    )
-    measured[config] = {
-      "teacher_ours": check["teacher"],
-      "teacher_code_rule": code["teacher"],
-      "diversity_ours": check["diversity"],
-      "reference_total": float(values[0]),
-      "fc_bias_first_moment_max_abs": noise,
-      "fc_kernel_first_moment_max_abs": scale,
-    }
-    rows.append(
-      pm.row(
-        f"generator step: teacher + diversity loss, Adam's first moment (0.1·(g + 0.01·θ)) and "
-        f"second moment, {config}, {CLIENTS} clients, B = {len(inp.y)}",
-        "FedGen.train_generator (epoches=1, n_teacher_iters=1; Generator.forward, "
-        "DiversityLoss('l1'), torch Adam with weight_decay 1e-2)",
-        ours_f,
-        ref_f,
-        len(inp.y) ** 2,  # the longest reduction: the diversity term's mean over B² pairs
-        note=f"teacher loss ours {check['teacher']:.5f}, by the code's rule "
-        f"{code['teacher']:.5f}; diversity {check['diversity']:.5f}; reference total "
-        f"{float(values[0]):.5f}; fc/bias moments (zero gradient) ≤ {noise:.1e} on both sides, "
-        f"fc/kernel's up to {scale:.1e}",
-      )
-    )
-    rows.append(
-      pm.row(
-        f"the same ({config}), ours with the code's teacher rule mean(CE)·mean(w) "
-        "(classification check)",
-        "as above",
-        entries(code["loss"], code_m, code_v),
-        ref_f,
-        len(inp.y) ** 2,  # the longest reduction: the diversity term's mean over B² pairs
-        note="a match: the row above differs by the teacher rule alone",
-      )
-    )
-    bn = tgen.fc_layers[1]
-    stats = pc.flatten(pc.to_numpy(new.generator["batch_stats"]))
-    ref_bn = {"mean": bn.running_mean.numpy(), "var": bn.running_var.numpy()}
-    rows.append(
-      pm.row(
-        f"generator BatchNorm running statistics after the step, {config}",
-        "nn.BatchNorm1d in Generator.forward (train mode, momentum 0.1)",
-        {"mean": stats["bn/mean"], "var": stats["bn/var"]},
-        ref_bn,
-        len(inp.y),
-        note="ours keeps the biased batch variance, torch the unbiased (× B/(B − 1))",
-      )
-    )
-    before = gen["batch_stats"]["bn"]["var"]
-    rows.append(
-      pm.row(
-        f"the same ({config}), our running variance recomputed with the unbiased batch variance "
-        "(classification check)",
-        "as above",
-        {
-          "mean": stats["bn/mean"],
-          "var": unbiased_running_var(stats["bn/var"], before, len(inp.y)),
-        },
-        ref_bn,
-        len(inp.y),
-        note="a match: the row above differs by the variance's normalisation alone",
-      )
-    )
-
-  # Client: UserpFedGen.train, one batch, round glob_iter = 2 (α_t = α·0.98², β_t alike).
-  alpha, beta, glob_iter = 1.0, 1.0, 2
-  _, state, gen = our_generator(inp, args)
-  program = fedgen.fedgen(
-    inp.model,
-    pc.grad_stash(),
-    K,
-    alpha=alpha,
-    beta=beta,
-    hidden_dim=GEN_HIDDEN,
-    noise_dim=GEN_NOISE,
-    gen_batch_size=GEN_BATCH,
-  ).client
-  shared = {
-    "variables": inp.others["global"],
-    "generator": jax.tree.map(jnp.asarray, gen),
-    "round": jnp.asarray(glob_iter, jnp.int32),
-  }
-  loss, grads, out = client_run(program, shared, inp.x, inp.y, seed=args.seed, params=params)
-  eps_same, y_hat, eps_gen = fedgen_client_draws(
-    jax.random.key(args.seed), inp.y, num_classes=K, noise_dim=GEN_NOISE, gen_batch=GEN_BATCH
-  )
-  gns = loaded(repo, "FLAlgorithms/trainmodel/generator.py", ("Generator", "DiversityLoss"))
-  gns["torch"] = Draws(torch, rand=[eps_same, eps_gen])
-  tgen = torch_generator(gns, gen, K)
-  User = ref_user_base(repo)
-  uns = loaded(
-    repo,
-    "FLAlgorithms/users/userpFedGen.py",
-    ("UserpFedGen",),
-    {"User": User, "np": Draws(np, choice=[y_hat])},
-  )
-  net, plain = fedgen_net(mns, params)
-  user, recorded = fedgen_user(
-    uns["UserpFedGen"],
-    net,
-    inp.x,
-    inp.y,
-    unique_labels=K,
-    generative_model=tgen,
-    latent_layer_idx=-1,
-    available_labels=list(range(K)),
-    gen_batch_size=GEN_BATCH,
-    generative_alpha=alpha,
-    generative_beta=beta,
-  )
-  values = []
-  with recorded_backward(values):
-    user.train(glob_iter, personalized=False, early_stop=100, regularization=True, verbose=False)
-  if not (gns["torch"].used_up() and uns["np"].used_up()):
-    raise RuntimeError("the reference drew fewer labels or noise vectors than queued")
-  base = pm.ce_baseline(inp, params)
-  rows.append(
-    pm.row(
-      f"client loss + gradient, α = β = 1 at round {glob_iter} (× 0.98^{glob_iter}), "
-      f"B_g = {GEN_BATCH}, B = {len(inp.y)}, the generator in inference mode",
-      "UserpFedGen.train (one batch via User.get_next_train_batch; Generator.forward, "
-      "Net.forward/mapping at latent_layer_idx = -1), recording optimiser",
-      {"loss": np.float32(loss), **pc.flatten(grads)},
-      {"loss": values[0].numpy(), **grads_as_ours(plain, recorded[0], params)},
-      len(inp.y),
-      baseline=base,
-    )
-  )
-  rows.append(
-    pm.row(
-      "the client's label counts (what the server's label weights read)",
-      "UserpFedGen.update_label_counts (counts from 1, less that 1)",
-      {"counts": out["label_counts"]},
-      {"counts": np.asarray([user.label_counts[c] - 1 for c in range(K)], np.float32)},
-      len(inp.y),
-    )
-  )
-  return {
-    "rows": rows,
-    "setup": pm.setup_text(inp) + f" Generator: hidden {GEN_HIDDEN}, noise {GEN_NOISE}, "
-    f"features {np.asarray(params['head']['kernel']).shape[0]} (the head's input), our "
-    f"initialiser, running statistics moved off (0, 1); server rows: {CLIENTS} client "
-    "classifiers at their own initial weights.",
-    "findings": FEDGEN_FINDINGS,
-    "measured": measured,
-  }
-
-
-def generator_features(gen: dict, labels, eps, num_classes: int) -> np.ndarray:
-  """Our generator's features for (labels, ε) in training mode (batch statistics)."""
-  import jax.numpy as jnp
-
-  from fedjax_proj.algorithms.distillation import fedgen
-
-  p = gen["params"]
-  module = fedgen.Generator(
-    np.asarray(p["fc"]["kernel"]).shape[1],
-    np.asarray(p["representation"]["kernel"]).shape[1],
-    num_classes,
-  )
-  feats, _ = module.apply(gen, jnp.asarray(eps), jnp.asarray(labels), True, mutable="batch_stats")
-  return np.asarray(feats)
 
 
 FEDGEN_FINDINGS = [
