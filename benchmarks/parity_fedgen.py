@@ -494,6 +494,17 @@ def table_row(outs, ref_tables, call_path: str, note: str) -> dict:
 
 
 UNEQUAL = ((6, 4, 3, 2, 1), (1, 2, 3, 4, 6), (0, 5, 5, 3, 3), (4, 4, 4, 4, 0))
+# FedGen's server rows: label counts per client, class 4 held by no client.
+UNEQUAL_GEN = ((6, 4, 3, 3, 0), (1, 2, 9, 4, 0), (0, 5, 5, 6, 0), (4, 0, 8, 4, 0))
+
+
+def five_classes(args) -> None:
+  """The server rows' class counts (UNEQUAL, UNEQUAL_GEN) are written for 5 classes."""
+  if args.classes != 5:
+    raise ValueError(
+      f"the FedDistill+ and FedGen rows' class counts are written for 5 classes, got "
+      f"--classes={args.classes}: run them with --classes=5 (the default)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,6 +531,8 @@ class SendRecorder:
 
 def feddistill_plus_rows(repo: Path, args) -> dict:
   import torch
+
+  five_classes(args)
 
   K = args.classes
   tracker_ns = loaded(repo, "pcode/utils/stat_tracker.py", ("LogitTracker",))
@@ -701,6 +714,8 @@ FEDDISTILL_002_FINDINGS = [
 def feddistill_fedgen_rows(repo: Path, args) -> dict:
   import torch
 
+  five_classes(args)
+
   K = args.classes
   User = ref_user_base(repo)
   uns = loaded(
@@ -865,6 +880,7 @@ def fedgen_rows(repo: Path, args) -> dict:
 
   from fedjax_proj.algorithms.distillation import fedgen
 
+  five_classes(args)
   K = args.classes
   inp = pc.tiny_inputs(args.seed, classes=K)
   params = inp.variables["params"]
@@ -880,12 +896,7 @@ def fedgen_rows(repo: Path, args) -> dict:
   measured = {}
   for config, counts in (
     ("equal label counts", np.full((CLIENTS, K), 4.0, np.float32)),
-    (
-      "unequal label counts, class 4 held by no client",
-      np.asarray([[6, 4, 3, 3, 0], [1, 2, 9, 4, 0], [0, 5, 5, 6, 0], [4, 0, 8, 4, 0]], np.float32)[
-        :, :K
-      ],
-    ),
+    ("unequal label counts, class 4 held by no client", np.asarray(UNEQUAL_GEN, np.float32)),
   ):
     alg, state, gen = our_generator(inp, args)
     key = jax.random.key(args.seed + 3)

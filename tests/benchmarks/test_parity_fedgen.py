@@ -204,3 +204,13 @@ def test_parity_fedgen_refuses_before_torch(pf, argv, message, capsys, monkeypat
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert "Traceback" not in err and message in err.strip().splitlines()[-1]
+
+
+def test_rows_refuse_a_class_count_their_tables_are_not_written_for(pf):
+  pf.five_classes(Args)
+
+  class Four(Args):
+    classes = 4
+
+  with pytest.raises(ValueError, match="run them with --classes=5"):
+    pf.five_classes(Four)
