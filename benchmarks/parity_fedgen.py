@@ -1140,12 +1140,14 @@ FEDGEN_FINDINGS = [
   {
     "what": "Teacher loss: the code multiplies the per-example CE [B] by the label weights "
     "reshaped to [B, 1], which broadcasts to [B, B]; its mean is mean(CE)·mean(w) per client, "
-    "not mean(w·CE), so a generated example's weight is not its label's. FedGen's paper "
-    "weights each user's prediction by its label share (α_k^y); ours computes mean(w·CE). "
-    "Measured: equal at equal label counts (w constant); at unequal counts the reference's "
-    "total equals ours with mean(CE)·mean(w) in place of the teacher term (`measured` in "
-    "fedgen.json).",
-    "classification": "the reference's defect (a broadcasting slip where the paper speaks)",
+    "not mean(w·CE), so a generated example's weight is not its label's, although the code "
+    "builds the weights per example (label_weights[y][:, user_idx], the drawn label's share of "
+    "user k). Ours computes mean(w·CE). Measured: equal at equal label counts (w constant); "
+    "at unequal counts the reference equals ours with mean(CE)·mean(w) in place of the "
+    "teacher term (the check rows; `measured` in fedgen.json). FedGen's paper is not among "
+    "this project's papers, so its text is not quoted here.",
+    "classification": "the reference's defect (a broadcasting slip against its own per-example "
+    "weights)",
     "action": "documented; no switch",
   },
   {
