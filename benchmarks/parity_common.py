@@ -111,12 +111,35 @@ REFERENCES: dict[str, Reference] = {
   "glfc": Reference(
     "conditionWang/FCIL", "11e161a9d57ecd14126201b7bd9a424137749ee5", "src/GLFC.py"
   ),
+  # 002's baselines with public code (benchmarks/parity_fedgen.py). FedDistill+ has two: 002's
+  # authors' (the FedGKD repository) and FedGen's `FedDistill` with `share_model`; FedGKD+ is the
+  # FedGKD repository's worker on its --projection model.
+  "feddistill_plus": Reference(
+    "CGCL-codes/FedGKD",
+    "72e7bac970228a3a5999e7fdd87e60fda6a3bc6e",
+    "pcode/workers/worker_feddistill.py",
+  ),
+  "feddistill_fedgen": Reference(
+    "zhuangdizhu/FedGen",
+    "dd5807c5625404e99035d97e2ef8c712c2e007a6",
+    "FLAlgorithms/users/userFedDistill.py",
+  ),
+  "fedgen": Reference(
+    "zhuangdizhu/FedGen",
+    "dd5807c5625404e99035d97e2ef8c712c2e007a6",
+    "FLAlgorithms/servers/serverpFedGen.py",
+  ),
+  "fedgkd_plus": Reference(
+    "CGCL-codes/FedGKD", "72e7bac970228a3a5999e7fdd87e60fda6a3bc6e", "pcode/models/resnet.py"
+  ),
 }
 
 # References whose rows benchmarks/parity_continual.py runs ("fot" is read by both).
 CONTINUAL = ("ewc", "er")
 # References whose rows benchmarks/parity_mkd.py runs.
 MKD = ("mtkd", "fedcurv", "glfc")
+# References whose rows benchmarks/parity_fedgen.py runs.
+GENERATIVE = ("feddistill_plus", "feddistill_fedgen", "fedgen", "fedgkd_plus")
 
 COMMIT_FILE = ".parity_commit"
 
@@ -480,7 +503,8 @@ def rows_main(
   finish=None,
   check=None,
 ) -> None:
-  """The command line of a rows benchmark (parity_methods.py, parity_continual.py, parity_mkd.py).
+  """The command line of a rows benchmark (parity_methods.py, parity_continual.py,
+  parity_mkd.py, parity_fedgen.py).
 
   Parses ``--refs_dir``, ``--methods`` (of ``rows``), ``--seed``, ``--classes``, ``--out`` and what
   ``add_args(parser)`` adds; ``check(parser, args, methods)`` may refuse a flag combination
@@ -545,8 +569,9 @@ SUITE = (
   *(
     SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json")
     for m in REFERENCES
-    if m not in ("fedproj", "fot", *CONTINUAL, *MKD)
+    if m not in ("fedproj", "fot", *CONTINUAL, *MKD, *GENERATIVE)
   ),
   *(SuiteEntry(m, "benchmarks/parity_continual.py", f"{m}.json") for m in CONTINUAL),
   *(SuiteEntry(m, "benchmarks/parity_mkd.py", f"{m}.json") for m in MKD),
+  *(SuiteEntry(m, "benchmarks/parity_fedgen.py", f"{m}.json") for m in GENERATIVE),
 )

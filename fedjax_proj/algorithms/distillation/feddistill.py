@@ -22,9 +22,10 @@ weighted by its count of that class; a client without class c adds nothing to G[
 sampled client holds keeps its previous G[c] (before any client has held it, it has no target and
 its examples no KD term). Round 0 therefore trains as FedAvg, as both codes skip the term there.
 
-Decisions where the references differ (docs/parity.md, "Not run yet"): FedGen's ``FedDistill``
-(zhuangdizhu/FedGen, ``share_model``) averages the sampled users' per-class averages unweighted,
-and an absent class enters that mean as a zero logit (its tracker starts every count at 1);
+Decisions where the references differ (measured in docs/parity.md, the FedDistill+ rows):
+FedGen's ``FedDistill`` (zhuangdizhu/FedGen, ``share_model``) averages the sampled users'
+per-class averages unweighted, and an absent class enters that mean as a zero logit (its tracker
+starts every count at 1);
 002's authors' code (CGCL-codes/FedGKD, ``MasterFedDistill``) sends client k the unweighted mean
 of the other N − 1 clients' last reported averages (leave-one-out, as Jeong et al.). Both codes'
 trackers accumulate over the rounds; ours are this round's. docs/methods.md, "FedDistill+".
