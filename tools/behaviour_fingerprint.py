@@ -1,8 +1,8 @@
 """Behaviour fingerprint: fixed-seed smoke CLI runs whose outputs must not change in a refactor.
 
-    python benchmarks/behaviour_fingerprint.py --out=/tmp/fp_before          # record
-    python benchmarks/behaviour_fingerprint.py --out=/tmp/fp_after           # after the change
-    python benchmarks/behaviour_fingerprint.py --compare /tmp/fp_before /tmp/fp_after
+    python -m tools.behaviour_fingerprint --out=/tmp/fp_before          # record
+    python -m tools.behaviour_fingerprint --out=/tmp/fp_after           # after the change
+    python -m tools.behaviour_fingerprint --compare /tmp/fp_before /tmp/fp_after
 
 Each run is a small fixed-seed CLI run, exactly as a user types it (``experiments/cifar10.py`` on
 scikit-learn's digits with an MLP, ``experiments/sequential.py`` and ``experiments/pmnist.py`` on
@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+
 
 # Shared flags of the cifar10.py runs: digits (1797 examples, 64 features), an MLP, 2 rounds.
 _DIGITS = (
@@ -185,7 +186,6 @@ def _crash_after(run_dir: Path, round_idx: int) -> None:
 
 def _public_npz(out: Path) -> Path:
   """The public set of the distillation runs: the first 60 digits of the test split."""
-  sys.path.insert(0, str(REPO))
   from fedjax_proj.data.sources import load_dataset
 
   path = out / "public.npz"
@@ -263,8 +263,8 @@ def record(out: Path, names: list[str]) -> int:
   start, started = time.perf_counter(), _children_cpu()
   for name in names:
     if name in PROBES:
-      script = str(Path(__file__).resolve())
-      cmd = [sys.executable, script, f"--probe={name}", f"--out={out / name}"]
+      cmd = [sys.executable, "-m", "tools.behaviour_fingerprint", f"--probe={name}"]
+      cmd.append(f"--out={out / name}")
     else:
       script, flags = RUNS[name]
       cmd = [sys.executable, str(REPO / "experiments" / script)]
@@ -418,8 +418,7 @@ def main(argv=None) -> int:
     return 0
   names = entries  # the default, empty; a list given names each run once
   if args.runs:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # imported as benchmarks.<name> too
-    import flag_checks
+    from benchmarks import flag_checks
 
     names = flag_checks.names(p, "--runs", args.runs, entries)
   return 1 if record(Path(args.out), names) else 0

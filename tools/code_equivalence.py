@@ -6,13 +6,13 @@ compared directly (docs/reproduction.md, "Results", its protocol: a behaviour-fi
 across commits counts as equal).
 This script produces that evidence and the entry:
 
-    python benchmarks/code_equivalence.py a97d70a HEAD            # all fingerprint entries
-    python benchmarks/code_equivalence.py a97d70a HEAD --runs=fedavg_scan,fedproj_scan
-    python benchmarks/code_equivalence.py 5bd6f64 HEAD --runs=edge_cases --this_script
-    python benchmarks/code_equivalence.py --convert     # an earlier file's groups -> its pairs
+    python -m tools.code_equivalence a97d70a HEAD            # all fingerprint entries
+    python -m tools.code_equivalence a97d70a HEAD --runs=fedavg_scan,fedproj_scan
+    python -m tools.code_equivalence 5bd6f64 HEAD --runs=edge_cases --this_script
+    python -m tools.code_equivalence --convert     # an earlier file's groups -> its pairs
 
 For each commit it checks the tree out into a temporary ``git worktree``, records
-``benchmarks/behaviour_fingerprint.py`` there (the commit's own runs, pinned to one CPU; with
+``tools/behaviour_fingerprint.py`` there (the commit's own runs, pinned to one CPU; with
 ``--this_script``, this tree's script and runs, for runs added after ``commit_a``, whose flags must
 exist at both commits) and asks the commit's own ``fedjax_proj.reproduce.run.code_fingerprint``
 for the fingerprint its results record. Then it compares the two recordings with this tree's
@@ -39,12 +39,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from fedjax_proj.data.sources import find_shared_data
+from fedjax_proj.reproduce.report import EQUIVALENCE_FILE
+from fedjax_proj.reproduce.run import DEFAULT_RESULTS
 
-from fedjax_proj.data.sources import find_shared_data  # noqa: E402
-from fedjax_proj.reproduce.report import EQUIVALENCE_FILE  # noqa: E402
-from fedjax_proj.reproduce.run import DEFAULT_RESULTS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _pair_key(fingerprints) -> list[str]:
@@ -98,14 +97,19 @@ def _record(commit: str, tmp: Path, runs: str, cpu: int, this_script: bool) -> t
   _git("worktree", "add", "--detach", str(tree), commit)
   try:
     if this_script:  # outside fedjax_proj/ and experiments/: the code fingerprint is unchanged
-      script = "benchmarks/behaviour_fingerprint.py"
+      script = "tools/behaviour_fingerprint.py"
       (tree / script).write_bytes((REPO / script).read_bytes())
     env = {**os.environ, "PYTHONPATH": str(tree)}
     shared = find_shared_data()
     if shared is not None:  # the temporary tree has no ../shared beside it
       env["FEDJAX_PROJ_SHARED_DATA"] = str(shared)
     out = tmp / f"fp-{commit[:12]}"
-    cmd = ["taskset", "-c", str(cpu), sys.executable, "benchmarks/behaviour_fingerprint.py"]
+    # Commits before the benchmarks were shelved keep the script at benchmarks/, run as a file.
+    if (tree / "tools" / "behaviour_fingerprint.py").is_file():
+      fingerprint = ["-m", "tools.behaviour_fingerprint"]
+    else:
+      fingerprint = ["benchmarks/behaviour_fingerprint.py"]
+    cmd = ["taskset", "-c", str(cpu), sys.executable, *fingerprint]
     cmd += [f"--out={out}"] + ([f"--runs={runs}"] if runs else [])
     subprocess.run(cmd, cwd=tree, env=env, check=True)
     probe = "from fedjax_proj.reproduce import run; print(run.code_fingerprint())"
@@ -155,9 +159,9 @@ def main(argv=None) -> int:
     (dir_a, code_a), (dir_b, code_b) = (
       _record(c, Path(tmp), args.runs, args.cpu, args.this_script) for c in commits
     )
-    compare = [sys.executable, str(REPO / "benchmarks" / "behaviour_fingerprint.py")]
+    compare = [sys.executable, "-m", "tools.behaviour_fingerprint"]
     done = subprocess.run(
-      [*compare, "--compare", str(dir_a), str(dir_b)], capture_output=True, text=True
+      [*compare, "--compare", str(dir_a), str(dir_b)], capture_output=True, text=True, cwd=REPO
     )
     print(done.stdout, end="")
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""

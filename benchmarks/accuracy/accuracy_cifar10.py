@@ -1,10 +1,10 @@
 """Accuracy benchmark on real CIFAR-10 at a reduced CPU budget, for every registered FL method.
 
-    python benchmarks/accuracy_cifar10.py                                  # drift baselines
-    python benchmarks/accuracy_cifar10.py --methods=fedavg,scaffold --seeds=0,1,2 --rounds=30
-    python benchmarks/accuracy_cifar10.py --methods=fedavg,fedproj,feddf   # public-data methods
-    python benchmarks/accuracy_cifar10.py --setting=sequential             # sequential FL
-    python benchmarks/accuracy_cifar10.py --setting=sequential --seeds=0,1,2 --rounds=30
+    python -m benchmarks.accuracy.accuracy_cifar10                                 # drift baselines
+    python -m benchmarks.accuracy.accuracy_cifar10 --methods=fedavg,scaffold --seeds=0,1,2 --rounds=30
+    python -m benchmarks.accuracy.accuracy_cifar10 --methods=fedavg,fedproj,feddf  # public-data methods
+    python -m benchmarks.accuracy.accuracy_cifar10 --setting=sequential             # sequential FL
+    python -m benchmarks.accuracy.accuracy_cifar10 --setting=sequential --seeds=0,1,2 --rounds=30
 
 ``--setting`` picks the comparison and its defaults (:data:`SETTINGS`); every flag overrides them.
 
@@ -43,10 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import numpy as np
 
+from benchmarks import flag_checks
 from fedjax_proj.algorithms import registry
 from fedjax_proj.data.sources import find_shared_data
 from fedjax_proj.training.config import base_config
@@ -315,7 +315,9 @@ def main(argv=None) -> int:
       "jax": jax.__version__,
       "backend": jax.default_backend(),
     },
-    "command": shlex.join(["python", "benchmarks/accuracy_cifar10.py", *(argv or sys.argv[1:])]),
+    "command": shlex.join(
+      ["python", "benchmarks/accuracy/accuracy_cifar10.py", *(argv or sys.argv[1:])]
+    ),
   }
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,10 +1,10 @@
-"""Former name of ``python benchmarks/accuracy_cifar10.py --setting=sequential``.
+"""Former name of ``python -m benchmarks.accuracy.accuracy_cifar10 --setting=sequential``.
 
-    python benchmarks/accuracy_sequential.py --seeds=0,1,2 --rounds=30
+    python -m benchmarks.accuracy.accuracy_sequential --seeds=0,1,2 --rounds=30
 
 runs that command with the same flags (the commands recorded in
 results/accuracy_sequential.json keep working); ``--num_teachers=K`` is SFedKD's K,
-passed as ``--method_kwargs=sfedkd:num_teachers=K``. See benchmarks/accuracy_cifar10.py.
+passed as ``--method_kwargs=sfedkd:num_teachers=K``. See benchmarks/accuracy/accuracy_cifar10.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import accuracy_cifar10
+from benchmarks.accuracy import accuracy_cifar10
 
 
 def main(argv=None) -> int:

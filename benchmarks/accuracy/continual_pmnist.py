@@ -6,7 +6,7 @@ budget on a shared 2-core CPU (defaults below; every method sees the same client
 rounds) and prints a table of ACC and FGT plus each method's wall time, and writes
 ``results/continual_pmnist.json``.
 
-    python benchmarks/continual_pmnist.py --methods=fl,fot --rounds_per_task=10
+    python -m benchmarks.accuracy.continual_pmnist --methods=fl,fot --rounds_per_task=10
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
+
 
 PAPER = {"fl": (80.06, 9.21), "fot": (85.21, 1.97)}
 _NOT_SETTING = ("out", "methods", "merge")
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
     help="single: one classifier shared by all tasks (the authors' PMNIST setup)",
   )
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=str(REPO / "results" / "continual_pmnist.json"))
+  parser.add_argument("--out", default=str(RESULTS_DIR / "continual_pmnist.json"))
   args = parser.parse_args(argv)
 
   from fedjax_proj.algorithms.registry import methods as registered

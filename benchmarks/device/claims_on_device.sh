@@ -3,12 +3,12 @@
 # packs every result it finishes into $OUT/claims_results.tgz (docs/reproduction.md, "Running
 # claims on a GPU"):
 #
-#   bash benchmarks/claims_on_device.sh SECONDS CLAIM:BUDGET [CLAIM:BUDGET ...]
+#   bash benchmarks/device/claims_on_device.sh SECONDS CLAIM:BUDGET [CLAIM:BUDGET ...]
 #
 # ($EXTRA_ARGS, e.g. "--seeds=0 --methods=fedavg", is passed to every claim.)
 # ($PYTHON, default python3 from PATH, is the interpreter that runs everything: e.g. a venv's.)
 # - Data: .device_data/device_data.npz ($DEVICE_DATA), unpacked into the layout of ../shared/data
-#   (benchmarks/make_device_data.py; the CIFAR-10 claims want --public_format=webp_lossless).
+#   (benchmarks/device/make_device_data.py; the CIFAR-10 claims want --public_format=webp_lossless).
 # - Packages: wheels in .whl/ (ml_collections) are installed first where the folder exists.
 # - The committed results travel with the tree and are copied in first, so done runs are skipped.
 # - Each claim runs with --jobs=$JOBS (default 8): pinned workers sharing the accelerator, which
@@ -24,7 +24,7 @@
 #   results/reproduce
 set -uo pipefail
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
-  echo "usage: bash benchmarks/claims_on_device.sh SECONDS CLAIM:BUDGET [CLAIM:BUDGET ...]" >&2
+  echo "usage: bash benchmarks/device/claims_on_device.sh SECONDS CLAIM:BUDGET [CLAIM:BUDGET ...]" >&2
   exit 2
 fi
 for cb in "${@:2}"; do
@@ -47,7 +47,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_DEFAULT_MATMUL_PRECISION=${JAX_DEFAULT_MATMUL_PRECISION:-float32}
 if [ ! -f "$data" ]; then
   echo "claims_on_device: no device data at $data: build it here with" \
-    "python benchmarks/make_device_data.py and carry .device_data" >&2
+    "python -m benchmarks.device.make_device_data and carry .device_data" >&2
   exit 3
 fi
 "$python" - "$data" "$work/data" "$@" <<'EOF' || exit 3
@@ -56,9 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, "benchmarks")
-import make_device_data
-
+from benchmarks.device import make_device_data
 from fedjax_proj.reproduce import claims, run
 
 # Refused before any compute: a claim whose runs read the public set, on a pack whose public set

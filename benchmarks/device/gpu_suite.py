@@ -1,8 +1,8 @@
 """The accelerator suite: correctness, round throughput, FedProj's overhead, accuracy, GPSE cost.
 
-    python benchmarks/make_device_data.py --out_dir=.device_data  # once, where ../shared exists
-    python benchmarks/gpu_suite.py --out_dir=$OUT                 # on the GPU machine (<= 20 min)
-    python benchmarks/gpu_suite.py --tiny --out_dir=/tmp/suite    # CPU smoke run (~1 min)
+    python -m benchmarks.device.make_device_data --out_dir=.device_data  # once, where ../shared exists
+    python -m benchmarks.device.gpu_suite --out_dir=$OUT            # on the GPU machine (<= 20 min)
+    python -m benchmarks.device.gpu_suite --tiny --out_dir=/tmp/suite    # CPU smoke run (~1 min)
 
 One command writes ``suite.json`` and ``suite.md`` (a markdown table per step) to ``--out_dir``,
 plus ``accuracy_state.tar.gz`` (step d's checkpoints and metrics, to continue later with
@@ -20,16 +20,16 @@ b. ``throughput``: one FedAvg round per strategy at 10/50/100/500 clients (vmap_
    ``--chunk`` above it) for the CNN and ResNet-8: samples/s, round time, compile time (first
    round minus a timed round), peak device memory (``memory_stats``; cumulative over the
    process, so read it as "at most"), and beside them a PyTorch sequential client loop on the same
-   model, clients and batches (benchmarks/torch_reference.py), on CUDA when available.
+   model, clients and batches (benchmarks/perf/torch_reference.py), on CUDA when available.
 c. ``fedproj_overhead``: client phase and whole round of FedProj vs FedAvg and FedDF
-   (benchmarks/fedproj_overhead.py; paper 001, Table 5: a round 1.27x FedAvg on an RTX 3090).
+   (benchmarks/perf/fedproj_overhead.py; paper 001, Table 5: a round 1.27x FedAvg on an RTX 3090).
 d. ``accuracy``: CIFAR-10 Dirichlet 0.3, FedAvg vs FedProj with the paper preset
    (experiments/cifar10.py), each for half the budget, checkpointed every round; a later run with
    ``--accuracy_state`` resumes both. Curves (test accuracy per round) go to the JSON and table.
-e. ``gpse_cost``: FOT's GPSE round vs one local epoch for the PMNIST MLP (benchmarks/gpse_cost.py;
+e. ``gpse_cost``: FOT's GPSE round vs one local epoch for the PMNIST MLP (benchmarks/perf/gpse_cost.py;
    paper 003, Table 4: 0.3-2.3x), steady state, with the compile time of the first call apart.
 f. ``nlp_round``: one FedAvg round of 5 TinyBERT 4L-312 clients at 128 tokens, whole cohort and
-   chunks of 1 (benchmarks/nlp_memory.py): round time, peak device memory.
+   chunks of 1 (benchmarks/perf/nlp_memory.py): round time, peak device memory.
 
 Data: ``--data`` (default ``.device_data/device_data.npz``) is unpacked into the layout of
 ../shared/data under ``--work_dir`` and exported as ``$FEDJAX_PROJ_SHARED_DATA``, so every
@@ -51,16 +51,14 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-# benchmarks/ is on the path when this runs as a script (its lazy imports of the other benchmarks
-# rely on that); importing it as a module leaves sys.path alone.
-if str(REPO) not in sys.path:
-  sys.path.insert(0, str(REPO))
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT
 
-import flag_checks  # noqa: E402  (benchmarks/flag_checks.py: this script's folder is on sys.path)
+REPO = REPO_ROOT
 
-DEFAULT_DATA = REPO / ".device_data" / "device_data.npz"  # made by benchmarks/make_device_data.py
+DEFAULT_DATA = (
+  REPO / ".device_data" / "device_data.npz"
+)  # made by benchmarks/device/make_device_data.py
 STEPS = ("correctness", "throughput", "fedproj_overhead", "accuracy", "gpse_cost", "nlp_round")
 SCHEMA_VERSION = 1
 # Full-size budgets (seconds): 20 minutes in all on one H100, compilation included.
@@ -117,7 +115,7 @@ def prepare_data(data: Path, work_dir: Path) -> dict:
   from fedjax_proj.data.sources import find_shared_data
 
   if data.exists():
-    import make_device_data
+    from benchmarks.device import make_device_data
 
     dest = work_dir / "data"
     counts = make_device_data.unpack(data, dest)
@@ -129,7 +127,7 @@ def prepare_data(data: Path, work_dir: Path) -> dict:
   warning = (
     f"WARNING: no real data ({data} is absent and no shared data folder was found): every step "
     "runs on SYNTHETIC random images; accuracy numbers are meaningless. Build the data with "
-    "`python benchmarks/make_device_data.py --out_dir=.device_data` and carry .device_data."
+    "`python -m benchmarks.device.make_device_data --out_dir=.device_data` and carry .device_data."
   )
   print("!" * 100 + "\n" + warning + "\n" + "!" * 100, flush=True)
   return {"source": "synthetic", "origin": None, "root": None, "counts": {}, "warning": warning}
@@ -173,8 +171,8 @@ def _fedavg_setup(name: str, x, y, clients: int, steps: int, batch: int):
   import jax.numpy as jnp
   import numpy as np
   import optax
-  from common import round_data
 
+  from benchmarks.common import round_data
   from fedjax_proj.algorithms.fedavg import fedavg
   from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
   from fedjax_proj.models import get_model
@@ -196,8 +194,8 @@ def step_correctness(cfg, x, y, public, results: dict) -> bool:
   import jax.numpy as jnp
   import numpy as np
   import optax
-  from strategies import STRATEGIES, compare_strategies
 
+  from benchmarks.perf.strategies import STRATEGIES, compare_strategies
   from fedjax_proj.algorithms.base import make_round
   from fedjax_proj.algorithms.distillation.fedproj import fedproj
   from fedjax_proj.core import tree as tree_lib
@@ -321,8 +319,8 @@ def compare_rows(
 def step_throughput(cfg, x, y, public, results: dict) -> bool:
   """Samples/s, round and compile time, peak memory per strategy and cohort; torch beside."""
   import jax
-  from strategies import STRATEGIES
 
+  from benchmarks.perf.strategies import STRATEGIES
   from fedjax_proj.algorithms.base import make_round
   from fedjax_proj.core.chunked import make_chunked_round
 
@@ -376,7 +374,7 @@ def torch_loop(name, x, y, layout, cfg) -> dict | None:
     import torch
   except ImportError:
     return {"framework": "torch", "strategy": "loop", "error": "torch not installed"}
-  from torch_reference import torch_cifar_model, torch_round
+  from benchmarks.perf.torch_reference import torch_cifar_model, torch_round
 
   device = "cuda" if torch.cuda.is_available() else "cpu"
   torch.manual_seed(0)
@@ -411,7 +409,7 @@ def torch_loop(name, x, y, layout, cfg) -> dict | None:
 
 
 def step_fedproj_overhead(cfg, x, y, public, results: dict) -> bool:
-  import fedproj_overhead
+  from benchmarks.perf import fedproj_overhead
 
   out = fedproj_overhead.measure(
     model_name=cfg.fedproj_model,
@@ -500,7 +498,7 @@ def step_accuracy(cfg, x, y, public, results: dict, budget: float, data: dict) -
 
 
 def step_gpse_cost(cfg, x, y, public, results: dict) -> bool:
-  import gpse_cost
+  from benchmarks.perf import gpse_cost
 
   row = gpse_cost.measure(
     "mlp", cfg.gpse_clients, cfg.gpse_num_clients, cfg.timed_rounds, 0, 256, "gaussian"
@@ -512,8 +510,8 @@ def step_gpse_cost(cfg, x, y, public, results: dict) -> bool:
 
 def step_nlp_round(cfg, x, y, public, results: dict) -> bool:
   """One FedAvg round of TinyBERT 4L-312 clients (random init, 128 tokens), whole cohort vs
-  chunks (benchmarks/nlp_memory.py; docs/nlp.md, "Memory"): round time and peak device memory."""
-  import nlp_memory
+  chunks (benchmarks/perf/nlp_memory.py; docs/nlp.md, "Memory"): round time and peak device memory."""
+  from benchmarks.perf import nlp_memory
 
   rows = []
   for chunk in ("none", "1"):
@@ -702,7 +700,7 @@ def main(argv=None) -> int:
   t_start = time.perf_counter()
   data = prepare_data(Path(args.data) if args.data else DEFAULT_DATA, cfg.work_dir)
 
-  from common import cifar10, cifar100_public
+  from benchmarks.common import cifar10, cifar100_public
 
   x, y = cifar10(cfg.n_train)
   public = cifar100_public(cfg.n_public)

@@ -1,6 +1,6 @@
-"""Packs real data for the accelerator machine into one compact npz (benchmarks/gpu_suite.py).
+"""Packs real data for the accelerator machine into one compact npz (benchmarks/device/gpu_suite.py).
 
-    python benchmarks/make_device_data.py --out_dir=.device_data
+    python -m benchmarks.device.make_device_data --out_dir=.device_data
 
 The device machine has no ../shared/data and receives at most 64 MiB of working tree
 (docs/performance.md, "Running the GPU suite"). This packs, into ``<out_dir>/device_data.npz``:
@@ -17,7 +17,7 @@ The device machine has no ../shared/data and receives at most 64 MiB of working 
 
 For claim runs of the CIFAR-10 claims (docs/reproduction.md, "Running claims on a GPU"):
 
-    python benchmarks/make_device_data.py --public_format=webp_lossless --mnist_train=0
+    python -m benchmarks.device.make_device_data --public_format=webp_lossless --mnist_train=0
 
 Subsets are drawn with a fixed seed, stratified by class for CIFAR-10. The total must stay under
 ``--max_mib`` (60), else the script stops naming the flag to lower. ``gpu_suite.py`` unpacks the
@@ -34,12 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT
+from fedjax_proj.reproduce import run
 
-import flag_checks  # noqa: E402  (benchmarks/flag_checks.py: this script's folder is on sys.path)
-
-from fedjax_proj.reproduce import run  # noqa: E402
+REPO = REPO_ROOT
 
 CIFAR10_CLASSES = (
   "airplane",
@@ -124,7 +123,7 @@ def build(args) -> dict[str, np.ndarray]:
       keep = np.sort(rng.choice(len(z["label"]), min(n, len(z["label"])), replace=False))
       out[f"mnist_{split}_image"], out[f"mnist_{split}_label"] = z["image"][keep], z["label"][keep]
   out["about"] = np.asarray(
-    f"built by benchmarks/make_device_data.py seed={args.seed} from {shared}; public set "
+    f"built by benchmarks/device/make_device_data.py seed={args.seed} from {shared}; public set "
     + (
       "as lossless WebP (exact pixels)"
       if args.public_format == "webp_lossless"

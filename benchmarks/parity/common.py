@@ -37,9 +37,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE.parent / "results" / "parity"
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+
+ROOT = REPO_ROOT
+
+RESULTS = RESULTS_DIR / "parity"
 
 # float32 machine epsilon, 2^-23 (the spacing of floats in [1, 2)).
 EPS32 = float(np.finfo(np.float32).eps)
@@ -79,16 +81,16 @@ REFERENCES: dict[str, Reference] = {
     "44dd5551071969eb354ee2ed091a9ba36c1d5b08",
     "codes/FedDF-code/pcode/aggregation/noise_knowledge_transfer.py",
   ),
-  # The continual baselines (benchmarks/parity_continual.py). The FOT code holds no EWC or ER
+  # The continual baselines (benchmarks/parity/continual.py). The FOT code holds no EWC or ER
   # (docs/parity.md, "EWC and ER"): it is checked for that, and the rows run the closest public
   # code: the EWC its MLP derives from, and mammoth's ER. Its HEAD (f343e36) differs from 6adce7c
-  # only in README.md; 6adce7c is the commit benchmarks/parity_fot_basis.py read.
+  # only in README.md; 6adce7c is the commit benchmarks/parity/fot_basis.py read.
   "fot": Reference(
     "duygunuryldz/Federated_Orthogonal_Training",
     "6adce7c78d8d8ccf182a53730d9ba6962e427821",
     "trainer/mnist_trainer.py",
   ),
-  # The FedProj authors' code, read by benchmarks/parity_fedproj.py and benchmarks/cpu_step.py
+  # The FedProj authors' code, read by benchmarks/parity/fedproj.py and benchmarks/perf/cpu_step.py
   # through --authors_repo (a folder anywhere, so its commit is checked, not its location).
   "fedproj": Reference(
     "Abhijit4-debug/FedProj_Neurips",
@@ -99,7 +101,7 @@ REFERENCES: dict[str, Reference] = {
   "er": Reference("aimagelab/mammoth", "e75a491c69fd729edeb01431afb753d9157d9a81", "models/er.py"),
 }
 
-# References whose rows benchmarks/parity_continual.py runs ("fot" is read by both).
+# References whose rows benchmarks/parity/continual.py runs ("fot" is read by both).
 CONTINUAL = ("ewc", "er")
 
 COMMIT_FILE = ".parity_commit"
@@ -420,7 +422,7 @@ def markdown(result: dict) -> str:
     result.get("setup", ""),
     "",
     "Largest rel. diff: max over the compared entries of max|ours − reference| / "
-    "max|reference|; tolerance: parity_common.float32_tolerance; method term's effect: the same "
+    "max|reference|; tolerance: parity.common.float32_tolerance; method term's effect: the same "
     "measure between our result and our plain-CE result (how much the method's own term moves "
     "what is compared).",
     "",
@@ -463,7 +465,7 @@ def rows_main(
   extra_refs: tuple[str, ...] = (),
   finish=None,
 ) -> None:
-  """The command line of a rows benchmark (parity_methods.py, parity_continual.py).
+  """The command line of a rows benchmark (parity/methods.py, parity/continual.py).
 
   Parses ``--refs_dir``, ``--methods`` (of ``rows``), ``--seed``, ``--classes``, ``--out`` and what
   ``add_args(parser)`` adds; checks torch and every checkout (``extra_refs`` too) before anything
@@ -482,10 +484,8 @@ def rows_main(
     add_args(ap)
   ap.add_argument("--out", default=str(RESULTS))
   args = ap.parse_args(argv)
-  sys.path.insert(0, str(Path(__file__).resolve().parent))
-  import flag_checks
+  from benchmarks import flag_checks
 
-  # Each method once, at least one, each with rows; then torch (flag_checks).
   methods = flag_checks.names(ap, "--methods", args.methods, tuple(rows))
   torch = flag_checks.require_torch(ap, "parity")
   torch.set_num_threads(1)
@@ -519,13 +519,13 @@ class SuiteEntry(NamedTuple):
 
 
 SUITE = (
-  SuiteEntry("fedproj", "benchmarks/parity_fedproj.py", "parity_code.json"),
-  SuiteEntry("fot", "benchmarks/parity_fot_basis.py", "fot_basis.json"),
-  SuiteEntry("gpm", "benchmarks/parity_gpm_basis.py", "gpm_basis.json"),
+  SuiteEntry("fedproj", "benchmarks/parity/fedproj.py", "parity_code.json"),
+  SuiteEntry("fot", "benchmarks/parity/fot_basis.py", "fot_basis.json"),
+  SuiteEntry("gpm", "benchmarks/parity/gpm_basis.py", "gpm_basis.json"),
   *(
-    SuiteEntry(m, "benchmarks/parity_methods.py", f"{m}.json")
+    SuiteEntry(m, "benchmarks/parity/methods.py", f"{m}.json")
     for m in REFERENCES
     if m not in ("fedproj", "fot", *CONTINUAL)
   ),
-  *(SuiteEntry(m, "benchmarks/parity_continual.py", f"{m}.json") for m in CONTINUAL),
+  *(SuiteEntry(m, "benchmarks/parity/continual.py", f"{m}.json") for m in CONTINUAL),
 )

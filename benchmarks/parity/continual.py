@@ -1,8 +1,8 @@
 """Parity of the continual baselines EWC+FL and ER+FL (paper 003, F.2) with public code.
 
     pip install -e .[parity]          # torch (CPU build)
-    # the references at the commits parity_common.REFERENCES pins, under one folder:
-    python benchmarks/parity_continual.py --refs_dir=/path/to/refs [--methods=ewc,er]
+    # the references at the commits parity.common.REFERENCES pins, under one folder:
+    python -m benchmarks.parity.continual --refs_dir=/path/to/refs [--methods=ewc,er]
 
 The FOT authors' repository (duygunuryldz/Federated_Orthogonal_Training, key ``fot``) holds no
 EWC and no ER trainer: its ``--algo`` takes ``normal`` (FedAvg) or ``orth`` (FOT), and the EWC/ER
@@ -20,9 +20,9 @@ named as such in the results (docs/parity.md, "EWC and ER"):
   against our ``er`` method's client step with the same stored examples; and the draw itself,
   which stored example a step replays, counted over many steps on each side.
 
-Our side is the library's own code on the inputs of :func:`parity_common.tiny_inputs` (our ``mlp``,
+Our side is the library's own code on the inputs of :func:`parity.common.tiny_inputs` (our ``mlp``,
 Dense 12→16→16→5, in the shared-head task model of the PMNIST setup); the torch side loads the same
-weights (:func:`parity_methods.torch_mlp`, or the reference's own ``MLP`` for EWC).
+weights (:func:`parity.methods.torch_mlp`, or the reference's own ``MLP`` for EWC).
 
 Writes ``results/parity/ewc.json``, ``er.json`` and their ``.md``.
 """
@@ -31,19 +31,13 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-import parity_common as pc  # noqa: E402
-import parity_methods as pm  # noqa: E402
+from benchmarks.parity import common as pc
+from benchmarks.parity import methods as pm
 
 HIDDEN = (16, 16)
 LAM = 40.0  # 003 F.4's PMNIST λ (and kuc2477/pytorch-ewc's default)
@@ -417,7 +411,7 @@ def mammoth_classes(repo: Path) -> dict:
   """The reference's ``Er`` (models/er.py) on its own reservoir ``Buffer`` (utils/buffer.py). The
   base ``ContinualModel`` (datasets, schedulers, device placement) is replaced by the attributes
   ``observe`` reads; its optimiser records the gradient into ``args.store``
-  (:func:`parity_methods.recording_sgd`)."""
+  (:func:`parity.methods.recording_sgd`)."""
   import logging
 
   from torch import nn
@@ -620,7 +614,7 @@ def main(argv=None):
     ap.add_argument("--er_draws", type=int, default=400, help="ER rows: steps per side")
 
   pc.rows_main(
-    "benchmarks/parity_continual.py",
+    "benchmarks/parity/continual.py",
     __doc__.splitlines()[0],
     ROWS,
     argv,

@@ -2,7 +2,7 @@
 
     pip install -e .[parity]      # torch (CPU build); torchvision is not needed
     git clone https://github.com/Abhijit4-debug/FedProj_Neurips /path/to/FedProj_Neurips
-    python benchmarks/parity_fedproj.py --authors_repo=/path/to/FedProj_Neurips
+    python -m benchmarks.parity.fedproj --authors_repo=/path/to/FedProj_Neurips
 
 The reference code is never copied into this repository; ``--authors_repo`` points at a checkout.
 docs/fedproj.md ("Parity with the authors' code") describes the protocol and the verdict rule.
@@ -52,19 +52,17 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-  sys.path.append(str(HERE))
-
-# The suite's shared harness (docs/parity.md).
-from parity_common import (  # noqa: E402
+# The suite's shared harness (docs/parity.md); the torch twin of our CNN.
+from benchmarks.parity.common import (
   REFERENCES,
   checkout_commit,
-  load_definitions,  # noqa: E402
+  load_definitions,
 )
-from parity_common import our_commit as _commit  # noqa: E402
+from benchmarks.parity.common import our_commit as _commit
+from benchmarks.perf.torch_reference import torch_cnn, torch_state_from_flax
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+
+ROOT = REPO_ROOT
 
 # The code's projection window (main_fedproj.py lines 209-212) over its 100 rounds.
 CODE_WINDOW, CODE_ROUNDS = (10, 90), 100
@@ -210,7 +208,7 @@ def run_ours(c) -> dict:
   records = [
     json.loads(x) for x in (Path(c.output_dir) / "metrics.jsonl").read_text().split("\n") if x
   ]
-  # CPU seconds of the process, as benchmarks/cpu_step.py measures speed (one pinned core): wall
+  # CPU seconds of the process, as benchmarks/perf/cpu_step.py measures speed (one pinned core): wall
   # time on a shared machine measures the load as much as the code.
   out = {
     "accuracy": [100.0 * r["test_accuracy"] for r in records],
@@ -226,36 +224,6 @@ def run_ours(c) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # The authors' side
-
-
-def torch_cnn():
-  """Our ``cnn`` (fedjax_proj/models/cnn.py) in torch, as benchmarks/torch_reference.py has it:
-  NCHW, SAME padding = 2 for the 5x5 convolutions; layer indices 0, 3, 7, 9 hold parameters."""
-  if str(HERE) not in sys.path:
-    sys.path.append(str(HERE))
-  from torch_reference import torch_cifar_model
-
-  return torch_cifar_model("cnn")
-
-
-def torch_state_from_flax(variables: dict) -> dict:
-  """Our Flax ``cnn`` parameters as the state dict of :func:`torch_cnn`."""
-  import torch
-
-  p = variables["params"]
-  t = lambda a: torch.from_numpy(np.array(a, np.float32))  # a writable copy
-  dense = np.asarray(p["dense_0"]["kernel"])  # rows in NHWC flatten order (8, 8, 64)
-  dense = dense.reshape(8, 8, 64, -1).transpose(2, 0, 1, 3).reshape(8 * 8 * 64, -1)
-  return {
-    "0.weight": t(np.asarray(p["conv_0"]["kernel"]).transpose(3, 2, 0, 1)),
-    "0.bias": t(p["conv_0"]["bias"]),
-    "3.weight": t(np.asarray(p["conv_1"]["kernel"]).transpose(3, 2, 0, 1)),
-    "3.bias": t(p["conv_1"]["bias"]),
-    "7.weight": t(dense.T),
-    "7.bias": t(p["dense_0"]["bias"]),
-    "9.weight": t(np.asarray(p["head"]["kernel"]).T),
-    "9.bias": t(p["head"]["bias"]),
-  }
 
 
 # client_fedproj.py lines 85-86: the integer cast (a defect); --defects=fixed drops it.
@@ -731,7 +699,7 @@ def main(argv=None):
     "default: a run after the first loads its programs) or off (default: off, as the earlier "
     "results ran)",
   )
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "parity"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "parity"))
   ap.add_argument(
     "--merge",
     default="",
@@ -742,7 +710,7 @@ def main(argv=None):
   if args.merge:
     return merge([Path(p) for p in args.merge.split(",")], Path(args.out))
   # The lists and counts, then (below) the checkout and torch, before anything loads or runs.
-  import flag_checks
+  from benchmarks import flag_checks
 
   methods = flag_checks.names(ap, "--methods", args.methods, ("fedavg", "fedproj"))
   seeds = flag_checks.seeds(ap, "--seeds", args.seeds)
@@ -755,7 +723,7 @@ def main(argv=None):
     ap.error(f"--proj_rounds must be start:stop, two integers, e.g. 1:7; got {args.proj_rounds}")
   # What our entry points do first (docs/performance.md, "The step's page faults"), so our side
   # runs as a user's run does; torch shares the process's malloc settings.
-  import cpu_step
+  from benchmarks.perf import cpu_step
 
   kept = cpu_step.keep_freed_memory()
   from fedjax_proj.training import compilation_cache
@@ -786,7 +754,7 @@ def main(argv=None):
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   result = {
-    "command": "python benchmarks/parity_fedproj.py "
+    "command": "python -m benchmarks.parity.fedproj "
     + " ".join(argv if argv is not None else sys.argv[1:]),
     "commit": _commit(),
     "authors_commit": authors_commit,

@@ -1,7 +1,7 @@
 """Parity of FOT's GPSE basis with the authors' code: identical inputs and sketches, both servers.
 
-    python benchmarks/parity_fot_basis.py                    # real MNIST from ../shared/data
-    python benchmarks/parity_fot_basis.py --tasks=4 --clients=8 --examples=128
+    python -m benchmarks.parity.fot_basis                    # real MNIST from ../shared/data
+    python -m benchmarks.parity.fot_basis --tasks=4 --clients=8 --examples=128
 
 The reference is a NumPy re-implementation, step by step, of the authors' GPSE
 (duygunuryldz/Federated_Orthogonal_Training at commit 6adce7c78d8d8ccf182a53730d9ba6962e427821,
@@ -46,9 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_io import RESULTS_DIR
 
 # The authors' commit read for the reference below.
 AUTHORS_COMMIT = "6adce7c78d8d8ccf182a53730d9ba6962e427821"
@@ -248,7 +246,7 @@ def run(args) -> dict:
 def markdown(result: dict) -> str:
   rows = result["rows"]
   lines = [
-    "# FOT basis parity with the authors' GPSE (benchmarks/parity_fot_basis.py)",
+    "# FOT basis parity with the authors' GPSE (benchmarks/parity/fot_basis.py)",
     "",
     f"Reference: duygunuryldz/Federated_Orthogonal_Training at {result['authors_commit'][:7]}, "
     "re-implemented in NumPy float64; ours: the library's jitted server step "
@@ -294,10 +292,9 @@ def main(argv=None) -> int:
   ap.add_argument("--hidden", default="400,400,400", help="the paper's PMNIST MLP (003 F.3)")
   ap.add_argument("--eps", type=float, default=0.96, help="003 Table 9, PMNIST non-IID")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "parity"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "parity"))
   args = ap.parse_args(argv)
-  sys.path.insert(0, str(HERE))
-  import flag_checks
+  from benchmarks import flag_checks
 
   if not 0.0 < args.eps <= 1.0:
     ap.error(f"--eps must be in (0, 1], got {args.eps}")

@@ -1,7 +1,7 @@
 """Parity of GPM's memory update and gradient projection with GPM's own code, on identical inputs.
 
     git clone https://github.com/sahagobinda/GPM /path/to/GPM   # commit 1a238ec, see GPM_COMMIT
-    python benchmarks/parity_gpm_basis.py --gpm_repo=/path/to/GPM  # needs torch (the parity extra)
+    python -m benchmarks.parity.gpm_basis --gpm_repo=/path/to/GPM  # needs torch (the parity extra)
 
 The reference is GPM's code itself (Saha, Garg and Roy, ICLR 2021; sahagobinda/GPM at
 :data:`GPM_COMMIT`), imported from the checkout, never copied: ``main_pmnist.py``'s
@@ -59,10 +59,7 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+from benchmarks.results_io import RESULTS_DIR
 
 # The commit of sahagobinda/GPM read and run for this file.
 GPM_COMMIT = "1a238ec9d2ca30bae8fd1707f161cc6bd093c72a"
@@ -87,11 +84,15 @@ def load_reference(repo: Path):
       stub.datasets = stub.transforms = types.ModuleType(name + ".sub")
       sys.modules[name] = stub
       stubbed.append(name)
-  sys.path.insert(0, str(repo))
+  # Loaded from its file (the module imports no sibling of the checkout), so the import path
+  # stays as it is and no other checkout's module of the same name can shadow it.
+  spec = importlib.util.spec_from_file_location("main_pmnist", repo / "main_pmnist.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["main_pmnist"] = module
   try:
-    return importlib.import_module("main_pmnist")
+    spec.loader.exec_module(module)
+    return module
   finally:
-    sys.path.remove(str(repo))
     for name in stubbed:  # torch probes installed modules later; the stubs have no spec
       del sys.modules[name]
 
@@ -123,8 +124,8 @@ def max_angle_deg(ours: np.ndarray, theirs: np.ndarray) -> float | None:
 def layer_inputs(args):
   """{(task, client): {layer: rows [N, d]}} of our MLP, as GPM+FL's end-of-task pass takes them."""
   import jax.numpy as jnp
-  from parity_fot_basis import client_batches, setup
 
+  from benchmarks.parity.fot_basis import client_batches, setup
   from fedjax_proj.algorithms.continual import gpse
 
   bench, model, normalize, variables, specs, data_dir = setup(args)
@@ -269,7 +270,7 @@ def summary(memory: list[dict], projection: list[dict]) -> dict:
 def markdown(result: dict) -> str:
   s = result["summary"]
   lines = [
-    "# GPM memory and projection parity with GPM's code (benchmarks/parity_gpm_basis.py)",
+    "# GPM memory and projection parity with GPM's code (benchmarks/parity/gpm_basis.py)",
     "",
     f"Reference: sahagobinda/GPM at {result['gpm_commit'][:7]} (`update_GPM`, `train_projected` "
     "of main_pmnist.py, imported and run); ours: `gpm.extend_memory` and `gpse.project_out`. "
@@ -328,10 +329,9 @@ def main(argv=None) -> int:
   ap.add_argument("--hidden", default="400,400,400", help="the paper's PMNIST MLP (003 F.3)")
   ap.add_argument("--threshold", type=float, default=0.95, help="the claims' GPM threshold")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "parity"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "parity"))
   args = ap.parse_args(argv)
-  sys.path.insert(0, str(HERE))
-  import flag_checks
+  from benchmarks import flag_checks
 
   repo = Path(args.gpm_repo)
   if not (repo / "main_pmnist.py").exists():

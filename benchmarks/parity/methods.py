@@ -1,21 +1,21 @@
 """Loss- and aggregation-level parity of our methods with their authors' code (docs/parity.md).
 
     pip install -e .[parity]          # torch (CPU build); torchvision is not needed
-    # each reference at the commit parity_common.REFERENCES pins, under one folder:
-    python benchmarks/parity_methods.py --refs_dir=/path/to/refs [--methods=fedntd,moon]
+    # each reference at the commit parity.common.REFERENCES pins, under one folder:
+    python -m benchmarks.parity.methods --refs_dir=/path/to/refs [--methods=fedntd,moon]
 
 For each method, the smallest computation that pins it down runs on both sides with identical
-inputs made on our side (:func:`parity_common.tiny_inputs`: our ``mlp`` at its initial weights, a
+inputs made on our side (:func:`parity.common.tiny_inputs`: our ``mlp`` at its initial weights, a
 batch, a public set, a client sample); the torch side loads the same weights into a torch MLP
 (:func:`torch_mlp`):
 
 * client-side methods: the loss and its gradient of one local step on the same weights and batch
-  (ours: the method's ClientProgram step with :func:`parity_common.grad_stash` as its optimiser,
+  (ours: the method's ClientProgram step with :func:`parity.common.grad_stash` as its optimiser,
   so the gradient is what our optimiser would receive);
 * server-side methods: one server step on identical client results.
 
 The reference's own functions run, loaded from the checkout by name
-(:func:`parity_common.load_definitions`) where their modules import what this environment lacks
+(:func:`parity.common.load_definitions`) where their modules import what this environment lacks
 (torchvision, wandb, a torch.distributed world): each row names the call path it ran. The
 reference code is never copied into this repository.
 
@@ -26,19 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
 import threading
 import types
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-import parity_common as pc  # noqa: E402
+from benchmarks.parity import common as pc
 
 # ---------------------------------------------------------------------------------------------
 # The torch side of our MLP
@@ -1063,7 +1057,7 @@ def main(argv=None):
     )
 
   pc.rows_main(
-    "benchmarks/parity_methods.py", __doc__.splitlines()[0], ROWS, argv, add_args=add_args
+    "benchmarks/parity/methods.py", __doc__.splitlines()[0], ROWS, argv, add_args=add_args
   )
 
 

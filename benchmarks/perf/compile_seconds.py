@@ -1,6 +1,6 @@
 """Runs an entry point in this process and prints what compiling cost it, at exit.
 
-    python benchmarks/compile_seconds.py experiments/cifar10.py --method=fedproj --preset=smoke ...
+    python -m benchmarks.perf.compile_seconds experiments/cifar10.py --method=fedproj --preset=smoke ...
 
 The line ``PROBE ...`` on stderr gives the CPU and wall seconds spent in JAX's compile-or-load
 step (``jax._src.compiler.compile_or_get_cached``, wrapped here: it compiles a program or loads it
@@ -77,7 +77,8 @@ def main(argv=None) -> None:
   jax.monitoring.register_event_listener(_on_event)
   atexit.register(_report)
   sys.argv = [args.script, *args.script_args]
-  sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+  # The entry points import only the package (experiments/*.py import no sibling file), so
+  # the script's own folder need not be importable as ``python script.py`` would make it.
   runpy.run_path(args.script, run_name="__main__")
 
 

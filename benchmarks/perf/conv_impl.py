@@ -18,7 +18,7 @@ Prints a table of samples/s (median over ``--reps`` timed runs, after one compil
 JSON (with compile times, load averages and, per impl, the largest parameter difference from the
 ``xla`` result after the same steps) to ``results/conv_impl.json``.
 
-Usage: ``python benchmarks/conv_impl.py [--models resnet8,cnn] [--batch 32] [--reps 3]``.
+Usage: ``python -m benchmarks.perf.conv_impl [--models resnet8,cnn] [--batch 32] [--reps 3]``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ import statistics
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import flag_checks
+from benchmarks.results_io import RESULTS_DIR
 from fedjax_proj.models import CONV_IMPLS, get_model
 
 SETTINGS = ("loop", "scan", "vmap+scan")
@@ -138,9 +139,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--clients", type=int, default=4)
   parser.add_argument("--reps", type=int, default=3)
-  parser.add_argument(
-    "--out", default=str(Path(__file__).resolve().parents[1] / "results" / "conv_impl.json")
-  )
+  parser.add_argument("--out", default=str(RESULTS_DIR / "conv_impl.json"))
   args = parser.parse_args(argv)
 
   from fedjax_proj.models.registry import MODELS

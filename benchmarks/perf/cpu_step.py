@@ -1,6 +1,6 @@
 """One training step on one pinned CPU core: ours against PyTorch and the FedProj authors' client.
 
-    taskset -c 1 python benchmarks/cpu_step.py --authors_repo=/path/to/FedProj_Neurips
+    taskset -c 1 python -m benchmarks.perf.cpu_step --authors_repo=/path/to/FedProj_Neurips
 
 Both sides run in this one process on one core (``os.sched_setaffinity``), torch with one intra-op
 thread, oneDNN's OpenMP at one thread (``OMP_NUM_THREADS=1`` unless set), XLA:CPU without its
@@ -38,7 +38,7 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
   (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
   DataLoader set to the case's), whose ``train`` runs two whole local epochs (its StepLR needs
   two): its time per step is theirs over its steps (its optimizer's creation included).
-- ``resnet8_step``: as ``cnn_step`` for ResNet-8 (torch: benchmarks/torch_reference.py's ResNet-8
+- ``resnet8_step``: as ``cnn_step`` for ResNet-8 (torch: benchmarks/perf/torch_reference.py's ResNet-8
   with torch's own initial weights; the speed of a step does not depend on the weights).
 
 Writes ``results/cpu_step.json`` (``--out``): per case the seconds of every timing,
@@ -48,7 +48,7 @@ limit (docs/performance.md, "Peer benchmark"), for ``cnn_step``, the case with a
 count: ``flops_per_step`` (counted from the model, and XLA's cost analysis beside), per
 implementation ``gflops_per_cpu_second`` (those FLOPs over its CPU seconds per step) and
 ``share_of_peak``, against ``peak``: the core's float32 GEMM rate per CPU second, measured in the
-same process under the same pinning before the cases (``benchmarks.peer.peak``, reused as is).
+same process under the same pinning before the cases (``benchmarks.perf.peer.peak``, reused as is).
 """
 
 from __future__ import annotations
@@ -64,9 +64,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
+from benchmarks.results_io import RESULTS_DIR
 
 # The cases of --cases, and our conv_impl columns --conv_impls may pick (models/conv.py's
 # CONV_IMPLS without the patches ones; the onednn pair needs the cpu-onednn extra). Named here, not
@@ -365,7 +363,7 @@ def flop_rates(flops_per_step: float, seconds_per_step: dict, peak_gflops: float
   Args:
     flops_per_step: the training FLOPs of one step (the same model and batch on every side).
     seconds_per_step: CPU seconds of one step per callable name (``cpu_seconds_per_step``).
-    peak_gflops: the core's GEMM rate per CPU second (``benchmarks.peer.peak.gemm_peak``), or None
+    peak_gflops: the core's GEMM rate per CPU second (``benchmarks.perf.peer.peak.gemm_peak``), or None
       where it was not measured (then no shares).
 
   Returns:
@@ -387,12 +385,12 @@ def flop_rates(flops_per_step: float, seconds_per_step: dict, peak_gflops: float
 def cnn_step_flops(batch: int) -> dict:
   """FLOPs of one FedAvg CNN training step of ``batch`` examples, counted two ways, with the
   peer benchmark's functions (docs/performance.md, "Peer benchmark"): ``counted``, the
-  model's multiply-adds (``benchmarks.peer.common.cnn_train_flops_per_example`` x batch, the one
+  model's multiply-adds (``benchmarks.perf.peer.common.cnn_train_flops_per_example`` x batch, the one
   the rates use, as the peer benchmark's do), and ``xla``, XLA's cost analysis of the compiled
-  step (``benchmarks.peer.peak.xla_step_flops``; it leaves out the SAME padding's taps, which dense
+  step (``benchmarks.perf.peer.peak.xla_step_flops``; it leaves out the SAME padding's taps, which dense
   kernels compute anyway; None with the reason where it fails)."""
-  from benchmarks.peer.common import cnn_train_flops_per_example
-  from benchmarks.peer.peak import xla_step_flops
+  from benchmarks.perf.peer.common import cnn_train_flops_per_example
+  from benchmarks.perf.peer.peak import xla_step_flops
 
   out = {"counted": cnn_train_flops_per_example()["train"] * batch, "used": "counted"}
   try:
@@ -445,12 +443,10 @@ def fedavg_step_case(
   import numpy as np
   import optax
 
+  from benchmarks.perf.torch_reference import torch_cifar_model
   from fedjax_proj.algorithms import client as client_lib
   from fedjax_proj.data import pipeline
   from fedjax_proj.models import get_model
-
-  sys.path.insert(0, str(HERE))
-  from torch_reference import torch_cifar_model
 
   x, y = _cifar_batches(steps, batch)
   normalize = pipeline.normalizer(0.0, 1.0)
@@ -472,7 +468,7 @@ def fedavg_step_case(
       fns[f"ours {impl} flax pool"] = _with_flax_pool(run)
   net = torch_cifar_model(model_name)
   if torch_init_from_ours:
-    from parity_fedproj import torch_state_from_flax
+    from benchmarks.perf.torch_reference import torch_state_from_flax
 
     net.load_state_dict(torch_state_from_flax(jax.tree.map(np.asarray, variables)))
   fns["torch"] = torch_client(net, normalize(x), y, batch, steps)
@@ -487,7 +483,7 @@ def fedavg_step_case(
 def _authors_client(repo: Path, memory_batch: int):
   """The authors' Client_FedProj class, its memory DataLoader's batch set to ``memory_batch``
   (their file fixes 256) and without the integer cast of the memory (their lines 85-86, a defect
-  our paper_code preset leaves off too; benchmarks/parity_fedproj.py)."""
+  our paper_code preset leaves off too; benchmarks/parity/fedproj.py)."""
   import numpy as np
   import torch
   import torch.nn.functional as F
@@ -513,12 +509,10 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls, fla
   import optax
   import torch
 
+  from benchmarks.perf.torch_reference import torch_cnn, torch_state_from_flax
   from fedjax_proj.algorithms.distillation.fedproj import projection_client
   from fedjax_proj.data import pipeline
   from fedjax_proj.models import get_model
-
-  sys.path.insert(0, str(HERE))
-  from parity_fedproj import torch_cnn, torch_state_from_flax
 
   x, y = _cifar_batches(steps, batch)
   public, _ = _cifar_batches(4, memory_batch, seed=1)
@@ -604,7 +598,7 @@ def main(argv=None):
   ap.add_argument("--rounds", type=int, default=4, help="alternating timing rounds")
   ap.add_argument("--reps", type=int, default=2, help="calls per timing")
   ap.add_argument("--steps", type=int, default=4, help="local steps per timed client")
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "cpu_step.json"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "cpu_step.json"))
   ap.add_argument(
     "--unpinned",
     action="store_true",
@@ -635,8 +629,7 @@ def main(argv=None):
   )
   args = ap.parse_args(argv)
   # Every flag, then torch, checked before anything is pinned, imported or timed (flag_checks).
-  sys.path.insert(0, str(HERE))
-  import flag_checks
+  from benchmarks import flag_checks
 
   if args.unpinned and args.cpu is not None:
     ap.error("--cpu pins to one core; --unpinned runs on every core: pass one of them")
@@ -657,7 +650,6 @@ def main(argv=None):
   if not args.unpinned:
     one_thread_environment()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  sys.path.insert(0, str(ROOT))
   kept = keep_freed_memory() if args.keep_freed_memory else None
   import jax
   import torch
@@ -695,11 +687,11 @@ def main(argv=None):
     "cases": {},
   }
   if "cnn_step" in cases:  # the case with a FLOP count: the core's peak, this run, this pinning
-    from benchmarks.peer.peak import gemm_peak
+    from benchmarks.perf.peer.peak import gemm_peak
 
     result["peak"] = {
       **gemm_peak(),
-      "method": "benchmarks.peer.peak.gemm_peak: best float32 n x n GEMM GFLOP/s per CPU second "
+      "method": "benchmarks.perf.peer.peak.gemm_peak: best float32 n x n GEMM GFLOP/s per CPU second "
       "of numpy and of jax.numpy (2 n^3 FLOPs), in this process before the cases",
     }
   peak = result.get("peak", {}).get("peak_gflops")

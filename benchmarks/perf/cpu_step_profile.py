@@ -1,9 +1,9 @@
 """Where a CNN FedAvg client step's time goes on one pinned CPU core: ours by XLA:CPU thunk, torch's
 by aten operator (docs/performance.md, "Where the CNN step's time goes").
 
-    taskset -c 1 python benchmarks/cpu_step_profile.py
+    taskset -c 1 python -m benchmarks.perf.cpu_step_profile
 
-The step is ``benchmarks/cpu_step.py``'s ``cnn_step`` (the CNN, SGD with momentum, batch 64, the
+The step is ``benchmarks/perf/cpu_step.py``'s ``cnn_step`` (the CNN, SGD with momentum, batch 64, the
 same batches and initial weights on both sides, one core, XLA and torch at one thread). Each side
 is warmed (compiled) first, then ``--reps`` calls of ``--steps`` steps run under its profiler:
 ``jax.profiler.trace`` (XLA:CPU records one event per executed thunk, named after its HLO
@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from benchmarks.results_io import RESULTS_DIR
+
 # An executed thunk's event is its HLO instruction's name (e.g. "convolution.3", "fusion.12",
 # "custom-call.1"); the runtime's own events have other names (PjitFunction(...), ThunkExecutor::).
 THUNK = re.compile(r"^([a-z][a-z_\-]*?)(\.\d+)*$")
@@ -60,19 +60,17 @@ def main(argv=None) -> int:
   ap.add_argument("--steps", type=int, default=4, help="local steps per profiled call")
   ap.add_argument("--reps", type=int, default=5, help="profiled calls per side")
   ap.add_argument("--conv_impls", default="gemm_grad,onednn_grad")
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "cpu_step_profile.json"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "cpu_step_profile.json"))
   ap.add_argument(
     "--keep_freed_memory",
     action=argparse.BooleanOptionalAction,
     default=True,
-    help="as the entry points do (benchmarks/cpu_step.py's flag)",
+    help="as the entry points do (benchmarks/perf/cpu_step.py's flag)",
   )
   args = ap.parse_args(argv)
-  sys.path.insert(0, str(HERE))
-  import cpu_step
-  import flag_checks
+  from benchmarks import flag_checks
+  from benchmarks.perf import cpu_step
 
-  # Every flag, then torch, checked before anything is pinned, imported or profiled.
   flag_checks.at_least(ap, args, 1, "steps", "reps")
   impls = flag_checks.names(ap, "--conv_impls", args.conv_impls, cpu_step.COLUMNS)
   flag_checks.usable_cpu(ap, args.cpu)
@@ -80,15 +78,13 @@ def main(argv=None) -> int:
   cpu = cpu_step._pin(args.cpu)
   cpu_step.one_thread_environment()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  sys.path.insert(0, str(ROOT))
   kept = cpu_step.keep_freed_memory() if args.keep_freed_memory else None
   import jax
   import numpy as np
   import optax
   import torch
-  from parity_fedproj import torch_state_from_flax
-  from torch_reference import torch_cifar_model
 
+  from benchmarks.perf.torch_reference import torch_cifar_model, torch_state_from_flax
   from fedjax_proj.algorithms import client as client_lib
   from fedjax_proj.data import pipeline
   from fedjax_proj.models import get_model

@@ -1,6 +1,6 @@
 """FedProj's cost over FedAvg: client-step time ratio and whole-round time with distillation.
 
-    python benchmarks/fedproj_overhead.py [--clients 2] [--steps 10] [--batch 64]
+    python -m benchmarks.perf.fedproj_overhead [--clients 2] [--steps 10] [--batch 64]
 
 Client phase: the same model (FedDF's ResNet-8), the same private batches and the same engine
 strategy for FedAvg and FedProj (memory batch = private batch size, so the memory gradient costs
@@ -22,21 +22,21 @@ import argparse
 import os
 import time
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import (
+
+from benchmarks import flag_checks
+from benchmarks.common import (
   best_time,
   block,
   cifar10,
   cifar100_public,
   header,
   round_data,
-  write_results,
 )
-
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import make_round
@@ -65,7 +65,7 @@ def measure(
   """Client phase and whole-round seconds of FedAvg, FedDF and FedProj, side by side.
 
   ``x, y`` hold at least ``clients * steps * batch`` training examples; ``public`` the public
-  images. Returns a JSON-ready dict (also used by benchmarks/gpu_suite.py).
+  images. Returns a JSON-ready dict (also used by benchmarks/device/gpu_suite.py).
   """
   n = clients * steps * batch
   x, y = x[:n], y[:n]
@@ -208,7 +208,9 @@ def main(argv=None):
     payload["fusion_probe_seconds_per_step"] = fusion_probe(
       model, variables, normalize, x, y, jnp.asarray(public), args
     )
-  path = write_results("fedproj_overhead", payload)
+  path = write_results(
+    RESULTS_DIR / "fedproj_overhead.json", payload, indent=2, sort_keys=True, default=float
+  )
   print(f"wrote {path}")
 
 

@@ -23,7 +23,7 @@ device, ``host_server_baseline_seconds`` times the server step as it ran before 
 device (:func:`host_server_baseline`). Prints a table and writes
 ``results/gpse_cost.json``.
 
-    python benchmarks/gpse_cost.py --models=mlp,alexnet
+    python -m benchmarks.perf.gpse_cost --models=mlp,alexnet
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ import sys
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import flag_checks
+from benchmarks.results_io import RESULTS_DIR
 
 
 def _bench_data(model_name: str, seed: int):
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     help="FOT's threshold rule (docs/fot.md, 'The threshold rule'); it changes the ranks added, "
     "hardly the cost",
   )
-  parser.add_argument("--out", default=str(REPO / "results" / "gpse_cost.json"))
+  parser.add_argument("--out", default=str(RESULTS_DIR / "gpse_cost.json"))
   args = parser.parse_args(argv)
 
   from fedjax_proj.algorithms.continual.gpse import SKETCH_DISTS

@@ -1,6 +1,6 @@
 """Peak host memory of one vmapped round of TinyBERT-sized clients on CPU, with and without chunks.
 
-    python benchmarks/nlp_memory.py  # writes results/nlp_memory.json
+    python -m benchmarks.perf.nlp_memory  # writes results/nlp_memory.json
 
 Each setting runs in its own process (a fresh peak): FedAvg with Adam on a random-init TinyBERT
 4L-312 (14.5M parameters, 30522-word vocabulary), 5 clients, sequences of 128 tokens, ``--steps``
@@ -22,10 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
 
 
 def _rss_mib() -> float:
@@ -92,7 +90,7 @@ def main(argv=None) -> int:
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--chunks", default="none,2,1")
   p.add_argument("--one", default="", help=argparse.SUPPRESS)
-  p.add_argument("--out", default=str(ROOT / "results" / "nlp_memory.json"))
+  p.add_argument("--out", default=str(RESULTS_DIR / "nlp_memory.json"))
   a = p.parse_args(argv)
   # Before any process starts: a chunk that is not a client count, or one listed twice (measured
   # twice), would otherwise show as a child's traceback or a silent duplicate row.
@@ -109,10 +107,11 @@ def main(argv=None) -> int:
   Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # not a traceback after the runs
   rows = []
   for chunk in chunks:
-    cmd = [sys.executable, __file__, f"--one={chunk}", f"--chunks={chunk}",
+    cmd = [sys.executable, "-m", "benchmarks.perf.nlp_memory", f"--one={chunk}", f"--chunks={chunk}",
            f"--clients={a.clients}", f"--steps={a.steps}", f"--batch={a.batch}",
            f"--seq_len={a.seq_len}"]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # from any folder, as this process
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:  # the child's last line, not this process's traceback over it
       last = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["no output"]
       sys.exit(f"error: client_chunk={chunk} exited {out.returncode}: {last[0]}")

@@ -20,7 +20,7 @@ one process, as in the first run after the handler's source changes). ``--repeat
 processes, each with a fresh cache, and writes their exit statuses to
 ``results/onednn_stress.json``.
 
-Usage: ``python -m benchmarks.onednn_stress [--threads 4] [--rounds 5] [--fresh_cache]
+Usage: ``python -m benchmarks.perf.onednn_stress [--threads 4] [--rounds 5] [--fresh_cache]
 [--repeat N]``.
 """
 
@@ -42,9 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-# Run as ``python -m benchmarks.onednn_stress`` (its repeats are), this folder is not on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import flag_checks  # noqa: E402  (benchmarks/flag_checks.py)
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT
 
 # (input NHWC, kernel HWIO, strides, padding): the GEMM-based ones first (scratchpad: im2col).
 SHAPES = [
@@ -136,8 +135,8 @@ def repeat(n: int, args: list[str]) -> dict:
   runs = []
   for i in range(n):
     t0 = time.time()
-    cmd = [sys.executable, "-m", "benchmarks.onednn_stress", "--fresh_cache", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    cmd = [sys.executable, "-m", "benchmarks.perf.onednn_stress", "--fresh_cache", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
     tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
     runs.append({"returncode": done.returncode, "seconds": round(time.time() - t0, 1)})
     print(f"run {i + 1}/{n}: exit {done.returncode} in {runs[-1]['seconds']} s: {tail[0]}")
@@ -165,7 +164,7 @@ def main(argv=None) -> dict:
   if a.repeat:
     child_args = [f"--threads={a.threads}", f"--rounds={a.rounds}", f"--shapes={a.shapes}"]
     result = {
-      "command": " ".join(["python -m benchmarks.onednn_stress", *(argv or sys.argv[1:])]),
+      "command": " ".join(["python -m benchmarks.perf.onednn_stress", *(argv or sys.argv[1:])]),
       "threads": a.threads,
       "rounds": a.rounds,
       "shapes": SHAPES[: a.shapes],

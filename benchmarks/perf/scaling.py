@@ -1,7 +1,7 @@
 """Scaling: rounds/s, time to first round, recompilation and peak memory vs clients per round.
 
-    python benchmarks/scaling.py                       # the default grid (~10 min on 2 CPU cores)
-    python benchmarks/scaling.py --grid quick          # a smoke run
+    python -m benchmarks.perf.scaling                    # the default grid (~10 min on 2 CPU cores)
+    python -m benchmarks.perf.scaling --grid quick          # a smoke run
 
 FedAvg on MNIST (../shared/data/mnist; random images of the same shape if absent) split IID over
 1000 clients of 60 examples; every client runs ``--steps`` local SGD steps of batch ``--batch``.
@@ -27,10 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT
+
 NUM_CLIENTS = 1000
 
 # (model, strategy, chunk or None, clients per round, timed rounds after the first)
@@ -178,8 +179,8 @@ def run_config(cfg: dict) -> dict:
 
 
 def run_in_subprocess(cfg: dict, timeout: float) -> dict:
-  env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
-  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+  cmd = [sys.executable, "-m", "benchmarks.perf.scaling", "--worker", json.dumps(cfg)]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
   except subprocess.TimeoutExpired:
@@ -228,7 +229,8 @@ def main(argv=None):
   if args.worker:
     print("RESULT " + json.dumps(run_config(json.loads(args.worker))), flush=True)
     return
-  from common import header, write_results
+  from benchmarks.common import header
+  from benchmarks.results_io import RESULTS_DIR, write_results
 
   print(header(), f"clients={NUM_CLIENTS} steps={args.steps} batch={args.batch}", flush=True)
   rows, t0 = [], time.perf_counter()
@@ -239,7 +241,9 @@ def main(argv=None):
     print(table(rows[-1:]).splitlines()[-1], flush=True)
     total = time.perf_counter() - t0
     payload = {"args": vars(args), "num_clients": NUM_CLIENTS, "wall_s": total, "rows": rows}
-    path = write_results(args.out, payload)  # After every row, so a cut-short run keeps its rows.
+    path = write_results(
+      RESULTS_DIR / f"{args.out}.json", payload, indent=2, sort_keys=True, default=float
+    )  # After every row, so a cut-short run keeps its rows.
   print(table(rows))
   print(f"total wall time {total:.0f} s")
   print(f"wrote {path}")

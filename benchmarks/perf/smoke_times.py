@@ -1,7 +1,7 @@
 """Wall time of ``experiments/cifar10.py --preset=smoke`` for every method, on real data.
 
-    python benchmarks/smoke_times.py                 # all methods, table + results/smoke_times.json
-    python benchmarks/smoke_times.py --methods=fedavg,fedproj
+    python -m benchmarks.perf.smoke_times            # all methods, table + results/smoke_times.json
+    python -m benchmarks.perf.smoke_times --methods=fedavg,fedproj
 
 Each method runs as its own process, exactly as a user types it (interpreter start, imports, data
 loading, compilation and the two smoke rounds all count), with CIFAR-10 from ``../shared/data``
@@ -23,15 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
+from benchmarks import flag_checks
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+from fedjax_proj.algorithms import registry
+from fedjax_proj.data.sources import find_shared_data
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = REPO_ROOT
+RESULTS = RESULTS_DIR
 
-from fedjax_proj.algorithms import registry  # noqa: E402
-from fedjax_proj.data.sources import find_shared_data  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 BUDGET_SECONDS = 60.0
 
 
@@ -116,7 +115,7 @@ def main(argv=None) -> int:
     if row["rc"] != 0:
       print(f"  failed (rc={row['rc']}): {row['error']}")
   result = {
-    "command": "python benchmarks/smoke_times.py " + " ".join(argv or sys.argv[1:]),
+    "command": "python -m benchmarks.perf.smoke_times " + " ".join(argv or sys.argv[1:]),
     "cpu_count": os.cpu_count(),
     "load_after": _load(),
     "budget_seconds": BUDGET_SECONDS,

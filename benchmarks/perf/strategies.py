@@ -1,7 +1,7 @@
 """Which execution strategy wins where: samples/s of a FedAvg round per strategy, model and cohort.
 
-    python benchmarks/strategies.py [--clients 4,16,64] [--steps 8] [--models mlp,cnn,resnet8]
-    python benchmarks/strategies.py --write_table  # rewrites fedjax_proj/core/strategy_table.json
+    python -m benchmarks.perf.strategies [--clients 4,16,64] [--steps 8] [--models mlp,cnn,resnet8]
+    python -m benchmarks.perf.strategies --write_table  # rewrites fedjax_proj/core/strategy_table.json
 
 Every strategy runs the same round (same clients, batches and keys); the table also reports the
 largest parameter difference to ``vmap_scan`` (they must agree) and the strategy ``auto`` picks.
@@ -21,13 +21,14 @@ import os
 import statistics
 import time
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import cifar10, header, round_data, write_results
 
+from benchmarks import flag_checks
+from benchmarks.common import cifar10, header, round_data
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.algorithms.base import make_round
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import engine as engine_lib
@@ -195,13 +196,16 @@ def main(argv=None):
     "load_after": load_after,
     "rows": rows,
   }
-  print(f"wrote {write_results('strategies', payload)}")
+  path = write_results(
+    RESULTS_DIR / "strategies.json", payload, indent=2, sort_keys=True, default=float
+  )
+  print(f"wrote {path}")
   if args.write_table:
     backend = jax.default_backend()
     table = engine_lib.load_strategy_table()
     table["rules"][backend] = rules_from_rows(rows)
     table["measurements"][backend] = {
-      "command": "python benchmarks/strategies.py --write_table "
+      "command": "python -m benchmarks.perf.strategies --write_table "
       + " ".join(f"--{k}={v}" for k, v in vars(args).items() if k != "write_table"),
       "date": time.strftime("%Y-%m-%d", time.gmtime()),
       "machine": f"{header()}, {os.cpu_count()} cores",

@@ -1,7 +1,7 @@
 """PyTorch reference throughput: the same FedAvg round as a plain sequential loop of SGD steps.
 
     pip install -e .[bench]   # torch (CPU build), kept out of the core dependencies
-    python benchmarks/torch_reference.py [--cpr 10,100] [--models mlp,cnn]
+    python -m benchmarks.perf.torch_reference [--cpr 10,100] [--models mlp,cnn]
 
 The same MLP (784-200-200-10) and FedAvg CNN, the same MNIST clients, sampled clients and batches
 (``scaling.round_layouts``), the same local optimiser (SGD, lr 0.01, momentum 0.9, re-initialised
@@ -24,16 +24,16 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import numpy as np
-from scaling import NUM_CLIENTS, federation, round_layouts, run_in_subprocess
 
-HERE = Path(__file__).resolve().parent
+from benchmarks import flag_checks
+from benchmarks.perf.scaling import NUM_CLIENTS, federation, round_layouts, run_in_subprocess
+from benchmarks.results_io import REPO_ROOT
+
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 JAX_STRATEGIES = {"mlp": ("vmap_scan", "sequential"), "cnn": ("sequential", "vmap_scan")}
-# vmap_scan of the CNN on XLA:CPU is ~10x slower than the host loop (benchmarks/strategies.py);
+# vmap_scan of the CNN on XLA:CPU is ~10x slower than the host loop (benchmarks/perf/strategies.py);
 # measure it only at the smallest cohort.
 SLOW = {("cnn", "vmap_scan")}
 
@@ -121,6 +121,33 @@ def torch_cifar_model(name: str):
   )
 
 
+def torch_cnn():
+  """Our CIFAR-10 ``cnn`` (fedjax_proj/models/cnn.py) in torch: NCHW, SAME padding = 2 for the
+  5x5 convolutions; layer indices 0, 3, 7, 9 hold parameters (:func:`torch_state_from_flax`).
+  The parity benchmark (benchmarks/parity/fedproj.py) and the step benchmarks share it."""
+  return torch_cifar_model("cnn")
+
+
+def torch_state_from_flax(variables: dict) -> dict:
+  """Our Flax ``cnn`` parameters as the state dict of :func:`torch_cnn`."""
+  import torch
+
+  p = variables["params"]
+  t = lambda a: torch.from_numpy(np.array(a, np.float32))  # a writable copy
+  dense = np.asarray(p["dense_0"]["kernel"])  # rows in NHWC flatten order (8, 8, 64)
+  dense = dense.reshape(8, 8, 64, -1).transpose(2, 0, 1, 3).reshape(8 * 8 * 64, -1)
+  return {
+    "0.weight": t(np.asarray(p["conv_0"]["kernel"]).transpose(3, 2, 0, 1)),
+    "0.bias": t(p["conv_0"]["bias"]),
+    "3.weight": t(np.asarray(p["conv_1"]["kernel"]).transpose(3, 2, 0, 1)),
+    "3.bias": t(p["conv_1"]["bias"]),
+    "7.weight": t(dense.T),
+    "7.bias": t(p["dense_0"]["bias"]),
+    "9.weight": t(np.asarray(p["head"]["kernel"]).T),
+    "9.bias": t(p["head"]["bias"]),
+  }
+
+
 def torch_round(
   model, global_state, images, labels, layout, lr, mean=MNIST_MEAN, std=MNIST_STD, device="cpu"
 ):
@@ -185,8 +212,8 @@ def run_torch(cfg: dict) -> dict:
 
 
 def torch_in_subprocess(cfg: dict, timeout: float) -> dict:
-  env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{HERE}"}
-  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+  cmd = [sys.executable, "-m", "benchmarks.perf.torch_reference", "--worker", json.dumps(cfg)]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
   except subprocess.TimeoutExpired:
@@ -224,7 +251,8 @@ def main(argv=None):
   models = flag_checks.names(p, "--models", args.models, tuple(JAX_STRATEGIES))
   flag_checks.at_least(p, args, 1, "steps", "batch", "rounds", "torch_threads")
   flag_checks.require_torch(p, "bench")
-  from common import header, write_results
+  from benchmarks.common import header
+  from benchmarks.results_io import RESULTS_DIR, write_results
 
   print(header(), f"steps={args.steps} batch={args.batch} timed rounds={args.rounds}", flush=True)
   rows, summary = [], []
@@ -268,7 +296,10 @@ def main(argv=None):
       f"{fmt(s['jax_over_torch'], '10.2f')}"
     )
   payload = {"args": vars(args), "rows": rows, "summary": summary}
-  print(f"wrote {write_results('torch_reference', payload)}")
+  path = write_results(
+    RESULTS_DIR / "torch_reference.json", payload, indent=2, sort_keys=True, default=float
+  )
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":

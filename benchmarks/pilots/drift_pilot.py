@@ -17,7 +17,7 @@ library's model, partition and normaliser), so that the model can be evaluated b
 is the same computation as the library's FedAvg client with ``local_epochs=e``. The pilot's seeds
 are never used by a verdict (docs/reproduction.md, "Drift budget").
 
-  python benchmarks/drift_pilot.py --num_clients=50 --train_subset=10000 --local_epochs=20
+  python -m benchmarks.pilots.drift_pilot --num_clients=50 --train_subset=10000 --local_epochs=20
 """
 
 from __future__ import annotations
@@ -28,19 +28,20 @@ import math
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import flag_checks
+from benchmarks.results_io import RESULTS_DIR
 from fedjax_proj.data.partition import parse_partition, partition
 from fedjax_proj.data.pipeline import normalizer_for
 from fedjax_proj.data.sources import find_shared_data, load_dataset
 from fedjax_proj.models.registry import get_model
 from fedjax_proj.training.inputs import subset
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = RESULTS_DIR
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """The v1 curves behind protocol v2's metric and seed counts (docs/reproduction.md, "Protocol v2").
 
-    python benchmarks/protocol_v2.py            # markdown tables from the committed v1 results
+    python -m benchmarks.pilots.protocol_v2          # markdown tables from the committed v1 results
 
 For every claim x budget with v1 results on curves of test accuracy: how far the last evaluation
 swings from the one before (mean and largest |final - previous| over every run, points), and, for
@@ -18,10 +18,6 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-  sys.path.insert(0, str(REPO))
 
 from fedjax_proj.reproduce import claims, protocol, report, run, stats  # noqa: E402
 

@@ -38,7 +38,7 @@ unlike the 23-25% every method ends at on the CIFAR-10 cpu budget); (iii) the cl
 teachers' forward passes per step). If no ExDir(2, 0.5) candidate qualifies, the same rule at
 ExDir(2, 10.0). The pilot runs no SFedKD, so it cannot favour it.
 
-  python benchmarks/sfedkd_pilot.py --partition=exdir:2:0.5 --local_epochs=1 --rounds=20
+  python -m benchmarks.pilots.sfedkd_pilot --partition=exdir:2:0.5 --local_epochs=1 --rounds=20
 """
 
 from __future__ import annotations
@@ -48,12 +48,13 @@ import json
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import flag_checks
+from benchmarks.results_io import RESULTS_DIR
 from fedjax_proj.data.partition import partition
 from fedjax_proj.data.pipeline import normalizer_for
 from fedjax_proj.data.sources import find_shared_data, load_dataset
@@ -61,7 +62,8 @@ from fedjax_proj.models.registry import get_model
 from fedjax_proj.training.inputs import subset
 from fedjax_proj.training.optimizers import make_optimizer
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = RESULTS_DIR
+
 METHODS = ("fedavg", "fedseq")
 NUM_CLASSES = 10
 

@@ -1,4 +1,4 @@
-"""benchmarks/accuracy_cifar10.py's two settings, and its former name accuracy_sequential.py, build
+"""benchmarks/accuracy/accuracy_cifar10.py's two settings, and its former name accuracy_sequential.py, build
 the configs they document (no training: run_experiment is replaced by a recorder)."""
 
 from __future__ import annotations

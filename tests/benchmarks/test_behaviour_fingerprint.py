@@ -1,4 +1,4 @@
-"""``benchmarks/behaviour_fingerprint.py --compare``: what counts as behaviour and what does not."""
+"""``tools/behaviour_fingerprint.py --compare``: what counts as behaviour and what does not."""
 
 from __future__ import annotations
 

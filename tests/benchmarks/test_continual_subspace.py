@@ -1,4 +1,4 @@
-"""benchmarks/continual_subspace.py: the mean-projector counts of GPM+FL's client memories and the
+"""studies/continual_subspace/study.py: the mean-projector counts of GPM+FL's client memories and the
 per-(task, layer) table read from end-of-task records."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/cpu_step.py's distance to the limit: achieved GFLOP/s and the share of the GEMM peak.
+"""benchmarks/perf/cpu_step.py's distance to the limit: achieved GFLOP/s and the share of the GEMM peak.
 
 The rates are the step's FLOPs over its CPU seconds, the share that rate over the core's measured
 GEMM peak (docs/performance.md, "Distance to the limit"); the CNN step's FLOPs are counted from the

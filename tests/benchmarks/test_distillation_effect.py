@@ -1,4 +1,4 @@
-"""benchmarks/distillation_effect.py measures the server's distillation without changing the run."""
+"""studies/distillation_effect/study.py measures the server's distillation without changing the run."""
 
 from __future__ import annotations
 

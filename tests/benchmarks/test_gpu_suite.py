@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py end to end at --tiny on CPU, its data packer, and the auto-rule writer.
+"""benchmarks/device/gpu_suite.py end to end at --tiny on CPU, its data packer, and the auto-rule writer.
 
 The suite's numbers on CPU mean nothing; these tests check that the one command a GPU session will
 run works: every step runs, the JSON has the documented schema, and the correctness step passes.

@@ -1,4 +1,4 @@
-"""benchmarks/parity_common.py: the parity suite's torch-free pieces (docs/parity.md).
+"""benchmarks/parity/common.py: the parity suite's torch-free pieces (docs/parity.md).
 
 The parity benchmarks compare our numbers with a reference's; these tests check that our side of
 each comparison is what it claims to be (the gradient a client step hands its optimiser, our

@@ -1,4 +1,4 @@
-"""benchmarks/parity_continual.py: its torch-free pieces (docs/parity.md, "EWC and ER").
+"""benchmarks/parity/continual.py: its torch-free pieces (docs/parity.md, "EWC and ER").
 
 Our side of the EWC rows is the Fisher our ``ewc`` method's end-of-task pass stores, read through
 :func:`our_fishers`; the test holds it to the empirical Fisher computed here independently (the

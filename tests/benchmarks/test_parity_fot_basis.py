@@ -1,4 +1,4 @@
-"""benchmarks/parity_fot_basis.py: its re-implementation of the authors' GPSE behaves as their code
+"""benchmarks/parity/fot_basis.py: its re-implementation of the authors' GPSE behaves as their code
 reads (commit 6adce7c), and agrees with our server step where the two rules should agree."""
 
 from __future__ import annotations

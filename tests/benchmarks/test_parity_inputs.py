@@ -1,4 +1,4 @@
-"""benchmarks/parity_fedproj.py exports exactly the inputs our runner uses (no torch needed).
+"""benchmarks/parity/fedproj.py exports exactly the inputs our runner uses (no torch needed).
 
 The parity benchmark feeds the authors' code what :func:`export_inputs` returns, so the comparison
 is only paired if that is what ``run_experiment`` itself trains on. A tiny real run records what

@@ -1,4 +1,4 @@
-"""benchmarks/peer/: the peer benchmark's export, measurement, runners and driver on tiny sizes.
+"""benchmarks/perf/peer/: the peer benchmark's export, measurement, runners and driver on tiny sizes.
 
 The export must hand every system the same clients and cohorts (docs/performance.md, "Peer
 benchmark"), so the round trip is checked against our own partition and sampler; the runners for
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.peer import common, export, run
+from benchmarks.perf.peer import common, export, run
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import partition
 
@@ -122,7 +122,7 @@ def _check_runner(module, tiny, tmp_path, system):
 
 
 def test_ours_runner_on_a_tiny_workload(tiny, tmp_path):
-  from benchmarks.peer import ours
+  from benchmarks.perf.peer import ours
 
   summary = _check_runner(ours, tiny, tmp_path, "ours")
   assert summary["strategy"] in ("sequential", "vmap_scan", "chunked")
@@ -131,7 +131,7 @@ def test_ours_runner_on_a_tiny_workload(tiny, tmp_path):
 
 def test_torch_runner_on_a_tiny_workload(tiny, tmp_path):
   pytest.importorskip("torch", reason="the torch loop needs torch (pip install -e .[bench])")
-  from benchmarks.peer import torch_loop
+  from benchmarks.perf.peer import torch_loop
 
   _check_runner(torch_loop, tiny, tmp_path, "torch")
 
@@ -149,8 +149,8 @@ def test_device_mode_dry_run_builds_every_command(tmp_path, capsys):
     assert exp[exp.index("--clients_per_round") + 1] == str(cpr)
     assert int(exp[exp.index("--num_clients") + 1]) >= cpr
     assert [c[c.index("-m") + 1] for c in step["runs"]] == [
-      "benchmarks.peer.ours", "benchmarks.peer.torch_loop", "benchmarks.peer.pfl",
-      "benchmarks.peer.flower"]  # fmt: skip
+      "benchmarks.perf.peer.ours", "benchmarks.perf.peer.torch_loop", "benchmarks.perf.peer.pfl",
+      "benchmarks.perf.peer.flower"]  # fmt: skip
     for c in step["runs"]:
       assert c[-2:] == ["--device", "cuda"] and "taskset" not in c
       assert c[c.index("--export") + 1] == exp[exp.index("--out") + 1]

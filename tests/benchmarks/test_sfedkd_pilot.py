@@ -1,4 +1,4 @@
-"""benchmarks/sfedkd_pilot.py's forgetting numbers (004 Figure 1) on hand-made accuracy matrices."""
+"""benchmarks/pilots/sfedkd_pilot.py's forgetting numbers (004 Figure 1) on hand-made accuracy matrices."""
 
 from __future__ import annotations
 

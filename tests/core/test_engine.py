@@ -128,7 +128,7 @@ def test_auto_follows_the_committed_strategy_table():
   assert table["rules"]["cpu"]["conv"], "the CPU rule for conv models is missing"
   for backend, kinds in table["rules"].items():
     assert backend in table["measurements"], f"{backend}: rule without its measurement record"
-    assert "benchmarks/strategies.py --write_table" in table["measurements"][backend]["command"]
+    assert "benchmarks/perf/strategies.py --write_table" in table["measurements"][backend]["command"]
     for kind, buckets in kinds.items():
       assert buckets[-1][0] is None, "the last bucket must be open"
       lo = 1

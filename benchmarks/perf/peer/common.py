@@ -2,7 +2,7 @@
 round (CPU seconds of the process tree, wall seconds, PSS of the process tree).
 
 Only numpy and the standard library are imported here: each runner runs in its own system's
-environment (benchmarks/peer/make_envs.sh), where fedjax_proj may not be installed.
+environment (benchmarks/perf/peer/make_envs.sh), where fedjax_proj may not be installed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ NUM_CLASSES = 10
 
 
 def load_export(path: str | Path) -> dict:
-  """Reads an export written by :mod:`benchmarks.peer.export`.
+  """Reads an export written by :mod:`benchmarks.perf.peer.export`.
 
   Returns:
     dict with ``train_x`` uint8 [N, 32, 32, 3], ``train_y`` int64 [N], ``clients`` (one int64 index
@@ -33,9 +33,11 @@ def load_export(path: str | Path) -> dict:
   """
   path = Path(path)
   if path.suffix != ".npz":
-    raise ValueError(f"{path}: the export is the .npz that benchmarks/peer/export.py writes.")
+    raise ValueError(f"{path}: the export is the .npz that benchmarks/perf/peer/export.py writes.")
   if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist; write it: python -m benchmarks.peer.export")
+    raise FileNotFoundError(
+      f"{path} does not exist; write it: python -m benchmarks.perf.peer.export"
+    )
   with np.load(path) as f:
     d = {k: f[k] for k in f.files}
   offsets = d.pop("client_offsets")
@@ -59,7 +61,7 @@ def cnn_train_flops_per_example(side: int = 32, channels: int = 3) -> dict:
   input gradient, except the first convolution, whose input gradient nobody needs: training is
   3x forward minus conv1's forward. Element-wise work (ReLU, pooling, bias, softmax, the SGD
   update) is left out: it is under 1% of the total. Issue-free check: XLA's cost analysis of one
-  step (benchmarks/peer/run.py records both).
+  step (benchmarks/perf/peer/run.py records both).
   """
   conv1 = 2 * side * side * 32 * (5 * 5 * channels)
   conv2 = 2 * (side // 2) ** 2 * 64 * (5 * 5 * 32)
@@ -220,7 +222,7 @@ def runner_args(argv=None):
   import argparse
 
   p = argparse.ArgumentParser()
-  p.add_argument("--export", required=True, help="the .npz written by benchmarks.peer.export")
+  p.add_argument("--export", required=True, help="the .npz written by benchmarks.perf.peer.export")
   p.add_argument("--rounds", type=int, default=None, help="rounds to run (default: all exported)")
   p.add_argument("--out", default=None, help="also write the JSON lines to this file")
   p.add_argument("--device", default="cpu", help="cpu, or cuda/gpu for the device mode")
@@ -231,7 +233,7 @@ def runner_args(argv=None):
   if not 1 <= rounds <= len(export["cohorts"]):
     raise SystemExit(
       f"--rounds={args.rounds}: the export holds {len(export['cohorts'])} rounds; export more "
-      "with benchmarks.peer.export --rounds."
+      "with benchmarks.perf.peer.export --rounds."
     )
   args.rounds = rounds
   args.lr = args.lr or export["settings"]["lr"]

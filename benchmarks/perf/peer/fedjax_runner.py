@@ -1,6 +1,6 @@
 """Peer runner: Google's fedjax 0.0.17 (github.com/google/fedjax), its FedAvg with a haiku CNN.
 
-    $PEER_ENVS/fedjax/bin/python -m benchmarks.peer.fedjax_runner --export <workload.npz>
+    $PEER_ENVS/fedjax/bin/python -m benchmarks.perf.peer.fedjax_runner --export <workload.npz>
 
 fedjax is unmaintained since 2023 and breaks on current jax; make_envs.sh pins the last versions
 it was seen to run on (jax 0.4.30, dm-haiku 0.0.12, optax 0.2.2). ``federated_averaging`` with
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.peer.common import Recorder, normalize, runner_args
+from benchmarks.perf.peer.common import Recorder, normalize, runner_args
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,6 @@
 """Peer runner: Flower's simulation (``flwr[simulation]``, Ray), with a PyTorch client.
 
-    $PEER_ENVS/flower/bin/python -m benchmarks.peer.flower --export <workload.npz>
+    $PEER_ENVS/flower/bin/python -m benchmarks.perf.peer.flower --export <workload.npz>
 
 One virtual SuperNode per exported client (``run_simulation``), a ServerApp running Flower's
 ``FedAvg`` strategy (the clients' models averaged by their ``num-examples``, McMahan et al. 2017),
@@ -9,7 +9,7 @@ and a ClientApp that trains the received model for one shuffled epoch of plain S
 which client's data to train on; client-side evaluation is off (``fraction_evaluate=0``). The
 ServerApp's ``evaluate_fn`` hook, called after every round's aggregation, marks the round
 boundaries; the last call measures the test accuracy. Ray's worker processes are descendants of
-this one, so their CPU seconds and PSS count (benchmarks/peer/common.py).
+this one, so their CPU seconds and PSS count (benchmarks/perf/peer/common.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch.nn as nn
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from benchmarks.peer.common import Recorder, load_export, normalize, runner_args
+from benchmarks.perf.peer.common import Recorder, load_export, normalize, runner_args
 
 # --- user code (the imports above count as 7 lines: functools, os, numpy, torch, nn, flwr x2)
 
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
   # Run from the imported module, not __main__: Ray's workers unpickle the ClientApp's functions
-  # by module name, and only ``benchmarks.peer.flower`` is importable there.
-  from benchmarks.peer import flower
+  # by module name, and only ``benchmarks.perf.peer.flower`` is importable there.
+  from benchmarks.perf.peer import flower
 
   flower.main()

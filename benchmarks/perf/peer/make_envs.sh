@@ -7,9 +7,9 @@
 # and pip never pulls a CUDA build of several GB. Ours runs from the project's own venv (the package
 # installed editable), or from a fresh venv made here with `pip install -e <repo>`.
 #
-# Usage: benchmarks/peer/make_envs.sh [system ...]   (default: torch pfl flower fedjax tff)
+# Usage: benchmarks/perf/peer/make_envs.sh [system ...]   (default: torch pfl flower fedjax tff)
 # A failed install is logged to <env>/install.log and the script goes on with the next system; the
-# driver (benchmarks/peer/run.py) records a system whose environment is missing as "not installed".
+# driver (benchmarks/perf/peer/run.py) records a system whose environment is missing as "not installed".
 set -u
 PY="${PEER_PYTHON:-python3.11}"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -1,6 +1,6 @@
 """Peer runner: ours, fedjax_proj's public API as a user writes it (the README's quick start).
 
-    python -m benchmarks.peer.ours --export results/peer/workload.npz --rounds 4
+    python -m benchmarks.perf.peer.ours --export results/peer/workload.npz --rounds 4
 
 FedAvg (McMahan et al. 2017; the baseline of 002 §5 and 004 §5) with the FedAvg CNN, plain SGD,
 over the exported clients and cohorts. The convolution implementation and execution strategy are
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.peer.common import Recorder, runner_args
+from benchmarks.perf.peer.common import Recorder, runner_args
 
 
 def main(argv=None) -> None:

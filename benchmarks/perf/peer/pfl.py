@@ -1,6 +1,6 @@
 """Peer runner: pfl-research (Apple's ``pfl``, github.com/apple/pfl-research), PyTorch model.
 
-    $PEER_ENVS/pfl/bin/python -m benchmarks.peer.pfl --export <workload.npz>
+    $PEER_ENVS/pfl/bin/python -m benchmarks.perf.peer.pfl --export <workload.npz>
 
 pfl's ``FederatedAveraging`` on its ``SimulatedBackend``: the clients' model differences are summed
 with ``WeightByDatapoints`` (FedAvg's example-count weighting, McMahan et al. 2017) and applied by
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.peer.common import Recorder, normalize, runner_args
+from benchmarks.perf.peer.common import Recorder, normalize, runner_args
 
 
 def main(argv=None) -> None:

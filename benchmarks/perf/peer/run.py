@@ -1,11 +1,11 @@
 """The peer benchmark's driver: runs every system's runner on one exported workload, alternating
 the systems run by run, and tabulates CPU seconds per steady round against ours.
 
-    benchmarks/peer/make_envs.sh                              # once: one venv per system
-    python -m benchmarks.peer.run --mode one-core             # one pinned core, 1 thread each
-    python -m benchmarks.peer.run --mode all-cores            # every core, default threads
-    python -m benchmarks.peer.run --mode scaling              # 10/50/100/500 clients a round
-    python -m benchmarks.peer.run --mode device --dry_run     # the GPU call's commands
+    benchmarks/perf/peer/make_envs.sh                              # once: one venv per system
+    python -m benchmarks.perf.peer.run --mode one-core             # one pinned core, 1 thread each
+    python -m benchmarks.perf.peer.run --mode all-cores            # every core, default threads
+    python -m benchmarks.perf.peer.run --mode scaling              # 10/50/100/500 clients a round
+    python -m benchmarks.perf.peer.run --mode device --dry_run     # the GPU call's commands
 
 Each run is a fresh process of the system's own environment (``--envs``/<system>/bin/python; ours
 is this interpreter), started with PEER_T0 so that start-up counts from the launch. The first
@@ -13,7 +13,7 @@ is this interpreter), started with PEER_T0 so that start-up counts from the laun
 medians. Ratios are round-paired: for each alternation and steady round, the system's seconds over
 ours in the same round of the same alternation (same clients, same examples), then the median.
 Achieved GFLOP/s is a round's counted training FLOPs (``common.cnn_train_flops_per_example`` x its
-real examples) over its CPU seconds, as a share of the GEMM peak that ``benchmarks.peer.peak``
+real examples) over its CPU seconds, as a share of the GEMM peak that ``benchmarks.perf.peer.peak``
 measures in the same run, under the same pinning. Writes results/peer/<mode>.json and
 .md (docs/performance.md, "Peer benchmark").
 """
@@ -31,8 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results" / "peer"
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+
+RESULTS = RESULTS_DIR / "peer"
+ROOT = REPO_ROOT
 MODULES = {"ours": "ours", "torch": "torch_loop", "pfl": "pfl", "flower": "flower",
            "fedjax": "fedjax_runner"}  # fmt: skip
 # Systems whose environment make_envs.sh tries to build but that have no runner: recorded as such.
@@ -55,7 +57,7 @@ def python_for(system: str, envs: Path) -> str:
 
 
 def runner_command(system, export, rounds, out, envs, *, core=None, device="cpu") -> list[str]:
-  cmd = [python_for(system, envs), "-m", f"benchmarks.peer.{MODULES[system]}", "--export",
+  cmd = [python_for(system, envs), "-m", f"benchmarks.perf.peer.{MODULES[system]}", "--export",
          str(export), "--rounds", str(rounds), "--out", str(out)]  # fmt: skip
   if device != "cpu":
     cmd += ["--device", device]
@@ -74,7 +76,7 @@ def runner_env(mode: str) -> dict:
 def export_workload(path: Path, *, clients_per_round=10, num_clients=100, rounds=4, n_train=20_000,
                     n_test=2_000, extra=()) -> list[str]:  # fmt: skip
   """The export's command (run with this interpreter, which has fedjax_proj)."""
-  return [sys.executable, "-m", "benchmarks.peer.export", "--out", str(path), "--rounds",
+  return [sys.executable, "-m", "benchmarks.perf.peer.export", "--out", str(path), "--rounds",
           str(rounds), "--clients_per_round", str(clients_per_round), "--num_clients",
           str(num_clients), "--n_train", str(n_train), "--n_test", str(n_test), *extra]  # fmt: skip
 
@@ -190,7 +192,7 @@ def _fmt_load(load) -> str:
 
 def measure_peak(mode: str, core: int | None) -> dict:
   cmd = ([] if core is None else ["taskset", "-c", str(core)]) + [
-    sys.executable, "-m", "benchmarks.peer.peak"]  # fmt: skip
+    sys.executable, "-m", "benchmarks.perf.peer.peak"]  # fmt: skip
   res = subprocess.run(cmd, env=runner_env(mode), capture_output=True, text=True, check=False)
   if res.returncode:
     return {"error": res.stderr[-2000:]}
@@ -249,7 +251,7 @@ def main(argv=None) -> None:
                  help="keep an interrupted call's finished runs (same settings)")  # fmt: skip
   p.add_argument("--tag", default=None, help="result file name (default: the mode)")
   p.add_argument("--device_data", type=Path, default=ROOT / ".device_data" / "device_data.npz",
-                 help="device mode: the carried data (benchmarks/make_device_data.py)")  # fmt: skip
+                 help="device mode: the carried data (benchmarks/device/make_device_data.py)")  # fmt: skip
   p.add_argument("--render", action="store_true", help="only rewrite <tag>.md from <tag>.json")
   args = p.parse_args(argv)
   if args.render:
@@ -331,16 +333,12 @@ def main(argv=None) -> None:
 
 
 def unpack_device_data(path: Path) -> Path:
-  """A lent GPU has no ../shared/data: unpack the carried CIFAR-10 (benchmarks/make_device_data.py,
+  """A lent GPU has no ../shared/data: unpack the carried CIFAR-10 (benchmarks/device/make_device_data.py,
   docs/performance.md "Running the GPU suite") into its layout, for the export to read."""
-  import importlib.util
+  from benchmarks.device import make_device_data
 
-  spec = importlib.util.spec_from_file_location("make_device_data", ROOT / "benchmarks" /
-                                                "make_device_data.py")  # fmt: skip
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
   dest = Path("/tmp/peer_device_data")
-  module.unpack(path, dest)
+  make_device_data.unpack(path, dest)
   return dest
 
 

@@ -1,6 +1,6 @@
 """Peer runner: a plain PyTorch FedAvg loop, the one a PyTorch user writes without a framework.
 
-    $PEER_ENVS/torch/bin/python -m benchmarks.peer.torch_loop --export <workload.npz>
+    $PEER_ENVS/torch/bin/python -m benchmarks.perf.peer.torch_loop --export <workload.npz>
 
 The FedAvg CNN in torch (the layers and parameter count of fedjax_proj.models.cnn: 2,156,490 on
 CIFAR-10), plain SGD, for each sampled client: load the global weights, run one shuffled epoch in
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.peer.common import Recorder, normalize, runner_args
+from benchmarks.perf.peer.common import Recorder, normalize, runner_args
 
 
 def main(argv=None) -> None:

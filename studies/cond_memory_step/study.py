@@ -1,6 +1,6 @@
 """FedProj's memory gradient inline vs inside ``lax.cond``, one jitted step, on this backend.
 
-    JAX_PLATFORMS=cpu taskset -c 1 python benchmarks/cond_memory_step.py
+    JAX_PLATFORMS=cpu taskset -c 1 python -m studies.cond_memory_step.study
 
 The gradient of FedDF's ResNet-8 (inference-mode forward, as FedProj's memory pass) on 64
 CIFAR-shaped images, computed (a) inline with a select on a traced flag and (b) as the true branch
@@ -8,20 +8,16 @@ of ``lax.cond`` on it. Prints CPU and wall seconds per step (mean of 5, after on
 twice in alternating order. Why: on XLA:CPU a conditional's branches are nested computations, and
 convolutions there ran ~12x slower than inline (docs/fedproj.md, "What runs where"), which is why
 ``fedproj(memory_cond=None)`` selects instead on CPU in the one-program round (the host loops skip
-the memory pass outside the window with a step of its own: benchmarks/fedproj_window_step.py).
+the memory pass outside the window with a step of its own: studies/fedproj_window_step/study.py).
 """
 
 from __future__ import annotations
 
 import resource
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedjax_proj.algorithms import client as client_lib  # noqa: E402
 from fedjax_proj.models import get_model  # noqa: E402

@@ -1,10 +1,10 @@
 """How much of each layer's input space FOT and GPM+FL protect, task by task, in a claim's run.
 
-    python benchmarks/continual_subspace.py --claim=fot-pmnist-noniid --budget=cpu --method=fot
-    python benchmarks/continual_subspace.py --method=fot --method_kwargs=threshold_rule=authors \
+    python -m studies.continual_subspace.study --claim=fot-pmnist-noniid --budget=cpu --method=fot
+    python -m studies.continual_subspace.study --method=fot --method_kwargs=threshold_rule=authors \
         --label=authors-rule
-    python benchmarks/continual_subspace.py --method=gpm
-    python benchmarks/continual_subspace.py --method=fot --num_tasks=1   # to time one task
+    python -m studies.continual_subspace.study --method=gpm
+    python -m studies.continual_subspace.study --method=fot --num_tasks=1   # to time one task
 
 Runs ONE run of the claim's method at the budget's pre-registered config (the runner's own
 ``resolve_config`` and continual entry point; ``--num_tasks`` and ``--method_kwargs`` override
@@ -38,9 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_io import RESULTS_DIR
 
 TABLE3 = {"fot-pmnist-noniid": 61.36, "fot-pmnist-iid": 62.18}  # 003 Table 3, % used
 COMMON, UNION = 0.99, 1e-3  # eigenvalue cuts of the mean projector (GPM+FL)
@@ -203,7 +201,7 @@ def markdown(r: dict) -> str:
     f"# {r['method']} subspace, {r['claim']} --budget={r['budget']} seed {r['seed']}"
     + (f" ({r['label']})" if r["label"] else ""),
     "",
-    f"`python benchmarks/continual_subspace.py --claim={r['claim']} --budget={r['budget']} "
+    f"`python -m studies.continual_subspace.study --claim={r['claim']} --budget={r['budget']} "
     f"--method={r['method']} --seed={r['seed']}`"
     + (f" with {json.dumps(r['deviations_from_claim'])}" if r["deviations_from_claim"] else "")
     + f"; commit {r['git_commit']}; wall {r['wall_seconds']:.0f} s, load "
@@ -262,7 +260,7 @@ def main(argv=None) -> int:
   ap.add_argument("--method_kwargs", default="", help="overrides, e.g. threshold_rule=authors")
   ap.add_argument("--label", default="", help="suffix of the output name (e.g. authors-rule)")
   ap.add_argument("--data", default="", help="shared data root (default: the runner's)")
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "continual_subspace"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "continual_subspace"))
   ap.add_argument(
     "--work",
     default="",

@@ -1,10 +1,10 @@
 """Is EWC's divergence in the FOT claims the explicit-Euler instability of its penalty? Measured.
 
-    python benchmarks/ewc_stability.py --seed=1 --stop_round=40
-    python benchmarks/ewc_stability.py --seed=4 --stop_round=60
+    python -m studies.ewc_stability.study --seed=1 --stop_round=40
+    python -m studies.ewc_stability.study --seed=4 --stop_round=60
 
 Runs ONE EWC run of a claim's budget (default fot-pmnist-noniid, cpu) at its pre-registered config
-(the runner's own ``resolve_config`` and continual entry point, as benchmarks/continual_subspace.py)
+(the runner's own ``resolve_config`` and continual entry point, as studies/continual_subspace/study.py)
 for the claim's seed, stopping after ``--stop_round`` rounds or at the first non-finite round.
 Rounds are a pure function of (seed, round), so its rounds are the claim's rounds.
 
@@ -43,12 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import flag_checks  # benchmarks/flag_checks.py: this script's folder is on sys.path
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks import flag_checks
+from benchmarks.results_io import RESULTS_DIR
 
 
 class StopRun(Exception):
@@ -228,7 +226,7 @@ def markdown(r: dict) -> str:
   lines = [
     f"# EWC stability, {r['claim']} --budget={r['budget']} seed {r['seed']}",
     "",
-    f"`python benchmarks/ewc_stability.py --claim={r['claim']} --budget={r['budget']} "
+    f"`python -m studies.ewc_stability.study --claim={r['claim']} --budget={r['budget']} "
     f"--seed={r['seed']} --stop_round={r['stop_round']}`; commit {r['git_commit']}; wall "
     f"{r['wall_seconds']:.0f} s, load {r['load_average'][0]:.1f}. lr {r['lr']}, λ {r['lam']}: "
     f"stable per coordinate while F < 2/(lr·λ) = {r['bound_fisher']:.3g}. Run: {r['stopped']}; "
@@ -290,7 +288,7 @@ def main(argv=None) -> int:
   ap.add_argument("--seed", type=int, default=1)
   ap.add_argument("--stop_round", type=int, default=40, help="stop after this round (>= 1)")
   ap.add_argument("--data", default="", help="shared data root (default: the runner's)")
-  ap.add_argument("--out", default=str(HERE.parent / "results" / "ewc_stability"))
+  ap.add_argument("--out", default=str(RESULTS_DIR / "ewc_stability"))
   args = ap.parse_args(argv)
   check_flags(ap, args)
   result = run(args)

@@ -17,7 +17,7 @@ diagnostic measures both, on the test set, every round of a claim's own run:
 own experiment driver: the diagnostic only wraps the host-loop form of the server step to
 evaluate what passes through it, and checks that its last ``after`` is the run's final accuracy.
 
-  python benchmarks/distillation_effect.py --claim=fedproj-cifar10-dir0.3 --budget=drift \
+  python -m studies.distillation_effect.study --claim=fedproj-cifar10-dir0.3 --budget=drift \
       --method=feddf --seeds=0,1,2
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from benchmarks.results_io import RESULTS_DIR
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.core import tree as tree_lib
@@ -43,7 +43,8 @@ from fedjax_proj.reproduce.claims import BUDGETS
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import to_device
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = RESULTS_DIR
+
 # The server's teacher per method (fedjax_proj/algorithms/distillation: FedET weighs by certainty).
 TEACHERS = {"feddf": "mean", "fedproj": "mean", "fedet": "uncertainty"}
 
@@ -199,10 +200,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     "--out", default="", help="result JSON (default: results/distillation_effect-*.json)"
   )
   args = p.parse_args(argv)
-  sys.path.insert(0, str(Path(__file__).resolve().parent))  # imported as benchmarks.<name> too
-  import flag_checks
+  from benchmarks import flag_checks
 
-  # At least one, each once: a seed twice would be paired with itself in the effect's mean.
   args.seeds = flag_checks.seeds(p, "--seeds", args.seeds)
   return args
 

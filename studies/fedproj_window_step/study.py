@@ -1,6 +1,6 @@
 """FedProj's client phase out of and in the projection window: the select path vs the skip.
 
-    JAX_PLATFORMS=cpu taskset -c 0 python benchmarks/fedproj_window_step.py
+    JAX_PLATFORMS=cpu taskset -c 0 python -m studies.fedproj_window_step.study
 
 On the host-looped strategies the engine jits one client step per value of the program's
 ``static_shared`` flags (fedjax_proj/core/engine.py); FedProj declares its window flags, so outside
@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from common import cifar10, cifar100_public, header, write_results
 
+from benchmarks.common import cifar10, cifar100_public, header
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.algorithms.distillation.fedproj import fedproj
 from fedjax_proj.algorithms.fedavg import fedavg
 from fedjax_proj.core import engine as engine_lib
@@ -160,7 +161,10 @@ def main():
     "ratios": ratios,
     "load_average_end": os.getloadavg(),
   }
-  print(f"wrote {write_results(args.out, payload)}")
+  path = write_results(
+    RESULTS_DIR / f"{args.out}.json", payload, indent=2, sort_keys=True, default=float
+  )
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":
