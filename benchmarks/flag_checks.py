@@ -4,8 +4,8 @@ A benchmark's flags and its optional imports (torch) are checked first, each ref
 exit 2 through the script's own parser (``ap.error``), as benchmarks/parity/common.py's
 ``rows_main`` does: a bad flag never ends in a traceback from deep inside a run, nor after minutes
 of timing (docs/design.md, "Input rules"). This module imports nothing beyond the standard
-library, so a script that must set XLA's flags before JAX loads (benchmarks/perf/cpu_step.py) can call
-it first.
+library, so a script that must set XLA's flags before JAX loads (benchmarks/perf/cpu_step.py) can
+call it first.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def write_results(
   """Writes ``result`` as JSON to ``path`` (a trailing newline; parent folders made).
 
   Args:
-    path: the ``.json`` file to write.
+    path: the file to write, by convention ``<stem>.json``.
     result: JSON-serialisable data.
     indent, sort_keys, default, allow_nan: as :func:`json.dumps`; each script keeps the layout its
       committed results already have, so a rerun's diff shows only changed numbers.
@@ -39,12 +39,12 @@ def write_results(
     ``path``, as a :class:`~pathlib.Path`.
 
   Raises:
-    ValueError: if ``path`` does not end in ``.json`` (the markdown would overwrite it, and
-      results/ is read by suffix).
+    ValueError: if ``markdown`` is given and ``path`` ends in ``.md`` (the table would overwrite
+      the JSON).
   """
   path = Path(path)
-  if path.suffix != ".json":
-    raise ValueError(f"write_results writes a .json file; got {path}: name it <stem>.json")
+  if markdown is not None and path.suffix == ".md":
+    raise ValueError(f"write_results: {path} would hold both the JSON and the table; name it .json")
   text = json.dumps(
     result, indent=indent, sort_keys=sort_keys, default=default, allow_nan=allow_nan
   )

@@ -1,8 +1,9 @@
 """Accuracy benchmark on real CIFAR-10 at a reduced CPU budget, for every registered FL method.
 
     python -m benchmarks.accuracy.accuracy_cifar10                                 # drift baselines
-    python -m benchmarks.accuracy.accuracy_cifar10 --methods=fedavg,scaffold --seeds=0,1,2 --rounds=30
-    python -m benchmarks.accuracy.accuracy_cifar10 --methods=fedavg,fedproj,feddf  # public-data methods
+    python -m benchmarks.accuracy.accuracy_cifar10 --methods=fedavg,scaffold --seeds=0,1,2 \
+        --rounds=30
+    python -m benchmarks.accuracy.accuracy_cifar10 --methods=fedavg,fedproj,feddf  # public data
     python -m benchmarks.accuracy.accuracy_cifar10 --setting=sequential             # sequential FL
     python -m benchmarks.accuracy.accuracy_cifar10 --setting=sequential --seeds=0,1,2 --rounds=30
 
@@ -47,6 +48,7 @@ import jax
 import numpy as np
 
 from benchmarks import flag_checks
+from benchmarks.results_io import write_results
 from fedjax_proj.algorithms import registry
 from fedjax_proj.data.sources import find_shared_data
 from fedjax_proj.training.config import base_config
@@ -320,7 +322,7 @@ def main(argv=None) -> int:
     ),
   }
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+  write_results(args.out, result, indent=2)
   print(f"wrote {args.out}")
   return 0
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import flag_checks
-from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR, write_results
 
 REPO = REPO_ROOT
 
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     )
   print("\n".join(lines))
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"setting": setting, "results": results, "table": lines}, indent=2))
+  write_results(out, {"setting": setting, "results": results, "table": lines}, indent=2)
   print(f"wrote {out}")
   return 0
 

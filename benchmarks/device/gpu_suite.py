@@ -1,6 +1,6 @@
 """The accelerator suite: correctness, round throughput, FedProj's overhead, accuracy, GPSE cost.
 
-    python -m benchmarks.device.make_device_data --out_dir=.device_data  # once, where ../shared exists
+    python -m benchmarks.device.make_device_data --out_dir=.device_data  # once, beside ../shared
     python -m benchmarks.device.gpu_suite --out_dir=$OUT            # on the GPU machine (<= 20 min)
     python -m benchmarks.device.gpu_suite --tiny --out_dir=/tmp/suite    # CPU smoke run (~1 min)
 
@@ -26,8 +26,9 @@ c. ``fedproj_overhead``: client phase and whole round of FedProj vs FedAvg and F
 d. ``accuracy``: CIFAR-10 Dirichlet 0.3, FedAvg vs FedProj with the paper preset
    (experiments/cifar10.py), each for half the budget, checkpointed every round; a later run with
    ``--accuracy_state`` resumes both. Curves (test accuracy per round) go to the JSON and table.
-e. ``gpse_cost``: FOT's GPSE round vs one local epoch for the PMNIST MLP (benchmarks/perf/gpse_cost.py;
-   paper 003, Table 4: 0.3-2.3x), steady state, with the compile time of the first call apart.
+e. ``gpse_cost``: FOT's GPSE round vs one local epoch for the PMNIST MLP
+   (benchmarks/perf/gpse_cost.py; paper 003, Table 4: 0.3-2.3x), steady state, with the compile
+   time of the first call apart.
 f. ``nlp_round``: one FedAvg round of 5 TinyBERT 4L-312 clients at 128 tokens, whole cohort and
    chunks of 1 (benchmarks/perf/nlp_memory.py): round time, peak device memory.
 
@@ -52,7 +53,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks import flag_checks
-from benchmarks.results_io import REPO_ROOT
+from benchmarks.results_io import REPO_ROOT, write_results
 
 REPO = REPO_ROOT
 
@@ -510,7 +511,8 @@ def step_gpse_cost(cfg, x, y, public, results: dict) -> bool:
 
 def step_nlp_round(cfg, x, y, public, results: dict) -> bool:
   """One FedAvg round of TinyBERT 4L-312 clients (random init, 128 tokens), whole cohort vs
-  chunks (benchmarks/perf/nlp_memory.py; docs/nlp.md, "Memory"): round time and peak device memory."""
+  chunks (benchmarks/perf/nlp_memory.py; docs/nlp.md, "Memory"): round time and peak device
+  memory."""
   from benchmarks.perf import nlp_memory
 
   rows = []
@@ -748,10 +750,9 @@ def main(argv=None) -> int:
       traceback.print_exc()
     entry["seconds"] = time.perf_counter() - t0
     print(f"== step {name}: {entry['status']} in {entry['seconds']:.1f} s", flush=True)
-    (cfg.out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    write_results(cfg.out_dir / f"{args.name}.json", report, default=str)
   report["total_seconds"] = time.perf_counter() - t_start
-  (cfg.out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-  (cfg.out_dir / f"{args.name}.md").write_text(markdown(report))
+  write_results(cfg.out_dir / f"{args.name}.json", report, default=str, markdown=markdown(report))
   print(markdown(report))
   bad = [n for n in chosen if report["steps"][n]["status"] not in ("ok", "timed_out")]
   return 1 if bad else 0

@@ -1,4 +1,4 @@
-"""Packs real data for the accelerator machine into one compact npz (benchmarks/device/gpu_suite.py).
+"""Packs real data for the accelerator machine into one compact npz (device/gpu_suite.py).
 
     python -m benchmarks.device.make_device_data --out_dir=.device_data
 

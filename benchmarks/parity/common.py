@@ -21,7 +21,7 @@ Pieces:
 * :func:`torch_linear_state`: our Flax Dense parameters as torch ``nn.Linear`` state (numpy).
 * :func:`client_step`: one local step of our ClientProgram on that batch, returning the loss and
   the gradient the optimiser received (:func:`grad_stash` as the optimiser).
-* :func:`compare`, :func:`float32_tolerance`, :func:`write_results`: the verdict and the files
+* :func:`compare`, :func:`float32_tolerance`, :func:`markdown`: the verdict and the files
   under ``results/parity/``.
 * :data:`SUITE`: every parity benchmark with its result file, the older ones included.
 """
@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import subprocess
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR, write_results
 
 ROOT = REPO_ROOT
 
@@ -444,17 +443,6 @@ def markdown(result: dict) -> str:
   return "\n".join(line for line in lines) + "\n"
 
 
-def write_results(result: dict, out_dir: Path = RESULTS) -> tuple[Path, Path]:
-  """Writes ``<method>.json`` and ``<method>.md`` under ``out_dir``."""
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  stem = out_dir / result["method"]
-  js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
-  js.write_text(json.dumps(result, indent=1, default=float) + "\n")
-  md.write_text(markdown(result))
-  return js, md
-
-
 def rows_main(
   script: str,
   description: str,
@@ -470,7 +458,7 @@ def rows_main(
   Parses ``--refs_dir``, ``--methods`` (of ``rows``), ``--seed``, ``--classes``, ``--out`` and what
   ``add_args(parser)`` adds; checks torch and every checkout (``extra_refs`` too) before anything
   runs; then per method runs ``rows[m](checkout, args)``, lets ``finish(m, result, checkouts)``
-  amend the result, and writes it (:func:`write_results`).
+  amend the result, and writes ``<method>.json`` and its table ``<method>.md`` under ``--out``.
   """
   import argparse
   import sys
@@ -506,8 +494,9 @@ def rows_main(
     }
     if finish is not None:
       result = finish(m, result, repos)
-    js, md = write_results(result, Path(args.out))
-    print(md.read_text())
+    out = Path(args.out) / f"{m}.json"
+    write_results(out, result, default=float, markdown=markdown(result))
+    print(markdown(result))
 
 
 class SuiteEntry(NamedTuple):

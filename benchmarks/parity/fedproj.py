@@ -60,7 +60,7 @@ from benchmarks.parity.common import (
 )
 from benchmarks.parity.common import our_commit as _commit
 from benchmarks.perf.torch_reference import torch_cnn, torch_state_from_flax
-from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR, write_results
 
 ROOT = REPO_ROOT
 
@@ -208,8 +208,8 @@ def run_ours(c) -> dict:
   records = [
     json.loads(x) for x in (Path(c.output_dir) / "metrics.jsonl").read_text().split("\n") if x
   ]
-  # CPU seconds of the process, as benchmarks/perf/cpu_step.py measures speed (one pinned core): wall
-  # time on a shared machine measures the load as much as the code.
+  # CPU seconds of the process, as benchmarks/perf/cpu_step.py measures speed (one pinned core):
+  # wall time on a shared machine measures the load as much as the code.
   out = {
     "accuracy": [100.0 * r["test_accuracy"] for r in records],
     "wall_seconds": wall,
@@ -664,8 +664,7 @@ def merge(paths: list[Path], out_dir: Path) -> dict:
     "summary": summarize(runs, seeds, tuple(first["proj_rounds"]), methods),
   }
   out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / f"parity_{first['defects']}.json").write_text(json.dumps(result, indent=1) + "\n")
-  (out_dir / f"parity_{first['defects']}.md").write_text(markdown(result))
+  write_results(out_dir / f"parity_{first['defects']}.json", result, markdown=markdown(result))
   print(markdown(result))
   return result
 
@@ -799,8 +798,8 @@ def main(argv=None):
           summary=summarize(runs, seeds, window, [m for m in methods]),
         )
         # Partial results after every pair, so an interrupted run keeps what it measured.
-        (out_dir / f"parity_{args.defects}.json").write_text(json.dumps(result, indent=1) + "\n")
-  (out_dir / f"parity_{args.defects}.md").write_text(markdown(result))
+        write_results(out_dir / f"parity_{args.defects}.json", result)
+  write_results(out_dir / f"parity_{args.defects}.json", result, markdown=markdown(result))
   print(markdown(result))
 
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 # The authors' commit read for the reference below.
 AUTHORS_COMMIT = "6adce7c78d8d8ccf182a53730d9ba6962e427821"
@@ -306,8 +306,7 @@ def main(argv=None) -> int:
   result["seconds"] = time.perf_counter() - t0
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "fot_basis.json").write_text(json.dumps(result, indent=1) + "\n")
-  (out / "fot_basis.md").write_text(markdown(result))
+  write_results(out / "fot_basis.json", result, markdown=markdown(result))
   print(markdown(result))
   print(f"wrote {out / 'fot_basis.json'} and .md ({result['seconds']:.0f} s)")
   return 0

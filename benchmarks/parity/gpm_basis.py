@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 # The commit of sahagobinda/GPM read and run for this file.
 GPM_COMMIT = "1a238ec9d2ca30bae8fd1707f161cc6bd093c72a"
@@ -356,8 +356,7 @@ def main(argv=None) -> int:
   result["seconds"] = time.perf_counter() - t0
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "gpm_basis.json").write_text(json.dumps(result, indent=1) + "\n")
-  (out / "gpm_basis.md").write_text(markdown(result))
+  write_results(out / "gpm_basis.json", result, markdown=markdown(result))
   print(markdown(result))
   print(f"wrote {out / 'gpm_basis.json'} and .md ({result['seconds']:.0f} s)")
   return 0

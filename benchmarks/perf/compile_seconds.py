@@ -1,6 +1,7 @@
 """Runs an entry point in this process and prints what compiling cost it, at exit.
 
-    python -m benchmarks.perf.compile_seconds experiments/cifar10.py --method=fedproj --preset=smoke ...
+    python -m benchmarks.perf.compile_seconds experiments/cifar10.py --method=fedproj \
+        --preset=smoke ...
 
 The line ``PROBE ...`` on stderr gives the CPU and wall seconds spent in JAX's compile-or-load
 step (``jax._src.compiler.compile_or_get_cached``, wrapped here: it compiles a program or loads it

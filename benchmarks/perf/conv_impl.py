@@ -24,12 +24,10 @@ Usage: ``python -m benchmarks.perf.conv_impl [--models resnet8,cnn] [--batch 32]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +35,7 @@ import numpy as np
 import optax
 
 from benchmarks import flag_checks
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.models import CONV_IMPLS, get_model
 
 SETTINGS = ("loop", "scan", "vmap+scan")
@@ -182,24 +180,21 @@ def main(argv=None):
     cells = "  ".join(f"{r['settings'][s]['samples_per_s']:>10.0f}" for s in SETTINGS)
     print(f"{r['model']:<8} {r['conv_impl']:<13} {cells}")
 
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(
-    json.dumps(
-      {
-        "benchmark": "conv_impl",
-        "config": vars(args),
-        "environment": {
-          "jax": jax.__version__,
-          "backend": jax.default_backend(),
-          "cpu_count": os.cpu_count(),
-          "platform": platform.platform(),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        },
-        "rows": rows,
+  out = write_results(
+    args.out,
+    {
+      "benchmark": "conv_impl",
+      "config": vars(args),
+      "environment": {
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
       },
-      indent=2,
-    )
+      "rows": rows,
+    },
+    indent=2,
   )
   print("wrote", out)
 

@@ -38,8 +38,8 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
   (``src/client/client_fedproj.py``, loaded from ``--authors_repo``; the memory batch size of its
   DataLoader set to the case's), whose ``train`` runs two whole local epochs (its StepLR needs
   two): its time per step is theirs over its steps (its optimizer's creation included).
-- ``resnet8_step``: as ``cnn_step`` for ResNet-8 (torch: benchmarks/perf/torch_reference.py's ResNet-8
-  with torch's own initial weights; the speed of a step does not depend on the weights).
+- ``resnet8_step``: as ``cnn_step`` for ResNet-8 (torch: benchmarks/perf/torch_reference.py's
+  ResNet-8 with torch's own initial weights; the speed of a step does not depend on the weights).
 
 Writes ``results/cpu_step.json`` (``--out``): per case the seconds of every timing,
 medians and, for the steps, ``speedup_vs_torch`` / ``speedup_vs_authors`` = their median CPU
@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
-import json
 import os
 import platform
 import statistics
@@ -64,7 +63,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 # The cases of --cases, and our conv_impl columns --conv_impls may pick (models/conv.py's
 # CONV_IMPLS without the patches ones; the onednn pair needs the cpu-onednn extra). Named here, not
@@ -363,8 +362,8 @@ def flop_rates(flops_per_step: float, seconds_per_step: dict, peak_gflops: float
   Args:
     flops_per_step: the training FLOPs of one step (the same model and batch on every side).
     seconds_per_step: CPU seconds of one step per callable name (``cpu_seconds_per_step``).
-    peak_gflops: the core's GEMM rate per CPU second (``benchmarks.perf.peer.peak.gemm_peak``), or None
-      where it was not measured (then no shares).
+    peak_gflops: the core's GEMM rate per CPU second (``benchmarks.perf.peer.peak.gemm_peak``), or
+      None where it was not measured (then no shares).
 
   Returns:
     ``gflops_per_cpu_second`` (FLOPs / CPU seconds / 1e9) and, with a peak, ``share_of_peak``
@@ -385,10 +384,10 @@ def flop_rates(flops_per_step: float, seconds_per_step: dict, peak_gflops: float
 def cnn_step_flops(batch: int) -> dict:
   """FLOPs of one FedAvg CNN training step of ``batch`` examples, counted two ways, with the
   peer benchmark's functions (docs/performance.md, "Peer benchmark"): ``counted``, the
-  model's multiply-adds (``benchmarks.perf.peer.common.cnn_train_flops_per_example`` x batch, the one
-  the rates use, as the peer benchmark's do), and ``xla``, XLA's cost analysis of the compiled
-  step (``benchmarks.perf.peer.peak.xla_step_flops``; it leaves out the SAME padding's taps, which dense
-  kernels compute anyway; None with the reason where it fails)."""
+  model's multiply-adds (``benchmarks.perf.peer.common.cnn_train_flops_per_example`` x batch,
+  the one the rates use, as the peer benchmark's do), and ``xla``, XLA's cost analysis of the
+  compiled step (``benchmarks.perf.peer.peak.xla_step_flops``; it leaves out the SAME padding's
+  taps, which dense kernels compute anyway; None with the reason where it fails)."""
   from benchmarks.perf.peer.common import cnn_train_flops_per_example
   from benchmarks.perf.peer.peak import xla_step_flops
 
@@ -691,8 +690,8 @@ def main(argv=None):
 
     result["peak"] = {
       **gemm_peak(),
-      "method": "benchmarks.perf.peer.peak.gemm_peak: best float32 n x n GEMM GFLOP/s per CPU second "
-      "of numpy and of jax.numpy (2 n^3 FLOPs), in this process before the cases",
+      "method": "benchmarks.perf.peer.peak.gemm_peak: best float32 n x n GEMM GFLOP/s per CPU "
+      "second of numpy and of jax.numpy (2 n^3 FLOPs), in this process before the cases",
     }
   peak = result.get("peak", {}).get("peak_gflops")
   out = Path(args.out)
@@ -706,7 +705,7 @@ def main(argv=None):
     # same soname is not loaded, so oneDNN and torch share whichever loaded first).
     result["threads_after"] = _threads()
     result["openmp_libraries"] = _mapped("libgomp")
-    out.write_text(json.dumps(result, indent=1))
+    write_results(out, result)
     brief = {
       k: round(v[f"{measure}_median"] * 1e3, 2)
       for k, v in res.items()

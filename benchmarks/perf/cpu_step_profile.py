@@ -3,9 +3,9 @@ by aten operator (docs/performance.md, "Where the CNN step's time goes").
 
     taskset -c 1 python -m benchmarks.perf.cpu_step_profile
 
-The step is ``benchmarks/perf/cpu_step.py``'s ``cnn_step`` (the CNN, SGD with momentum, batch 64, the
-same batches and initial weights on both sides, one core, XLA and torch at one thread). Each side
-is warmed (compiled) first, then ``--reps`` calls of ``--steps`` steps run under its profiler:
+The step is ``benchmarks/perf/cpu_step.py``'s ``cnn_step`` (the CNN, SGD with momentum, batch 64,
+the same batches and initial weights on both sides, one core, XLA and torch at one thread). Each
+side is warmed (compiled) first, then ``--reps`` calls of ``--steps`` steps run under its profiler:
 ``jax.profiler.trace`` (XLA:CPU records one event per executed thunk, named after its HLO
 instruction) and ``torch.profiler`` (self CPU time per aten operator). Profilers add their own
 cost, so read the shares within a side, not the totals against ``cpu_step.py``'s timings.
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 # An executed thunk's event is its HLO instruction's name (e.g. "convolution.3", "fusion.12",
 # "custom-call.1"); the runtime's own events have other names (PjitFunction(...), ThunkExecutor::).
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
   result["loadavg_after"] = os.getloadavg()
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=1))
+  write_results(out, result)
   for side in [f"ours {i}" for i in impls] + ["torch"]:
     r = result[side]
     parts = r.get("by_kind_ms_per_step") or r["top_ops_ms_per_step"]

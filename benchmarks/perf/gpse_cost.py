@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from benchmarks import flag_checks
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 
 def _bench_data(model_name: str, seed: int):
@@ -364,7 +364,7 @@ def main(argv=None) -> int:
   print("\n".join(lines))
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"rows": rows, "table": lines}, indent=2))
+  write_results(out, {"rows": rows, "table": lines}, indent=2)
   print(f"wrote {out}")
   return 0
 

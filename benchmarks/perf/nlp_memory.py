@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks import flag_checks
-from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR, write_results
 
 
 def _rss_mib() -> float:
@@ -107,9 +107,9 @@ def main(argv=None) -> int:
   Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # not a traceback after the runs
   rows = []
   for chunk in chunks:
-    cmd = [sys.executable, "-m", "benchmarks.perf.nlp_memory", f"--one={chunk}", f"--chunks={chunk}",
-           f"--clients={a.clients}", f"--steps={a.steps}", f"--batch={a.batch}",
-           f"--seq_len={a.seq_len}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "benchmarks.perf.nlp_memory", f"--one={chunk}",
+           f"--chunks={chunk}", f"--clients={a.clients}", f"--steps={a.steps}",
+           f"--batch={a.batch}", f"--seq_len={a.seq_len}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # from any folder, as this process
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:  # the child's last line, not this process's traceback over it
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
   import jax
 
   result = {"backend": jax.default_backend(), "jax": jax.__version__, "rows": rows}
-  Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+  write_results(a.out, result)
   return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import functools
-import json
 import os
 import random
 import shutil
@@ -43,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import flag_checks
-from benchmarks.results_io import REPO_ROOT
+from benchmarks.results_io import REPO_ROOT, write_results
 
 # (input NHWC, kernel HWIO, strides, padding): the GEMM-based ones first (scratchpad: im2col).
 SHAPES = [
@@ -172,7 +171,7 @@ def main(argv=None) -> dict:
       **repeat(a.repeat, child_args),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(a.out, result, indent=2)
     print(f"{result['crashes']} crashes, {result['failures']} failures in {a.repeat} runs: {a.out}")
     return result
   if a.fresh_cache:

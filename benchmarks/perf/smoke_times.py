@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks import flag_checks
-from benchmarks.results_io import REPO_ROOT, RESULTS_DIR
+from benchmarks.results_io import REPO_ROOT, RESULTS_DIR, write_results
 from fedjax_proj.algorithms import registry
 from fedjax_proj.data.sources import find_shared_data
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     "runs": rows,
   }
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+  write_results(args.out, result)
   print(f"wrote {args.out}; load after: {result['load_after']}")
   return 0 if all(r["rc"] == 0 for r in rows) else 1
 

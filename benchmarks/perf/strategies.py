@@ -1,7 +1,7 @@
 """Which execution strategy wins where: samples/s of a FedAvg round per strategy, model and cohort.
 
     python -m benchmarks.perf.strategies [--clients 4,16,64] [--steps 8] [--models mlp,cnn,resnet8]
-    python -m benchmarks.perf.strategies --write_table  # rewrites fedjax_proj/core/strategy_table.json
+    python -m benchmarks.perf.strategies --write_table  # fedjax_proj/core/strategy_table.json
 
 Every strategy runs the same round (same clients, batches and keys); the table also reports the
 largest parameter difference to ``vmap_scan`` (they must agree) and the strategy ``auto`` picks.

@@ -23,7 +23,6 @@ are never used by a verdict (docs/reproduction.md, "Drift budget").
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 import optax
 
 from benchmarks import flag_checks
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.data.partition import parse_partition, partition
 from fedjax_proj.data.pipeline import normalizer_for
 from fedjax_proj.data.sources import find_shared_data, load_dataset
@@ -181,7 +180,7 @@ def main(argv=None) -> dict:
   )
   out = Path(args.out) if args.out else RESULTS / f"drift_pilot-{tag}.json"
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=1))
+  write_results(out, result)
   print(f"final global acc {final:.3f}; wrote {out}")
   return result
 

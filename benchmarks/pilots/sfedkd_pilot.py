@@ -54,7 +54,7 @@ import numpy as np
 import optax
 
 from benchmarks import flag_checks
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.data.partition import partition
 from fedjax_proj.data.pipeline import normalizer_for
 from fedjax_proj.data.sources import find_shared_data, load_dataset
@@ -292,7 +292,7 @@ def main(argv=None) -> dict:
   )
   out = Path(args.out) if args.out else RESULTS / f"sfedkd_pilot-{tag}.json"
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=1))
+  write_results(out, result)
   print(f"per-class sampling sd <= {sampling_sd:.1f} points")
   print("\n".join(table([result])))
   print(f"wrote {out}")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 TABLE3 = {"fot-pmnist-noniid": 61.36, "fot-pmnist-iid": 62.18}  # 003 Table 3, % used
 COMMON, UNION = 0.99, 1e-3  # eigenvalue cuts of the mean projector (GPM+FL)
@@ -277,8 +277,7 @@ def main(argv=None) -> int:
   name += f"-seed{args.seed}" + (f"-tasks{args.num_tasks}" if args.num_tasks else "")
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-  (out / f"{name}.md").write_text(markdown(result))
+  write_results(out / f"{name}.json", result, markdown=markdown(result))
   print(markdown(result))
   print(f"wrote {out / name}.json and .md")
   return 0

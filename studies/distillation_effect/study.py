@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.core import tree as tree_lib
@@ -236,7 +236,7 @@ def main(argv=None) -> dict:
     print(_seed_lines(seed, result))
     out["pooled"] = _pooled(out)
     # After every seed, so a stopped or failed run keeps the seeds it finished.
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_results(path, out)
   print(_summary_line("pooled", out["pooled"]))
   print(f"wrote {path}")
   return out

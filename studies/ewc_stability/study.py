@@ -4,9 +4,10 @@
     python -m studies.ewc_stability.study --seed=4 --stop_round=60
 
 Runs ONE EWC run of a claim's budget (default fot-pmnist-noniid, cpu) at its pre-registered config
-(the runner's own ``resolve_config`` and continual entry point, as studies/continual_subspace/study.py)
-for the claim's seed, stopping after ``--stop_round`` rounds or at the first non-finite round.
-Rounds are a pure function of (seed, round), so its rounds are the claim's rounds.
+(the runner's own ``resolve_config`` and continual entry point, as
+studies/continual_subspace/study.py) for the claim's seed, stopping after ``--stop_round`` rounds or
+at the first non-finite round. Rounds are a pure function of (seed, round), so its rounds are the
+claim's rounds.
 
 The mechanism tested (docs/fot.md, "EWC's divergence at the cpu budget"): a client's local loss
 is CE + (λ/2) Σ_i F_i (θ_i − θ*_i)² (algorithms/continual/ewc.py), whose gradient along θ_i is
@@ -46,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import flag_checks
-from benchmarks.results_io import RESULTS_DIR
+from benchmarks.results_io import RESULTS_DIR, write_results
 
 
 class StopRun(Exception):
@@ -295,8 +296,7 @@ def main(argv=None) -> int:
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   name = f"{args.claim}-{args.budget}-ewc-seed{args.seed}"
-  (out / f"{name}.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
-  (out / f"{name}.md").write_text(markdown(result))
+  write_results(out / f"{name}.json", result, markdown=markdown(result))
   print(markdown(result))
   return 0
 

@@ -2,10 +2,10 @@
 
     python -m benchmarks.perf.peer.export --out results/peer/workload.npz
 
-Every system reads the same file (benchmarks/perf/peer/common.py, ``load_export``), so all of them train
-on the same train subset, the same clients' examples and the same cohort in every round. The subset
-is drawn from real CIFAR-10 (../shared/data, ``fedjax_proj.data.sources``), the split is our own
-``partition`` (Dirichlet over labels, the split of 002 §5.1 and 003 §6), and the cohorts are our
+Every system reads the same file (benchmarks/perf/peer/common.py, ``load_export``), so all of them
+train on the same train subset, the same clients' examples and the same cohort in every round. The
+subset is drawn from real CIFAR-10 (../shared/data, ``fedjax_proj.data.sources``), the split is our
+own ``partition`` (Dirichlet over labels, the split of 002 §5.1 and 003 §6), and the cohorts are our
 ``FederatedData.sample_clients`` (uniform without replacement, sorted). Sizes are flags, so a test
 can write a tiny workload (``--synthetic`` draws random images when the data is absent).
 """

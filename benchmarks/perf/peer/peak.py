@@ -1,6 +1,6 @@
 """The core's measured peak and the model's counted FLOPs, for the peer benchmark's share of peak.
 
-    python -m benchmarks.perf.peer.peak  # run by benchmarks.perf.peer.run under the runners' pinning
+    python -m benchmarks.perf.peer.peak  # run by perf.peer.run under the runners' pinning
 
 Peak: the best float32 GEMM rate of numpy (its BLAS) and of jax.numpy (XLA:CPU's Eigen/oneDNN) on
 square n x n matrices, 2 n^3 FLOPs each, best of several repeats after a warm-up: a GEMM is the

@@ -251,7 +251,7 @@ def main(argv=None) -> None:
                  help="keep an interrupted call's finished runs (same settings)")  # fmt: skip
   p.add_argument("--tag", default=None, help="result file name (default: the mode)")
   p.add_argument("--device_data", type=Path, default=ROOT / ".device_data" / "device_data.npz",
-                 help="device mode: the carried data (benchmarks/device/make_device_data.py)")  # fmt: skip
+                 help="device mode: the carried data (device/make_device_data.py)")  # fmt: skip
   p.add_argument("--render", action="store_true", help="only rewrite <tag>.md from <tag>.json")
   args = p.parse_args(argv)
   if args.render:
@@ -333,8 +333,9 @@ def main(argv=None) -> None:
 
 
 def unpack_device_data(path: Path) -> Path:
-  """A lent GPU has no ../shared/data: unpack the carried CIFAR-10 (benchmarks/device/make_device_data.py,
-  docs/performance.md "Running the GPU suite") into its layout, for the export to read."""
+  """A lent GPU has no ../shared/data: unpack the carried CIFAR-10
+  (benchmarks/device/make_device_data.py, docs/performance.md "Running the GPU suite") into its
+  layout, for the export to read."""
   from benchmarks.device import make_device_data
 
   dest = Path("/tmp/peer_device_data")
