@@ -297,7 +297,7 @@ def compare_rows(
   one, cuDNN's choice of algorithm for each shape) differs by float rounding, which grows with
   the size of the update. On CPU the strategies' ResNet-8 FedAvg rounds differ by 9e-5 with a
   largest update of 0.64 (1.4e-4 of it); a wrong client, step or learning rate differs by a
-  sizeable fraction of the update (tests/benchmarks/test_gpu_suite.py)."""
+  sizeable fraction of the update (tests/benchmarks/device/test_gpu_suite.py)."""
   import numpy as np
 
   rows = []

@@ -121,7 +121,7 @@ def export_inputs(c) -> dict:
 
   Mirrors :func:`fedjax_proj.training.experiment._run` up to the round loop and
   :func:`fedjax_proj.training.loop.train`'s per-round client sample and batch layout
-  (tests/benchmarks/test_parity_inputs.py checks these against a real run).
+  (tests/benchmarks/parity/test_parity_inputs.py checks these against a real run).
   """
   import jax
 

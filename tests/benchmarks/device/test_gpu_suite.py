@@ -1,4 +1,4 @@
-"""benchmarks/device/gpu_suite.py end to end at --tiny on CPU, its data packer, and the auto-rule writer.
+"""benchmarks/device/gpu_suite.py end to end at --tiny on CPU, its data packer and the rule writer.
 
 The suite's numbers on CPU mean nothing; these tests check that the one command a GPU session will
 run works: every step runs, the JSON has the documented schema, and the correctness step passes.
@@ -16,32 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.device import gpu_suite, make_device_data
+from benchmarks.perf import strategies
 from tests.core.multiprocess import cpu_env
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _import_benchmarks():
-  """Imports the benchmark scripts without leaving benchmarks/common.py as ``common``, a
-  top-level name other benchmark tests in the same process import from their own path."""
-  bench = str(ROOT / "benchmarks")
-  saved = sys.modules.pop("common", None)
-  sys.path.insert(0, bench)
-  try:
-    import gpu_suite
-    import make_device_data
-    import strategies
-    import torch_reference
-
-    return gpu_suite, make_device_data, strategies, torch_reference
-  finally:
-    sys.path.remove(bench)
-    sys.modules.pop("common", None)
-    if saved is not None:
-      sys.modules["common"] = saved
-
-
-gpu_suite, make_device_data, strategies, torch_reference = _import_benchmarks()
+ROOT = Path(__file__).resolve().parents[3]
+CLAIMS_ON_DEVICE = ROOT / "benchmarks" / "device" / "claims_on_device.sh"
 
 
 def _fake_shared(root: Path, per_class: int = 12) -> Path:
@@ -134,7 +114,7 @@ def test_claims_on_device_packs_what_it_ran_and_names_what_the_deadline_left(tmp
   # run (a Python process importing JAX, >= 2 s) leaves the second claim < 60 s.
   claim = "fedproj-iris-pilot:smoke"
   proc = subprocess.run(
-    ["bash", str(ROOT / "benchmarks" / "claims_on_device.sh"), "61", claim, claim],
+    ["bash", str(CLAIMS_ON_DEVICE), "61", claim, claim],
     cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
   )  # fmt: skip
   assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -146,14 +126,14 @@ def test_claims_on_device_packs_what_it_ran_and_names_what_the_deadline_left(tmp
   assert result["machine"]["matmul_precision"] == "float32"  # pinned by the script
   assert (out / "claims.log").read_text().count("done fedproj-iris-pilot smoke fedavg seed 0") == 1
   bad = subprocess.run(
-    ["bash", str(ROOT / "benchmarks" / "claims_on_device.sh"), "60", "fot-pmnist-iid"],
+    ["bash", str(CLAIMS_ON_DEVICE), "60", "fot-pmnist-iid"],
     cwd=ROOT, capture_output=True, text=True, env=env,
   )  # fmt: skip
   assert bad.returncode == 2 and "is not CLAIM:BUDGET" in bad.stderr
   # The pack's public set is JPEG: a FedProj claim is refused at once. A fresh work folder, as on a
   # fresh machine: the check resolves configs, which must find the unpacked data files.
   lossy = subprocess.run(
-    ["bash", str(ROOT / "benchmarks" / "claims_on_device.sh"), "60", "fedproj-cifar10-dir0.5:cpu"],
+    ["bash", str(CLAIMS_ON_DEVICE), "60", "fedproj-cifar10-dir0.5:cpu"],
     cwd=ROOT, capture_output=True, text=True, env={**env, "WORK": str(tmp_path / "fresh")},
   )  # fmt: skip
   assert lossy.returncode == 3 and "--public_format=webp_lossless" in lossy.stderr, lossy.stderr
@@ -220,7 +200,8 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
   proc = subprocess.run(
     [
       sys.executable,
-      str(ROOT / "benchmarks" / "gpu_suite.py"),
+      "-m",
+      "benchmarks.device.gpu_suite",
       "--tiny",
       f"--out_dir={out}",
       f"--work_dir={tmp_path / 'work'}",

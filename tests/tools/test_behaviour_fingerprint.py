@@ -7,8 +7,8 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import behaviour_fingerprint as bf
 from fedjax_proj.algorithms import losses
+from tools import behaviour_fingerprint as bf
 
 
 def _run_dir(path, summary, metrics, variables):

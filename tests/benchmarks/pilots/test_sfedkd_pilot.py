@@ -1,20 +1,12 @@
-"""benchmarks/pilots/sfedkd_pilot.py's forgetting numbers (004 Figure 1) on hand-made accuracy matrices."""
+"""benchmarks/pilots/sfedkd_pilot.py's forgetting numbers (004 Figure 1) on hand-made accuracy
+matrices."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# benchmarks/ on the path only for this import: its common.py is not fedjax_proj/configs/common.py.
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-  import sfedkd_pilot
-finally:
-  sys.path.remove(str(ROOT / "benchmarks"))
+from benchmarks.pilots import sfedkd_pilot
 
 # Three classes; each row is the per-class accuracy (points) after one client of a chain.
 CHAIN = np.array(

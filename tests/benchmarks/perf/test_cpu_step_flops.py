@@ -1,4 +1,4 @@
-"""benchmarks/perf/cpu_step.py's distance to the limit: achieved GFLOP/s and the share of the GEMM peak.
+"""benchmarks/perf/cpu_step.py's distance to the limit: achieved GFLOP/s, share of the GEMM peak.
 
 The rates are the step's FLOPs over its CPU seconds, the share that rate over the core's measured
 GEMM peak (docs/performance.md, "Distance to the limit"); the CNN step's FLOPs are counted from the
@@ -8,22 +8,14 @@ functions are tested directly (cpu_step's run itself needs torch for its other c
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cpu_step():
-  spec = importlib.util.spec_from_file_location("cpu_step", ROOT / "benchmarks" / "cpu_step.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["cpu_step"] = module
-  spec.loader.exec_module(module)
-  return module
+  from benchmarks.perf import cpu_step
+
+  return cpu_step
 
 
 def test_flop_rates_are_flops_over_cpu_seconds_and_over_the_peak(cpu_step):

@@ -9,21 +9,14 @@ there is one.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks.parity import common as pc
+from benchmarks.parity import continual as parity
 from fedjax_proj.algorithms import losses
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import parity_common as pc  # noqa: E402
-import parity_continual as parity  # noqa: E402
 
 
 def _empirical_fisher(model, variables, x, y):

@@ -1,17 +1,11 @@
-"""studies/continual_subspace/study.py: the mean-projector counts of GPM+FL's client memories and the
-per-(task, layer) table read from end-of-task records."""
+"""studies/continual_subspace/study.py: the mean-projector counts of GPM+FL's client memories and
+the per-(task, layer) table read from end-of-task records."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import continual_subspace as bench  # noqa: E402
+from studies.continual_subspace import study as bench
 
 
 def _padded(columns: np.ndarray, d: int) -> np.ndarray:

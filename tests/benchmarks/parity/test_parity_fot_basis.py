@@ -3,20 +3,13 @@ reads (commit 6adce7c), and agrees with our server step where the two rules shou
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import parity_fot_basis as parity  # noqa: E402
-
-from fedjax_proj.algorithms.continual import gpse  # noqa: E402
+from benchmarks.parity import fot_basis as parity
+from fedjax_proj.algorithms.continual import gpse
 
 
 def _sketch(d, s, sv, seed):

@@ -1,4 +1,5 @@
-"""studies/distillation_effect/study.py measures the server's distillation without changing the run."""
+"""studies/distillation_effect/study.py measures the server's distillation without changing the
+run."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import distillation_effect
 from fedjax_proj.reproduce import run
 from fedjax_proj.reproduce.claims import CLAIMS
+from studies.distillation_effect import study as distillation_effect
 
 CLAIM = "fedproj-cifar10-dir0.3"
 

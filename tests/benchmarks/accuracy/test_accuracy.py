@@ -1,22 +1,14 @@
-"""benchmarks/accuracy/accuracy_cifar10.py's two settings, and its former name accuracy_sequential.py, build
-the configs they document (no training: run_experiment is replaced by a recorder)."""
+"""benchmarks/accuracy/accuracy_cifar10.py's two settings, and its former name
+accuracy_sequential.py, build the configs they document (no training: run_experiment is replaced
+by a recorder)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# benchmarks/ on the path only for these imports (its common.py, a top-level ``common``).
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-  import accuracy_cifar10
-  import accuracy_sequential
-finally:
-  sys.path.remove(str(ROOT / "benchmarks"))
+from benchmarks.accuracy import accuracy_cifar10, accuracy_sequential
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ error, and that a reference checkout at another commit is refused before anythin
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
@@ -20,18 +18,14 @@ import pytest
 from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def pc():
-  spec = importlib.util.spec_from_file_location(
-    "parity_common", ROOT / "benchmarks" / "parity_common.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["parity_common"] = module
-  spec.loader.exec_module(module)
-  return module
+  from benchmarks.parity import common
+
+  return common
 
 
 def test_tolerance_is_ulps_times_reduction_length(pc):

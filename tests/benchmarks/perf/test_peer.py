@@ -1,4 +1,4 @@
-"""benchmarks/perf/peer/: the peer benchmark's export, measurement, runners and driver on tiny sizes.
+"""benchmarks/perf/peer/: the peer benchmark's export, measurement, runners and driver, tiny sizes.
 
 The export must hand every system the same clients and cohorts (docs/performance.md, "Peer
 benchmark"), so the round trip is checked against our own partition and sampler; the runners for

@@ -8,9 +8,7 @@ weights, the train/test/public arrays and the public normaliser) and the export 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,16 +21,11 @@ from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.training import experiment
 from fedjax_proj.training.config import base_config
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _parity_module():
-  spec = importlib.util.spec_from_file_location(
-    "parity_fedproj", ROOT / "benchmarks" / "parity_fedproj.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from benchmarks.parity import fedproj
+
+  return fedproj
 
 
 def _config(tmp_path, public, seed):
@@ -212,11 +205,12 @@ def test_torch_cnn_reproduces_the_flax_logits():
 
   from fedjax_proj.models import get_model
 
-  parity = _parity_module()
   model = get_model("cnn", 10)
   variables = model.init(jax.random.key(0), jnp.zeros((2, 32, 32, 3)))
-  net = parity.torch_cnn()
-  net.load_state_dict(parity.torch_state_from_flax(jax.tree.map(np.asarray, variables)))
+  from benchmarks.perf import torch_reference
+
+  net = torch_reference.torch_cnn()
+  net.load_state_dict(torch_reference.torch_state_from_flax(jax.tree.map(np.asarray, variables)))
   x = np.random.default_rng(0).normal(size=(4, 32, 32, 3)).astype(np.float32)
   with torch.no_grad():
     got = net(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
