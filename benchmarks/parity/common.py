@@ -4,8 +4,8 @@ docs/parity.md describes the suite and holds its table. Every parity benchmark r
 implementation beside ours on identical inputs and reports the largest relative difference
 against a tolerance argued from float32 (:func:`float32_tolerance`). This module needs no torch:
 the pieces that build our side's inputs and read our side's numbers are tested in
-tests/benchmarks/parity/test_parity_common.py; the benchmarks that run a reference (torch, a checkout of
-the authors' repository) are benchmarks, not tests.
+tests/benchmarks/parity/test_parity_common.py; the benchmarks that run a reference (torch, a
+checkout of the authors' repository) are benchmarks, not tests.
 
 Pieces:
 

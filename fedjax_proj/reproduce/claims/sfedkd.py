@@ -118,8 +118,9 @@ SFEDKD = _sfedkd(
 FMNIST_TABLE1 = {"fedavg": 76.00, "fedseq": 81.81, "cwc": 81.85, "sfedkd": 83.66}
 # The mnist budget (docs/reproduction.md, "SFedKD budget on MNIST"): the CIFAR-10 cpu budget ends
 # at 23-25% for every method, where the forgetting SFedKD counters (004 Sect. 1, Figure 1) is not in
-# play. benchmarks/pilots/sfedkd_pilot.py (FedAvg and FedSeq, seed 200) measured FedSeq's forgetting along
-# the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the offline stand-in).
+# play. benchmarks/pilots/sfedkd_pilot.py (FedAvg and FedSeq, seed 200) measured FedSeq's
+# forgetting along the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the
+# offline stand-in).
 # At this shape, late in training, each client moves the per-class test accuracies by 10.2 points
 # on average and the within-round Forgetting Measure is 10.2, against 1.5 and 1.8 for an i.i.d.
 # chain, with FedSeq at 87% and FedAvg at 56%: the cheapest candidate that met the rule committed
