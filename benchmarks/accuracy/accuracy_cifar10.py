@@ -318,10 +318,9 @@ def main(argv=None) -> int:
       "backend": jax.default_backend(),
     },
     "command": shlex.join(
-      ["python", "benchmarks/accuracy/accuracy_cifar10.py", *(argv or sys.argv[1:])]
+      ["python", "-m", "benchmarks.accuracy.accuracy_cifar10", *(argv or sys.argv[1:])]
     ),
   }
-  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   write_results(args.out, result, indent=2)
   print(f"wrote {args.out}")
   return 0

@@ -444,7 +444,7 @@ def markdown(result: dict) -> str:
 
 
 def rows_main(
-  script: str,
+  module: str,
   description: str,
   rows: dict,
   argv=None,
@@ -459,6 +459,8 @@ def rows_main(
   ``add_args(parser)`` adds; checks torch and every checkout (``extra_refs`` too) before anything
   runs; then per method runs ``rows[m](checkout, args)``, lets ``finish(m, result, checkouts)``
   amend the result, and writes ``<method>.json`` and its table ``<method>.md`` under ``--out``.
+  ``module`` is the script's module (``benchmarks.parity.methods``): each result records the
+  command as ``python -m <module> <flags>``.
   """
   import argparse
   import sys
@@ -479,7 +481,7 @@ def rows_main(
   torch.set_num_threads(1)
   # All checked first.
   repos = {m: reference_checkout(m, args.refs_dir) for m in (*extra_refs, *methods)}
-  command = f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])
+  command = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
   for m in methods:
     torch.manual_seed(args.seed)
     result = rows[m](repos[m], args)

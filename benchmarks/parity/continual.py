@@ -614,7 +614,7 @@ def main(argv=None):
     ap.add_argument("--er_draws", type=int, default=400, help="ER rows: steps per side")
 
   pc.rows_main(
-    "benchmarks/parity/continual.py",
+    "benchmarks.parity.continual",
     __doc__.splitlines()[0],
     ROWS,
     argv,

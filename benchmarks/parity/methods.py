@@ -1056,9 +1056,7 @@ def main(argv=None):
       "--fedrcl_noise", type=float, default=0.8, help="FedRCL rows: noise around the class centres"
     )
 
-  pc.rows_main(
-    "benchmarks/parity/methods.py", __doc__.splitlines()[0], ROWS, argv, add_args=add_args
-  )
+  pc.rows_main("benchmarks.parity.methods", __doc__.splitlines()[0], ROWS, argv, add_args=add_args)
 
 
 if __name__ == "__main__":

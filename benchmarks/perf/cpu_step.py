@@ -667,7 +667,7 @@ def main(argv=None):
     impls = tuple(wanted)
   measure = "wall" if args.unpinned else "cpu"
   result = {
-    "command": " ".join(sys.argv),
+    "command": " ".join(["python -m benchmarks.perf.cpu_step", *sys.argv[1:]]),
     "cpu": cpu,
     "unpinned": args.unpinned,
     "cores": sorted(os.sched_getaffinity(0)),

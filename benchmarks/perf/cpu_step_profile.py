@@ -97,7 +97,8 @@ def main(argv=None) -> int:
   normalize = pipeline.normalizer(0.0, 1.0)
   batch_fn = pipeline.make_batch_fn(normalize, augment=False)
   opt = optax.sgd(0.01, momentum=0.9)
-  result = {"command": " ".join(sys.argv), "cpu": cpu, "steps": steps, "reps": args.reps}
+  command = " ".join(["python -m benchmarks.perf.cpu_step_profile", *sys.argv[1:]])
+  result = {"command": command, "cpu": cpu, "steps": steps, "reps": args.reps}
   result["keep_freed_memory"] = kept
   result["loadavg_before"] = os.getloadavg()
   variables = None
