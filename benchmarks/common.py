@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: real data when ../shared/data exists, round data, timing.
+"""Helpers shared by the benchmarks: real data when ../shared/data exists, round data, timing."""
 
 from __future__ import annotations
 
