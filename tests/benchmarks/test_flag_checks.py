@@ -38,6 +38,7 @@ MODULES = {
   },
   "sfedkd_pilot": "benchmarks.pilots.sfedkd_pilot",
   "drift_pilot": "benchmarks.pilots.drift_pilot",
+  "accuracy_cifar10": "benchmarks.accuracy.accuracy_cifar10",
   "continual_pmnist": "benchmarks.accuracy.continual_pmnist",
   "make_device_data": "benchmarks.device.make_device_data",
   "gpu_suite": "benchmarks.device.gpu_suite",
