@@ -1,17 +1,13 @@
-"""Helpers shared by the benchmarks: real data when ../shared/data exists, timing, JSON output."""
+"""Helpers shared by the benchmarks: real data when ../shared/data exists, round data, timing."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
 from fedjax_proj.data.sources import find_shared_data, load_dataset
-
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def cifar10(n_train: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -73,13 +69,6 @@ def best_time(fn, repeats: int = 3) -> float:
     block(fn())
     times.append(time.perf_counter() - t0)
   return min(times)
-
-
-def write_results(name: str, payload: dict) -> Path:
-  RESULTS.mkdir(parents=True, exist_ok=True)
-  path = RESULTS / f"{name}.json"
-  path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=float) + "\n")
-  return path
 
 
 def header() -> str:

@@ -1,11 +1,11 @@
 """The checks every benchmark script makes before it computes or imports anything heavy.
 
 A benchmark's flags and its optional imports (torch) are checked first, each refusal one line and
-exit 2 through the script's own parser (``ap.error``), as benchmarks/parity_common.py's
+exit 2 through the script's own parser (``ap.error``), as benchmarks/parity/common.py's
 ``rows_main`` does: a bad flag never ends in a traceback from deep inside a run, nor after minutes
 of timing (docs/design.md, "Input rules"). This module imports nothing beyond the standard
-library, so a script that must set XLA's flags before JAX loads (benchmarks/cpu_step.py) can call
-it first.
+library, so a script that must set XLA's flags before JAX loads (benchmarks/perf/cpu_step.py) can
+call it first.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Code cites only documents inside the repository, and never an issue number, which means
 nothing to a reader of the repository.
 
-Every Python file under fedjax_proj/, experiments/ and benchmarks/ must not cite the old
-out-of-repository references (METHODS.md, DESIGN.md, ../shared/docs, ../shared/papers) or a
-document by an absolute path, and every ``docs/<name>.md`` it cites must exist, with the quoted
-section heading when it names one (``docs/methods.md, "FOT"``; a heading's start is enough, as in
-``docs/fot.md, "Paper settings"`` for "Paper settings (PMNIST and Split-CIFAR100)").
+Every Python file under fedjax_proj/, experiments/, benchmarks/, tools/ and studies/ must not
+cite the old out-of-repository references (METHODS.md, DESIGN.md, ../shared/docs,
+../shared/papers) or a document by an absolute path, and every ``docs/<name>.md`` it cites must
+exist, with the quoted section heading when it names one (``docs/methods.md, "FOT"``; a heading's
+start is enough, as in ``docs/fot.md, "Paper settings"`` for "Paper settings (PMNIST and
+Split-CIFAR100)").
 
 Paths to the offline DATA folder (``../shared/data``) are not citations: they are where the runners
 look for data, and stay allowed.
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE_DIRS = ("fedjax_proj", "experiments", "benchmarks")
+CODE_DIRS = ("fedjax_proj", "experiments", "benchmarks", "tools", "studies")
 
 FORBIDDEN = re.compile(
   r"METHODS\.md|DESIGN\.md|shared/docs|shared/papers"
@@ -168,8 +169,13 @@ def _tracked_top_level_folders() -> set[str]:
 
 def test_every_package_folder_and_top_level_folder_has_a_layout_row():
   """A contributor finds every folder of the house in docs/design.md, "Layout": each package
-  folder (a folder of fedjax_proj/ with an ``__init__.py``) and each tracked top-level folder."""
-  packages = {f"{p.parent.relative_to(ROOT)}/" for p in (ROOT / "fedjax_proj").rglob("__init__.py")}
+  folder (a folder of fedjax_proj/, benchmarks/ or tools/ with an ``__init__.py``; studies/ has
+  one row for its one-folder-per-study layout) and each tracked top-level folder."""
+  packages = {
+    f"{p.parent.relative_to(ROOT)}/"
+    for top in ("fedjax_proj", "benchmarks", "tools")
+    for p in (ROOT / top).rglob("__init__.py")
+  }
   missing = sorted((packages | _tracked_top_level_folders()) - _layout_rows())
   assert not missing, f"docs/design.md, 'Layout', has no row for {missing}"
 
@@ -177,4 +183,5 @@ def test_every_package_folder_and_top_level_folder_has_a_layout_row():
 def test_the_layout_check_sees_its_rows():
   rows = _layout_rows()
   assert {"fedjax_proj/core/", "fedjax_proj/algorithms/continual/", ".ci/", "tests/"} <= rows
+  assert {"benchmarks/parity/", "benchmarks/perf/peer/", "tools/", "studies/"} <= rows
   assert "fedjax_proj/nowhere/" not in rows

@@ -23,9 +23,10 @@ version (and the FedAvg CNN's features are post-ReLU). It trains with mixed prec
 not. Like the official code, the whole local gradient (CE + both terms) is clipped to global norm
 ``clip_norm`` = 10 before the optimiser: at T = 0.05 the contrastive gradient of a fresh model is
 several times the CE gradient (measured on the CIFAR-10 CNN: norm 29 vs 8 at the first step).
-Measured caveat: at the reduced budget of benchmarks/accuracy_cifar10.py (CNN, Dir 0.3, 10 rounds
-of 1 epoch, SGD 0.01) the global model stays at chance with or without the clip (10.0 / 10.75%),
-while one centralised epoch on 5k images reaches 33.5% (CE alone: 45.5%): it learns, but slower.
+Measured caveat: at the reduced budget of benchmarks/accuracy/accuracy_cifar10.py (CNN, Dir 0.3, 10
+rounds of 1 epoch, SGD 0.01) the global model stays at chance with or without the clip (10.0 /
+10.75%), while one centralised epoch on 5k images reaches 33.5% (CE alone: 45.5%): it learns, but
+slower.
 
 Per-client state: none.
 """

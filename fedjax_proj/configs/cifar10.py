@@ -56,7 +56,7 @@ def get_config(preset: str = "paper"):
     return fedgkd_paper(c)
   if preset == "cpu":
     # 20 rounds x 10 clients x ~500 examples x 2 epochs = 200k example-steps: ~12 min for
-    # ResNet-8 at the ~290 samples/s measured by benchmarks/strategies.py on a loaded 2-core CPU.
+    # ResNet-8 at the ~290 samples/s benchmarks/perf/strategies.py measured on a loaded 2-core CPU.
     c.rounds = 20
     c.local_epochs = 2
     c.eval_every = 5

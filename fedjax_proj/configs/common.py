@@ -88,7 +88,7 @@ def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.test_subset = 500
   c.eval_every = 1
   # Distillation methods pass over the whole public set each round: 512 examples, not 20k, keep
-  # the smoke run under a minute (benchmarks/smoke_times.py).
+  # the smoke run under a minute (benchmarks/perf/smoke_times.py).
   c.public_size = 512
   c.memory_size = 256
   return c

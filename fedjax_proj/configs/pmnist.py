@@ -8,7 +8,7 @@ SGD 0.01, batch 64, 200 rounds per task (FL: 200 then 100 per task), MLP 784-400
 dropout 0.2/0.5/0.5, ε = 0.96 non-IID / 0.94 IID (Table 9), EWC λ = 40 with per-client Fishers,
 ER one stored example per client per task; docs/reproduction.md lists every field);
 ``paper_code`` (the same, with FOT's threshold rule of the authors' code, docs/fot.md); ``cpu``
-(the reduced budget of benchmarks/continual_pmnist.py and docs/fot.md with the paper's MLP:
+(the reduced budget of benchmarks/accuracy/continual_pmnist.py and docs/fot.md with the paper's MLP:
 16 clients per round, 20 rounds per task of 3 local epochs, SGD 0.05, 30k examples per task,
 and FOT's ε = 0.90, because at this budget ε = 0.96 with the authors' threshold rule filled 95%
 of the input space by task 10 and FOT's ACC dropped below FL's, measured (the energy rule, now the

@@ -7,7 +7,7 @@ the cohort is cut into chunks of ``client_chunk`` clients; each chunk's outputs 
 chunks, and the server update runs once (:class:`~fedjax_proj.core.rounds.StreamingAggregate`,
 the method's aggregate).
 Peak memory therefore grows with the chunk, not with the cohort (measured in
-``benchmarks/scaling.py``, docs/performance.md). FedAvg's weighted mean is associative, so any
+``benchmarks/perf/scaling.py``, docs/performance.md). FedAvg's weighted mean is associative, so any
 chunking gives the ordinary round's result up to float summation order; every client keeps the PRNG
 key it has in the ordinary round.
 

@@ -16,9 +16,9 @@ Execution strategies (identical semantics; tests prove equality up to float tole
   a loop of jitted steps).
 * ``auto``: a measured rule, :func:`choose_strategy`. Per backend, model kind (``conv`` or
   ``dense``) and cohort size it takes the fastest strategy from ``strategy_table.json`` beside this
-  module, written by ``benchmarks/strategies.py --write_table`` (the command and the measurements
-  are in the file; docs/performance.md). A backend the table does not list (GPU, TPU) gets
-  ``vmap_scan``, the design. Runs sharded over several devices or processes always get
+  module, written by ``benchmarks/perf/strategies.py --write_table`` (the command and the
+  measurements are in the file; docs/performance.md). A backend the table does not list (GPU, TPU)
+  gets ``vmap_scan``, the design. Runs sharded over several devices or processes always get
   ``vmap_scan``: only the one-program round can be sharded.
 
 PRNG: each client key is split into an init key and a step key; step ``s`` uses

@@ -34,7 +34,7 @@ optional ``bias`` [cout]), so parameters and checkpoints move freely between imp
 
 Why: on XLA:CPU the kernel-gradient convolution inside a loop body (``lax.scan``) is about 10x
 slower than outside it (jax-ml/jax issue 12868, "Convolution is significantly slower inside a loop
-body (CPU)"); see docs/design.md ("Measured facts about XLA:CPU") and ``benchmarks/conv_impl.py``.
+body (CPU)"); see docs/design.md ("Measured facts about XLA:CPU"), ``benchmarks/perf/conv_impl.py``.
 im2col convolution as a matrix product is the classic formulation of Chellapilla, Puri and Simard,
 "High Performance Convolutional Neural Networks for Document Processing" (IWFHR 2006).
 
@@ -91,7 +91,7 @@ def _patches(x: jax.Array, kernel_hw: tuple[int, int], strides: tuple[int, int],
   Built from kh·kw strided slices of the padded input rather than with
   ``lax.conv_general_dilated_patches``: that primitive is itself a convolution (with a one-hot
   kernel) and so is its transpose (the input gradient); on XLA:CPU it made the "patches" train step
-  6-8x slower in a Python loop and 2-3x slower inside ``lax.scan`` (``benchmarks/conv_impl.py``).
+  6-8x slower in a Python loop, 2-3x slower inside ``lax.scan`` (``benchmarks/perf/conv_impl.py``).
   Slices transpose to pads, so autodiff's col2im is pads and adds.
   """
   (kh, kw), (sh, sw) = kernel_hw, strides
@@ -150,7 +150,7 @@ GEMM_GRAD_CHUNK_BYTES = 16 * 2**20
 
 def _concat(parts: list[jax.Array], axis: int) -> jax.Array:
   """``jnp.concatenate`` in groups of at most 5: XLA:CPU copied 5 slabs at memory speed but 25
-  at a tenth of it (``benchmarks/cpu_step.py``, the kernel-gradient candidates)."""
+  at a tenth of it (``benchmarks/perf/cpu_step.py``, the kernel-gradient candidates)."""
   while len(parts) > 5:
     parts = [
       jnp.concatenate(parts[i : i + 5], axis) if len(parts[i : i + 5]) > 1 else parts[i]

@@ -39,8 +39,8 @@ INCOMPLETE = "incomplete"
 # Protocol v2. The metric: the mean of the last LATE_EVALS evaluated test accuracies (%). k = 3 was
 # chosen from the v1 curves (docs/reproduction.md, "Protocol v2"): at the drift budget the last
 # three evaluations (rounds 6, 8, 10) are those after the global model enters the forgetting regime
-# (above ~35% from round 5, benchmarks/drift_pilot.py), and over the five v1 claim x budgets it
-# lowers the largest paired sd of k = 1 (the final evaluation) by 25-83%.
+# (above ~35% from round 5, benchmarks/pilots/drift_pilot.py), and over the five v1 claim x budgets
+# it lowers the largest paired sd of k = 1 (the final evaluation) by 25-83%.
 V2_METRIC = "late_test_accuracy"
 LATE_EVALS = 3
 # Seeds 0-9 (every v1 result) and 100 (the drift pilot) have been run; v2 seeds start here.

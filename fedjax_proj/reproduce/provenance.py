@@ -121,8 +121,8 @@ def machine_info() -> dict:
 FULL_FLOAT32 = ("float32", "highest", "F32_F32_F32")
 
 
-# Written beside data unpacked from a device pack (benchmarks/make_device_data.py): what the pack
-# holds, e.g. whether its public set is a lossy copy.
+# Written beside data unpacked from a device pack (benchmarks/device/make_device_data.py): what the
+# pack holds, e.g. whether its public set is a lossy copy.
 DATA_RECORD = "DEVICE_DATA.json"
 
 

@@ -7,22 +7,49 @@ and pinning fails the test, so a check that came after either would show as anot
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+# Each script's module, by its name (benchmarks/README.md lists the shelves).
+MODULES = {
+  **{
+    name: f"benchmarks.perf.{name}"
+    for name in (
+      "cpu_step",
+      "cpu_step_profile",
+      "smoke_times",
+      "strategies",
+      "conv_impl",
+      "gpse_cost",
+      "torch_reference",
+      "scaling",
+      "fedproj_overhead",
+      "nlp_memory",
+      "onednn_stress",
+      "compile_seconds",
+    )
+  },
+  **{
+    f"parity_{n}": f"benchmarks.parity.{n}"
+    for n in ("methods", "fedproj", "gpm_basis", "fot_basis", "mkd", "fedgen")
+  },
+  "sfedkd_pilot": "benchmarks.pilots.sfedkd_pilot",
+  "drift_pilot": "benchmarks.pilots.drift_pilot",
+  "accuracy_cifar10": "benchmarks.accuracy.accuracy_cifar10",
+  "continual_pmnist": "benchmarks.accuracy.continual_pmnist",
+  "make_device_data": "benchmarks.device.make_device_data",
+  "gpu_suite": "benchmarks.device.gpu_suite",
+  "distillation_effect": "studies.distillation_effect.study",
+  "ewc_stability": "studies.ewc_stability.study",
+  "behaviour_fingerprint": "tools.behaviour_fingerprint",
+}
 
 
 def _script(name):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
+  return importlib.import_module(MODULES[name])
 
 
 @pytest.fixture
@@ -31,8 +58,6 @@ def no_torch(monkeypatch):
   monkeypatch.setitem(sys.modules, "torch", None)
   monkeypatch.setitem(sys.modules, "torch.nn", None)
   monkeypatch.setattr(os, "sched_setaffinity", lambda *a: pytest.fail("pinned before checks"))
-  # Run as scripts, benchmarks/ is on the path (their imports of flag_checks and common).
-  monkeypatch.setattr(sys, "path", [str(ROOT / "benchmarks"), *sys.path])
 
 
 def _refused(capsys, main, argv) -> str:

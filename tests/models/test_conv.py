@@ -312,13 +312,14 @@ def test_onednn_impl_is_the_ffi_calls_on_cpu_only():
 
 def test_onednn_kernel_grad_runs_on_any_thread_and_concurrently():
   """Each shape's cached oneDNN primitives, created on one thread, compute the right gradient when
-  called from other threads, several at once (benchmarks/onednn_stress.py, in a subprocess that a
-  memory fault ends with a signal). With oneDNN's library-managed scratchpad, a per-thread buffer,
-  the GEMM-based shapes wrote through a null scratchpad there: a segmentation fault every run."""
+  called from other threads, several at once (benchmarks/perf/onednn_stress.py, in a subprocess
+  that a memory fault ends with a signal). With oneDNN's library-managed scratchpad, a per-thread
+  buffer, the GEMM-based shapes wrote through a null scratchpad there: a segmentation fault every
+  run."""
   _skip_without_onednn()
   root = Path(__file__).resolve().parents[2]
   path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-  cmd = [sys.executable, "-m", "benchmarks.onednn_stress", "--threads=3", "--rounds=2"]
+  cmd = [sys.executable, "-m", "benchmarks.perf.onednn_stress", "--threads=3", "--rounds=2"]
   done = subprocess.run(
     [*cmd, "--shapes=2"],
     cwd=root,

@@ -349,14 +349,9 @@ def test_sfedkd_fashion_mnist_claim_has_the_paper_budget_and_its_mnist_analogue(
 
 
 def _code_equivalence():
-  import importlib.util
+  from tools import code_equivalence
 
-  spec = importlib.util.spec_from_file_location(
-    "code_equivalence", run.REPO_ROOT / "benchmarks" / "code_equivalence.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return code_equivalence
 
 
 def _ran(code):

@@ -143,7 +143,9 @@ def test_a_replication_declared_for_a_device_names_its_command_there_and_its_tim
   )
   _write_timed_v1_runs(tmp_path)
   v2_part = report.write_report(on_gpu, "drift", tmp_path, None).split("#### Protocol v2")[1]
-  command = f"EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 {CLAIM.name}:drift"
+  command = (
+    f"EXTRA_ARGS=--protocol=v2 bash benchmarks/device/claims_on_device.sh 480 {CLAIM.name}:drift"
+  )
   assert f"`{command}` runs them on a gpu, where they are declared to run (its data" in v2_part
   assert "51 run(s) of fedavg, feddf, fedproj with no recorded time: no estimate" in v2_part
   assert "1.9 h" not in v2_part and "timed on" not in v2_part
@@ -186,7 +188,8 @@ def test_the_refusal_names_the_device_command(tmp_path, monkeypatch, capsys):
   err = capsys.readouterr().err
   assert "its protocol v2 runs are declared to run on a gpu" in err
   assert (
-    "`EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 fot-pmnist-iid:cpu`" in err
+    "`EXTRA_ARGS=--protocol=v2 bash benchmarks/device/claims_on_device.sh 480 fot-pmnist-iid:cpu`"
+    in err
   )
   assert not any(tmp_path.iterdir())  # refused before anything was written
 

@@ -17,12 +17,12 @@ by the power calculation of :mod:`fedjax_proj.reproduce.protocol` from ``Budget.
 
 The FedProj claims also have a ``drift`` budget: FedAvg, FedDF and FedProj only, trained into the
 regime where clients forget what the global model knew (chosen from the measured pilot of
-benchmarks/drift_pilot.py; docs/reproduction.md, "Drift budget").
+benchmarks/pilots/drift_pilot.py; docs/reproduction.md, "Drift budget").
 
 The SFedKD claim on Fashion-MNIST has an ``mnist`` budget: MNIST with LeNet-5, the offline analogue
 of 004's Fashion-MNIST, at a shape where FedSeq forgets the earlier clients' classes along the chain
-(chosen by the pre-stated rule of benchmarks/sfedkd_pilot.py; docs/reproduction.md, "SFedKD budget
-on MNIST").
+(chosen by the pre-stated rule of benchmarks/pilots/sfedkd_pilot.py; docs/reproduction.md, "SFedKD
+budget on MNIST").
 
 One module per paper: :mod:`.fedproj` (000/001), :mod:`.fedgkd` (002), :mod:`.fot` (003),
 :mod:`.sfedkd` (004) and :mod:`.pilot`; :mod:`.common` holds the records, :mod:`.presets` the

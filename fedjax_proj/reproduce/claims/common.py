@@ -85,7 +85,7 @@ class Replication(NamedTuple):
       of training, not one evaluation of a curve that swings, so its replication scores its own
       orderings on them, as v1 (docs/reproduction.md, "Protocol v2").
     device: the JAX backend all its runs are declared to run on ("gpu": one kind of NVIDIA GPU,
-      through ``benchmarks/claims_on_device.sh``), a run on any other refused before it starts;
+      through ``benchmarks/device/claims_on_device.sh``), a run on any other refused before it runs;
       None: any (the report refuses to pair runs of different machine kinds).
   """
 
@@ -99,7 +99,9 @@ class Replication(NamedTuple):
   def command(self, claim: str, budget: str) -> str:
     """The command that runs the replication's missing runs where they are declared to run."""
     if self.device == "gpu":  # one call of a device lease; docs/reproduction.md, "Protocol v2"
-      return f"EXTRA_ARGS=--protocol=v2 bash benchmarks/claims_on_device.sh 480 {claim}:{budget}"
+      return (
+        f"EXTRA_ARGS=--protocol=v2 bash benchmarks/device/claims_on_device.sh 480 {claim}:{budget}"
+      )
     return f"python -m fedjax_proj.reproduce {claim} --budget={budget} --protocol=v2"
 
 

@@ -160,7 +160,7 @@ FEDPROJ_SD_SOURCE = (
   "fedproj-cifar10-dir0.3 cpu results (3-6 seeds per method, commits up to c96894d)"
 )
 FEDPROJ_SEEDS = {"paper": 10, "cpu": 10, "drift": 10}
-# Protocol v2 at drift (docs/reproduction.md, "Protocol v2"; benchmarks/protocol_v2.py): the
+# Protocol v2 at drift (docs/reproduction.md, "Protocol v2"; benchmarks/pilots/protocol_v2.py): the
 # largest paired sd of the budget's two orderings under protocol.V2_METRIC on v1's seeds 0-9.
 # Dir(0.5) needs 17 seeds for FedProj > FedDF's +1.84 at 80% power; Dir(0.3)'s sd of 4.17 would
 # need 68 for its +1.60, so it is capped at protocol.V2_MAX_SEEDS and underpowered (--power).

@@ -72,7 +72,7 @@ PMNIST_CPU = dict(
 # seeds, all five methods at one commit, scored on ACC and FGT as v1. The sd is the largest paired
 # sd of the claim's orderings on the six v1 seeds of the energy rule (the claim's FOT since the
 # parity findings; fot-pmnist-noniid cpu, FOT at b76b9ab, the others at their v1 commits), per
-# metric (benchmarks/protocol_v2.py); no IID run of the energy rule exists, so IID borrows it.
+# metric (benchmarks/pilots/protocol_v2.py); no IID run of the energy rule exists: IID borrows it.
 FOT_V2_SD = {"acc": 1.08, "fgt": 0.89}
 FOT_V2_SOURCE = "fot-pmnist-noniid cpu v1 results, seeds 0-5 (FOT's energy rule at b76b9ab)"
 FOT_V2 = {

@@ -99,7 +99,7 @@ CIFAR_SMOKE = {
 # The drift budget (docs/reproduction.md, "Drift budget"): FedProj's mechanism is forgetting,
 # clients losing during local training what the global model knew (001 Sec. 1, Figure 1); the
 # paper runs 20 local epochs at 10% participation (001 Sec. 6.1). The pilot
-# (benchmarks/drift_pilot.py, FedAvg on this data, seed 100) measured it: the clients fall 2-11
+# (benchmarks/pilots/drift_pilot.py, FedAvg on this data, seed 100) measured it: clients fall 2-11
 # points (mean 7.0 over rounds 5-10) below the global model's test accuracy within their first
 # local epoch once the global model is above ~35%, and gain on it before. Of the candidates
 # piloted, 20 clients x 2 local epochs at 5 per round reached that regime by round 5 of 10 (global

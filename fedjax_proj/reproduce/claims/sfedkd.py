@@ -118,8 +118,9 @@ SFEDKD = _sfedkd(
 FMNIST_TABLE1 = {"fedavg": 76.00, "fedseq": 81.81, "cwc": 81.85, "sfedkd": 83.66}
 # The mnist budget (docs/reproduction.md, "SFedKD budget on MNIST"): the CIFAR-10 cpu budget ends
 # at 23-25% for every method, where the forgetting SFedKD counters (004 Sect. 1, Figure 1) is not in
-# play. benchmarks/sfedkd_pilot.py (FedAvg and FedSeq, seed 200) measured FedSeq's forgetting along
-# the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the offline stand-in).
+# play. benchmarks/pilots/sfedkd_pilot.py (FedAvg and FedSeq, seed 200) measured FedSeq's
+# forgetting along the chain on MNIST with LeNet-5 (004's Fashion-MNIST network; MNIST is the
+# offline stand-in).
 # At this shape, late in training, each client moves the per-class test accuracies by 10.2 points
 # on average and the within-round Forgetting Measure is 10.2, against 1.5 and 1.8 for an i.i.d.
 # chain, with FedSeq at 87% and FedAvg at 56%: the cheapest candidate that met the rule committed
@@ -160,7 +161,7 @@ SFEDKD_FMNIST = _sfedkd(
       power_sd=SEQ_SD,
       power_source=SEQ_SD_SOURCE + ", borrowed (the pilot ran one seed, no paired sd)",
       # Protocol v2: the largest paired sd of the three orderings under the late mean on the v1
-      # seeds 0-9 (benchmarks/protocol_v2.py); FedSeq's and CWC's 1.8-point gaps ask for more
+      # seeds 0-9 (benchmarks/pilots/protocol_v2.py); FedSeq's and CWC's 1.8-point gaps ask for more
       # than the cap, so the replication is declared underpowered for them.
       v2=Replication(20, 5.36, "sfedkd-fmnist-exdir mnist v1 results, seeds 0-9 (commit 796cd89)"),
     ),

@@ -74,13 +74,13 @@ def equivalent_pairs(data: dict) -> list[set[str]]:
 
   Raises:
     ValueError: the file holds the earlier ``groups``, chains merged transitively, which no
-      longer count (``benchmarks/code_equivalence.py --convert`` keeps their direct pairs).
+      longer count (``tools/code_equivalence.py --convert`` keeps their direct pairs).
   """
   if "groups" in data:
     raise ValueError(
       f"{EQUIVALENCE_FILE} holds 'groups' (equivalence chained through other commits), which no "
       "longer count; convert it to the directly compared pairs with "
-      "`python benchmarks/code_equivalence.py --convert`"
+      "`python -m tools.code_equivalence --convert`"
     )
   refuted = {frozenset(r["fingerprints"]) for r in data.get("refuted", [])}
   pairs = [frozenset(p["fingerprints"]) for p in data.get("pairs", [])]

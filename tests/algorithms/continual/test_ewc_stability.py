@@ -3,7 +3,7 @@
 docs/fot.md, "EWC's divergence at the cpu budget": the penalty (λ/2) Σ F (θ − θ*)² has gradient
 λ F (θ − θ*), so one SGD step multiplies a deviation from the anchor by 1 − lr·λ·F, and a round
 of S local steps on every sampled client followed by the n_k-weighted average multiplies it by
-a = Σ_k w_k (1 − lr·λ·F_k)^{S_k}. benchmarks/ewc_stability.py computes this a for the claims'
+a = Σ_k w_k (1 − lr·λ·F_k)^{S_k}. studies/ewc_stability/study.py computes this a for the claims'
 runs; the test holds our EWC round to it on one coordinate.
 """
 

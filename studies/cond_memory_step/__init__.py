@@ -1,0 +1,1 @@
+"""The cond_memory_step study (README.md in this folder)."""

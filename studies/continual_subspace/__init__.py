@@ -1,0 +1,1 @@
+"""The continual_subspace study (README.md in this folder)."""

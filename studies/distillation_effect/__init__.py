@@ -1,0 +1,1 @@
+"""The distillation_effect study (README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""The ewc_stability study (README.md in this folder)."""

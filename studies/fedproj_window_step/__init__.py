@@ -1,0 +1,1 @@
+"""The fedproj_window_step study (README.md in this folder)."""
