@@ -4,6 +4,9 @@ Table 7), each pinned by its defining arithmetic."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from fedjax_proj.data.continual import (
   task_partition,
 )
 from fedjax_proj.models import mlp, multi_head
+from fedjax_proj.training import checkpoint as ckpt
 from fedjax_proj.training.continual import (
   TaskSchedule,
   client_layout,
@@ -30,6 +34,7 @@ from fedjax_proj.training.continual import (
   train_continual,
 )
 from fedjax_proj.training.session import RunIO
+from fedjax_proj.training.signals import TrainingInterrupted
 from tests import helpers
 
 
@@ -291,3 +296,51 @@ def test_defaults_keep_the_main_setting():
   c = pmnist.resolve("cpu", {"method": "fot"})
   assert (c.task_fraction, c.single_task, c.centralised) == (1.0, False, False)
   assert client_layout(c)["population"] == c.num_clients
+
+
+@pytest.mark.parametrize("setting", ["single_task", "heterogeneous"])
+def test_resumed_appendix_runs_equal_the_uninterrupted_run(setting, tmp_path):
+  """A run stopped at a task's end (its next task re-initialises on resume) or mid-task resumes
+  to the uninterrupted run's model and accuracy matrix."""
+  if setting == "single_task":
+    bench, cm, round_fn, evaluate, variables = helpers.tiny_continual("fl")
+    model, sample = _tiny_model_and_sample(bench)
+    schedule = TaskSchedule((2, 2), 4, 2, batch_size=16, single_task=True)
+    fresh = lambda t: model.init(single_task_key(1, t), sample)  # noqa: E731
+  else:
+    bench, cm, round_fn, evaluate, variables = helpers.tiny_continual(
+      "er", num_clients=7, buffer_per_task=2
+    )
+    schedule = TaskSchedule((2, 2), 4, 2, batch_size=16, total_clients=7)
+    fresh = None
+
+  def run(out, stop_at=None, resume=False):
+    def stopping_round(state, rd, key):
+      state, metrics = round_fn(state, rd, key)
+      if int(state.round) == stop_at:
+        os.kill(os.getpid(), signal.SIGINT)
+      return state, metrics
+
+    fp = ckpt.config_fingerprint({"setting": setting})
+    io = RunIO(
+      output_dir=out,
+      checkpointer=ckpt.Checkpointer(out / "checkpoints", fp, keep=2),
+      resume=resume,
+      progress=False,
+    )
+    return train_continual(
+      cm, stopping_round, bench, evaluate, variables, schedule, seed=1, run=io,
+      fresh_variables=fresh,
+    )  # fmt: skip
+
+  full_state, full = run(tmp_path / "full")
+  for stop_at in (2, 3):
+    out = tmp_path / f"cut{stop_at}"
+    with pytest.raises(TrainingInterrupted):
+      run(out, stop_at=stop_at)
+    state, summary = run(out, resume=True)
+    assert summary["acc_matrix"] == full["acc_matrix"] and summary["acc"] == full["acc"]
+    assert summary["fgt"] == full["fgt"]
+    np.testing.assert_array_equal(
+      tree_lib.tree_ravel(state.variables), tree_lib.tree_ravel(full_state.variables)
+    )
