@@ -16,7 +16,9 @@ default, used 71% at ε = 0.96 in one seed: docs/fot.md, "The threshold rule"; �
 re-chosen for it); EWC's Fisher scaled to max 1, as lr x λ = 2 here);
 ``smoke`` (seconds). ``--heads=single`` (default) shares ONE 10-way classifier between the
 tasks, as the authors' PMNIST code (FOT projects it like any layer); ``--heads=multi`` gives
-one head per task. Writes ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``,
+one head per task. FOT's appendix settings (docs/fot.md, "Appendix settings"):
+``--task_fraction=0.6`` (task heterogeneity, G.1), ``--single_task`` (Table 11, with fl) and
+``--centralised`` (Appendix A). Writes ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``,
 ``acc_matrix``), ``final_variables.npz`` and ``checkpoints/`` to ``--output_dir``.
 
 The run is managed as the FL entry points' runs are (README, "Paper presets and run management";
