@@ -112,11 +112,15 @@ class TinyBackbone(nn.Module):
 
 
 def tiny_continual(
-  method: str, backbone: nn.Module | None = None, client_chunk: int | None = None, **hparams
+  method: str,
+  backbone: nn.Module | None = None,
+  client_chunk: int | None = None,
+  num_clients: int = 4,
+  **hparams,
 ):
-  """A continual method on 2 permuted tasks of fake 6x6 MNIST, 4 clients, a multi-head model, on
-  a ``vmap_scan`` executor with the run's ``client_chunk``: (bench, method, compiled round, task
-  evaluator, initial variables)."""
+  """A continual method on 2 permuted tasks of fake 6x6 MNIST, ``num_clients`` clients' state
+  (4), a multi-head model, on a ``vmap_scan`` executor with the run's ``client_chunk``: (bench,
+  method, compiled round, task evaluator, initial variables)."""
   from fedjax_proj.algorithms.base import make_round
   from fedjax_proj.core.executor import Executor
   from fedjax_proj.data.continual import input_transform, permuted_mnist, task_model
@@ -136,7 +140,7 @@ def tiny_continual(
     executor,
     variables=variables,
     sample_x=sample,
-    num_clients=4,
+    num_clients=num_clients,
     num_tasks=2,
     **hparams,
   )

@@ -16,7 +16,9 @@ default, used 71% at ε = 0.96 in one seed: docs/fot.md, "The threshold rule"; �
 re-chosen for it); EWC's Fisher scaled to max 1, as lr x λ = 2 here);
 ``smoke`` (seconds). ``--heads=single`` (default) shares ONE 10-way classifier between the
 tasks, as the authors' PMNIST code (FOT projects it like any layer); ``--heads=multi`` gives
-one head per task. Writes ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``,
+one head per task. FOT's appendix settings (docs/fot.md, "Appendix settings"):
+``--task_fraction=0.6`` (task heterogeneity, G.1), ``--single_task`` (Table 11, with fl) and
+``--centralised`` (Appendix A). Writes ``metrics.jsonl``, ``summary.json`` (``acc``, ``fgt``,
 ``acc_matrix``), ``final_variables.npz`` and ``checkpoints/`` to ``--output_dir``.
 
 The run is managed as the FL entry points' runs are (README, "Paper presets and run management";
@@ -192,6 +194,35 @@ FIELDS = fields_lib.table(
     "EWC: scale each task's Fisher to max 1 (true/false)",
     fingerprint=False,
   ),
+  # FOT's appendix settings (docs/fot.md, "Appendix settings"); each default is the main setting
+  # every earlier run computed (added), so no committed result's fingerprint moves.
+  # 003 G.1 / Table 10: each task held by --num_clients of round(num_clients / f) clients.
+  Field(
+    "task_fraction",
+    1.0,
+    "task heterogeneity (FOT G.1): the share of the tasks each client holds, in (0, 1]; "
+    "--num_clients clients hold each task among round(num_clients / task_fraction) (1: all "
+    "clients hold every task)",
+    ranges.Interval(0.0, 1.0, low_open=True),
+    added=1.0,
+  ),
+  # 003 Table 11: a fresh model per task, ACC the mean of each task's accuracy on its own model.
+  Field(
+    "single_task",
+    False,
+    "single-task reference (FOT Table 11): train each task from a fresh model with fl; ACC = "
+    "mean of each task's accuracy on its own model, FGT not applicable (true/false)",
+    added=False,
+  ),
+  # 003 Appendix A / Table 7: one client holding the pooled task, every round (plain SGD).
+  Field(
+    "centralised",
+    False,
+    "centralised training (FOT Appendix A): one client holds each task's pooled data and "
+    "trains every round, a round = --local_epochs epochs of SGD over it (--num_clients, "
+    "--clients_per_round and --iid do not apply; ER stores 100 examples per task) (true/false)",
+    added=False,
+  ),
 )
 
 
@@ -245,8 +276,9 @@ def method_defaults(c) -> dict:
   if c.method == "ewc":
     return {"lam": 40.0, "fisher": "client", "normalize": c.ewc_normalize}
   if c.method == "er":
-    # F.4: 125 stored examples among all (125) clients: one per client per task.
-    return {"buffer_per_task": 1}
+    # F.4: 125 stored examples among all (125) clients: one per client per task. Centralised
+    # (003 Appendix A): "100 samples are stored in total", read per task as the 125 are.
+    return {"buffer_per_task": 100 if c.get("centralised", False) else 1}
   return {}
 
 
@@ -275,7 +307,17 @@ def check_run(c: ml_collections.ConfigDict) -> None:
   """Refusals of a resolved config that depend on several fields (a ValueError naming the fix):
   the flags (:func:`parse`) and the claim runner (fedjax_proj/reproduce/resolve.py) both check
   them."""
-  if c.clients_per_round > c.num_clients:
+  if c.get("single_task", False) and c.method != "fl":
+    raise ValueError(
+      f"--single_task trains each task's own model with plain FL (FOT Table 11); "
+      f"--method={c.method} carries state between tasks: pass --method=fl"
+    )
+  if c.get("centralised", False) and c.get("task_fraction", 1.0) != 1.0:
+    raise ValueError(
+      f"--centralised pools each task on one client, so --task_fraction={c.task_fraction} does "
+      "not apply; pass one of them"
+    )
+  if c.clients_per_round > c.num_clients and not c.get("centralised", False):
     raise ValueError(
       f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}"
     )

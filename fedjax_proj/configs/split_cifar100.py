@@ -113,8 +113,9 @@ def method_defaults(c) -> dict:
   if c.method == "ewc":
     return {"lam": 20.0, "fisher": "client", "normalize": c.ewc_normalize}
   if c.method == "er":
-    # F.4: 50 stored examples among all (50) clients: one per client per task.
-    return {"buffer_per_task": 1}
+    # F.4: 50 stored examples among all (50) clients: one per client per task. Centralised
+    # (003 Appendix A, on Split-CIFAR100): "100 samples are stored in total", read per task.
+    return {"buffer_per_task": 100 if c.get("centralised", False) else 1}
   return {}
 
 

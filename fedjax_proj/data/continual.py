@@ -23,6 +23,11 @@ serves every task and Permuted MNIST never stores ten permuted copies.
 
 Client data per task: :func:`task_partition` splits the task's training indices IID or by
 label-sorted shards (FOT's non-IID: 2 shards per client), reproducibly from (seed, task).
+Two settings of FOT's appendix change who holds a task (docs/fot.md, "Appendix settings"):
+task heterogeneity (003 G.1, Table 10: :func:`heterogeneous_num_clients` and
+:func:`task_holders` give each task to a fraction of a larger client population) and centralised
+training (003 Appendix A, Table 7: :func:`centralised_partition`, one client holding the pooled
+task).
 """
 
 from __future__ import annotations
@@ -305,3 +310,74 @@ def task_model(
     return model.apply(variables, x, train=train, rng=rng, mask=mask, **kwargs)
 
   return Model(model.name, model.init, apply, model.num_classes)
+
+
+def heterogeneous_num_clients(num_clients: int, task_fraction: float) -> int:
+  """The client population of FOT's task-heterogeneity setting (003 G.1, Table 10).
+
+  "We increase the total number of clients so that 60% of that is equal to the number of clients
+  we set for the main experiments": ``round(num_clients / task_fraction)`` clients in all, of
+  which ``num_clients`` hold each task (:func:`task_holders`). ``task_fraction`` 1 is the main
+  setting: every client holds every task.
+
+  Args:
+    num_clients: clients holding each task's data (the main setting's number of clients).
+    task_fraction: the share of the tasks a client holds on average, in (0, 1].
+
+  Raises:
+    ValueError: ``task_fraction`` outside (0, 1] or ``num_clients`` < 1.
+  """
+  if not 0.0 < task_fraction <= 1.0:
+    raise ValueError(
+      f"task_fraction must be in (0, 1] (the share of the tasks each client holds; 1: every "
+      f"client holds every task), got {task_fraction}"
+    )
+  if num_clients < 1:
+    raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+  return max(num_clients, round(num_clients / task_fraction))
+
+
+def task_holders(
+  num_tasks: int, num_clients: int, total_clients: int, seed: int
+) -> tuple[np.ndarray, ...]:
+  """Which clients hold each task's data (003 G.1): ``num_clients`` of ``total_clients`` each.
+
+  003 fixes only the averages ("each client sees 60% of the tasks on average ... the number of
+  clients that have data for each task is the same as before"); how the tasks are dealt is our
+  reading (docs/fot.md, "Appendix settings"): task by task, the ``num_clients`` clients holding
+  the fewest tasks so far, ties broken uniformly at random from ``seed``. Every client then holds
+  ⌊K·N/M⌋ or ⌈K·N/M⌉ of the K tasks (N = ``num_clients``, M = ``total_clients``), so each holds
+  N/M of them up to one task, and each task's holders are a random set.
+
+  Args:
+    num_tasks: K.
+    num_clients: N, the clients holding each task.
+    total_clients: M >= N, the population (:func:`heterogeneous_num_clients`).
+    seed: run seed.
+
+  Returns:
+    K sorted int32 arrays of N distinct client ids in [0, M); ``arange(N)`` for every task when
+    M = N (the main setting, unchanged).
+  """
+  if not 1 <= num_clients <= total_clients:
+    raise ValueError(
+      f"task_holders needs 1 <= num_clients <= total_clients, got {num_clients} of {total_clients}"
+    )
+  if total_clients == num_clients:
+    return tuple(np.arange(num_clients, dtype=np.int32) for _ in range(num_tasks))
+  rng = np.random.default_rng([seed, 0x484F])
+  held = np.zeros(total_clients, np.int64)
+  holders = []
+  for _ in range(num_tasks):
+    # Fewest tasks first (the integer part), random among equals (the fraction in [0, 1)).
+    order = np.argsort(held + rng.random(total_clients), kind="stable")
+    chosen = np.sort(order[:num_clients]).astype(np.int32)
+    held[chosen] += 1
+    holders.append(chosen)
+  return tuple(holders)
+
+
+def centralised_partition(bench: ContinualBenchmark, task: int) -> list[np.ndarray]:
+  """Centralised training (003 Appendix A, Table 7): ONE client holding all of task ``task``'s
+  training data, the pooled data a centralised learner (ER over plain SGD) trains on."""
+  return [np.array(bench.tasks[task].train_idx, copy=True)]

@@ -24,7 +24,7 @@ from fedjax_proj.algorithms.families import ContinualFamily
 from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model
-from fedjax_proj.data.continual import ContinualBenchmark
+from fedjax_proj.data.continual import ContinualBenchmark, heterogeneous_num_clients
 from fedjax_proj.training import setup
 from fedjax_proj.training.loop import run_rounds
 from fedjax_proj.training.session import RunIO, finish, open_session, run_io
@@ -32,6 +32,8 @@ from fedjax_proj.training.task_rounds import (
   TaskSchedule,
   acc_fgt,
   make_task_evaluator,
+  single_task_acc,
+  single_task_key,
   task_hooks,
   task_round_data,
 )
@@ -44,6 +46,8 @@ __all__ = [
   "make_task_evaluator",
   "rounds_schedule",
   "run_continual_experiment",
+  "single_task_acc",
+  "single_task_key",
   "task_round_data",
   "train_continual",
 ]
@@ -61,6 +65,7 @@ def train_continual(
   eval_every: int = 0,
   summary_extra: dict | None = None,
   run: RunIO | None = None,
+  fresh_variables: Callable[[int], dict] | None = None,
 ) -> tuple[object, dict]:
   """Runs the task sequence on the round loop; returns (final state, summary with ``acc``,
   ``fgt``, ``acc_matrix``), from the newest checkpoint when ``run.resume``.
@@ -83,6 +88,8 @@ def train_continual(
     summary_extra: extra summary fields.
     run: files, checkpoints, resume and signals (:class:`~fedjax_proj.training.session.RunIO`;
       ``metrics.jsonl`` has one line per round and per task end).
+    fresh_variables: ``schedule.single_task`` only: task t's fresh model (t > 0; 003 Table 11).
+      The summary's ``acc`` is then the mean of a[t, t] and ``fgt`` is None (not applicable).
   """
   run, k = run or RunIO(), len(schedule.rounds)
   if not 1 <= k <= bench.num_tasks or min(schedule.rounds) < 1:
@@ -91,6 +98,11 @@ def train_continual(
       f"{list(schedule.rounds)}"
     )
   algorithm, total = method.algorithm, sum(schedule.rounds)
+  if schedule.single_task and algorithm.name != "fl":
+    raise ValueError(
+      f"single_task trains each task's own model with plain FL (003 Table 11); method "
+      f"{algorithm.name!r} carries state between tasks: use the fl method"
+    )
   state = algorithm.init(init_variables, random_lib.stream_key(jax.random.key(seed), "init"))
   carry = {
     "acc_matrix": [[None] * k for _ in range(k)],
@@ -98,9 +110,15 @@ def train_continual(
     "end_task_seconds": 0.0,
   }
   state, start, carry = open_session(state, run, total, carry)
-  hooks = task_hooks(method, round_fn, bench, evaluate, schedule, seed, eval_every, run)
+  hooks = task_hooks(
+    method, round_fn, bench, evaluate, schedule, seed, eval_every, run, fresh_variables
+  )
   state, carry = run_rounds(state, algorithm, hooks, run, start=start, rounds=total, carry=carry)
-  acc_value, fgt_value = acc_fgt(np.nan_to_num(np.array(carry["acc_matrix"], np.float64)))
+  matrix = np.nan_to_num(np.array(carry["acc_matrix"], np.float64))
+  if schedule.single_task:  # one model per task: no task is revisited, so no forgetting
+    acc_value, fgt_value = single_task_acc(matrix), None
+  else:
+    acc_value, fgt_value = acc_fgt(matrix)
   summary = {
     "method": algorithm.name,
     "acc": acc_value,
@@ -148,14 +166,21 @@ def build_continual_method(
   return registry.build_algorithm(name, ctx, **hparams)
 
 
-def rounds_schedule(method: str, rounds_per_task: int, num_tasks: int, fl_later_rounds: int = 0):
+def rounds_schedule(
+  method: str,
+  rounds_per_task: int,
+  num_tasks: int,
+  fl_later_rounds: int = 0,
+  single_task: bool = False,
+):
   """Rounds of each task: ``rounds_per_task`` each, except FL with ``fl_later_rounds`` > 0.
 
   FOT paper F.4: "we run vanilla FL for 1100 rounds in total, where first task is run for 200 and
   the others for 100 rounds. All of the other methods' total communication round is set to 2000,
-  divided equally to the tasks" (PMNIST).
+  divided equally to the tasks" (PMNIST). A single-task run (003 Table 11) trains every task from
+  a fresh model, as FL's first: ``rounds_per_task`` each (our reading; docs/fot.md).
   """
-  if method == "fl" and fl_later_rounds > 0:
+  if method == "fl" and fl_later_rounds > 0 and not single_task:
     return [rounds_per_task] + [fl_later_rounds] * (num_tasks - 1)
   return [rounds_per_task] * num_tasks
 
@@ -193,7 +218,11 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   # SGD with L2 weight decay added to the gradient, as torch's SGD (the authors' trainers).
   optimizer = make_optimizer("sgd", c.lr, c.momentum, c.get("weight_decay", 0.0))
   num_tasks = c.num_tasks or bench.num_tasks
-  rounds = rounds_schedule(c.method, c.rounds_per_task, num_tasks, c.get("fl_later_rounds", 0))
+  single_task = bool(c.get("single_task", False))
+  rounds = rounds_schedule(
+    c.method, c.rounds_per_task, num_tasks, c.get("fl_later_rounds", 0), single_task
+  )
+  layout = client_layout(c)
   method = build_continual_method(
     c.method,
     model,
@@ -201,28 +230,37 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     executor,
     variables=variables,
     sample_x=sample,
-    num_clients=c.num_clients,
+    num_clients=layout["population"],
     num_tasks=num_tasks,
     **dict(c.method_kwargs),
   )
   round_fn = build_round(method.algorithm, executor, log)
   fields = [f"benchmark={bench.name}", f"tasks={num_tasks}", setup.params(variables)]
-  fields += [f"clients={c.num_clients}", f"per_round={c.clients_per_round}"]
+  fields += [f"clients={layout['num_clients']}", f"per_round={layout['clients_per_round']}"]
   fields += [f"rounds_per_task={rounds}", f"local_epochs={c.local_epochs}"]
+  # The appendix settings (docs/fot.md), named only when on: a default run's header is as before.
+  if layout["population"] != layout["num_clients"]:
+    fields += [f"task_fraction={c.task_fraction}", f"total_clients={layout['population']}"]
+  fields += ["centralised"] * layout["centralised"] + ["single_task"] * single_task
   log(
     setup.header(c, executor, [*fields, "iid" if c.iid else "noniid", f"output_dir={c.output_dir}"])
   )
   sys.stdout.flush()
   schedule = TaskSchedule(
     tuple(rounds),
-    c.num_clients,
-    c.clients_per_round,
+    layout["num_clients"],
+    layout["clients_per_round"],
     c.batch_size,
     c.local_epochs,
     c.iid,
     c.get("end_task_batch_size", 0),
+    total_clients=0 if layout["population"] == layout["num_clients"] else layout["population"],
+    centralised=layout["centralised"],
+    single_task=single_task,
   )
-  layout = "acc_matrix[i][t] = accuracy on task i after task t"
+  matrix_layout = "acc_matrix[i][t] = accuracy on task i after task t"
+  if single_task:
+    matrix_layout += " (single task: only i = t, on task t's own model)"
   _, summary = train_continual(
     method,
     round_fn,
@@ -232,10 +270,38 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     schedule,
     seed=c.seed,
     eval_every=c.eval_every,
-    summary_extra=setup.summary_extra(c, executor, acc_matrix_layout=layout),
+    summary_extra=setup.summary_extra(c, executor, acc_matrix_layout=matrix_layout),
     run=run_io(c, c.output_dir or None),
+    fresh_variables=(lambda t: model.init(single_task_key(c.seed, t), sample))
+    if single_task
+    else None,
   )
-  log(
-    f"ACC={summary['acc']:.4f} FGT={summary['fgt']:.4f} wall_seconds={summary['wall_seconds']:.1f}"
-  )
+  fgt = "n/a (single task)" if summary["fgt"] is None else f"{summary['fgt']:.4f}"
+  log(f"ACC={summary['acc']:.4f} FGT={fgt} wall_seconds={summary['wall_seconds']:.1f}")
   return summary
+
+
+def client_layout(c) -> dict:
+  """Who holds each task's data under config ``c``'s appendix switches (docs/fot.md, "Appendix
+  settings"): ``num_clients`` (holding each task), ``clients_per_round``, ``population`` (all
+  clients, the size of per-client method state) and ``centralised``.
+
+  * ``centralised`` (003 Appendix A, Table 7): one client holding the pooled task, every round.
+  * ``task_fraction`` < 1 (003 G.1, Table 10): ``num_clients`` hold each task among
+    :func:`~fedjax_proj.data.continual.heterogeneous_num_clients` clients.
+  * neither: ``num_clients`` clients hold every task (the main setting).
+  """
+  fraction = float(c.get("task_fraction", 1.0))
+  if c.get("centralised", False):
+    if fraction != 1.0:
+      raise ValueError(
+        f"--centralised pools each task on one client, so --task_fraction={fraction} (which "
+        "tasks a client holds) does not apply; pass one of them"
+      )
+    return {"num_clients": 1, "clients_per_round": 1, "population": 1, "centralised": True}
+  return {
+    "num_clients": c.num_clients,
+    "clients_per_round": c.clients_per_round,
+    "population": heterogeneous_num_clients(c.num_clients, fraction),
+    "centralised": False,
+  }
