@@ -145,11 +145,11 @@ def run(args) -> dict:
       config["resume"] = True
       deviations["resumed"] = True
     work.mkdir(parents=True, exist_ok=True)
-    metrics, _ = run_lib._run_continual(claim, config, work, print)
+    metrics, _ = run_lib.run_continual(claim, config, work, print)
     lines = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
   else:
     with tempfile.TemporaryDirectory(prefix="continual_subspace_") as tmp:
-      metrics, _ = run_lib._run_continual(claim, config, Path(tmp), print)
+      metrics, _ = run_lib.run_continual(claim, config, Path(tmp), print)
       lines = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
   wall = time.perf_counter() - t0
   ends = [x for x in lines if "task_end" in x]

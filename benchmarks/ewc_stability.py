@@ -196,7 +196,7 @@ def run(args) -> dict:
   stopped = "stop_round"
   with tempfile.TemporaryDirectory(prefix="ewc_stability_") as work:
     try:
-      run_lib._run_continual(claim, config, Path(work), print)
+      run_lib.run_continual(claim, config, Path(work), print)
       stopped = "finished"
     except StopRun:
       pass

@@ -61,8 +61,8 @@ from fedjax_proj.reproduce.resolve import substitute_data as substitute_data
 from fedjax_proj.reproduce.runners import RUNNERS as RUNNERS
 from fedjax_proj.reproduce.runners import TINY_TRAIN as TINY_TRAIN
 from fedjax_proj.reproduce.runners import Diverged as Diverged
-from fedjax_proj.reproduce.runners import _read_curve
-from fedjax_proj.reproduce.runners import _run_continual as _run_continual
+from fedjax_proj.reproduce.runners import read_curve
+from fedjax_proj.reproduce.runners import run_continual as run_continual
 from fedjax_proj.reproduce.runners import _run_image as _run_image
 from fedjax_proj.reproduce.runners import tiny as tiny
 
@@ -223,7 +223,7 @@ def _execute(
     # Recorded, never retried (docs/reproduction.md, "Results"). The curve up to the last finite
     # round is what the run logged before it stopped.
     logged = work / "metrics.jsonl"
-    curve = _read_curve(logged) if logged.is_file() else []
+    curve = read_curve(logged) if logged.is_file() else []
     return {}, curve, {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
   except BaseException as e:
     # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,

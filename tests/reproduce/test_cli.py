@@ -203,16 +203,16 @@ def test_continual_runs_in_process_and_a_divergence_is_recorded(tmp_path, monkey
 
   monkeypatch.setattr(pmnist, "run", fake_run)
   with pytest.raises(run.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
-    run._run_continual(claim, config, tmp_path, print)
+    run.run_continual(claim, config, tmp_path, print)
   # What ran is the planned config, with this run's directory: nothing re-typed through flags.
   got = ran[0].to_dict()
   assert got["output_dir"] == str(tmp_path)
   assert {k: got[k] for k in config} == config
   with pytest.raises(TrainingInterrupted) as stop:
-    run._run_continual(claim, config, tmp_path, print)
+    run.run_continual(claim, config, tmp_path, print)
   assert stop.value.signum == signal.SIGTERM
   with pytest.raises(ValueError, match="no MNIST here"):
-    run._run_continual(claim, config, tmp_path, print)
+    run.run_continual(claim, config, tmp_path, print)
 
 
 def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
@@ -446,8 +446,8 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
     _write(tmp_path, "fedproj", seed, 90.0)
   found, _, _ = report.load_results(tmp_path)
   assert report.completion_lines(PILOT, found, "cpu") == []  # complete: nothing to say
-  assert report._seed_ranges([0, 1, 2, 5, 7, 8]) == "seeds 0-2, 5, 7-8"
-  assert report._seed_ranges([4]) == "seed 4"
+  assert report.seed_ranges([0, 1, 2, 5, 7, 8]) == "seeds 0-2, 5, 7-8"
+  assert report.seed_ranges([4]) == "seed 4"
 
 
 def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):

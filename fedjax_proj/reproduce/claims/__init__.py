@@ -43,7 +43,7 @@ from fedjax_proj.reproduce.claims.common import (
   Claim,
   Ordering,
   Replication,
-  _beats,
+  beats,
   budget_overrides,
 )
 from fedjax_proj.reproduce.claims.fedgkd import (
@@ -187,7 +187,7 @@ __all__ = [
   "SFEDKD_FMNIST_BASELINES",
   "SFEDKD_METHODS",
   "TABLE2",
-  "_beats",
+  "beats",
   "_fedproj_cifar",
   "_fedproj_nlp",
   "_fot",

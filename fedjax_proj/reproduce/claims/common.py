@@ -193,7 +193,7 @@ class Claim(NamedTuple):
     return (*self.methods, *self.ablations)
 
 
-def _beats(headline: str, others, metrics=("test_accuracy",)) -> tuple[Ordering, ...]:
+def beats(headline: str, others, metrics=("test_accuracy",)) -> tuple[Ordering, ...]:
   return tuple(Ordering(headline, o, m) for m in metrics for o in others)
 
 

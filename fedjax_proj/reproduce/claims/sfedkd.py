@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, Replication, _beats
+from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, Replication, beats
 
 # --- SFedKD (paper 004, Table 1: CIFAR-10 ExDir(2, 0.5)) --------------------------------------
 
@@ -79,7 +79,7 @@ def _sfedkd(
     headline="sfedkd",
     metrics=("test_accuracy",),
     paper={m: {"test_accuracy": v} for m, v in paper.items()},
-    orderings=_beats("sfedkd", ("fedavg", "fedseq", "cwc")),
+    orderings=beats("sfedkd", ("fedavg", "fedseq", "cwc")),
     budgets=budgets,
     entry_kwargs={"dataset": dataset},
     # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
@@ -219,7 +219,7 @@ SFEDKD_FMNIST_BASELINES = Claim(
   headline="sfedkd",
   metrics=("test_accuracy",),
   paper={m: {"test_accuracy": v} for m, v in BASELINES_PAPER.items()},
-  orderings=_beats("sfedkd", ("fedprox", "fedcurv", "fedntd")),
+  orderings=beats("sfedkd", ("fedprox", "fedcurv", "fedntd")),
   budgets={
     "paper": Budget(
       {"data_dir": "{data}/fashion_mnist"},

@@ -10,7 +10,7 @@ import numpy as np
 
 from fedjax_proj.reproduce import protocol, stats
 from fedjax_proj.reproduce.claims import CLAIMS, LOWER_IS_BETTER, Claim, Ordering
-from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, _fmt, _per_seed
+from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, format_value, per_seed
 from fedjax_proj.reproduce.report.verdicts import (
   _p,
   _paired_cells,
@@ -33,7 +33,7 @@ def method_table(claim: Claim, found: dict) -> list[str]:
       "|---|---|---|---|---|---|",
     ]
     for m in claim.runnable:
-      vals = _per_seed(found, m, metric)
+      vals = per_seed(found, m, metric)
       if not vals:
         continue
       mean, std = stats.mean_std(list(vals.values()))
@@ -41,8 +41,8 @@ def method_table(claim: Claim, found: dict) -> list[str]:
       paper = claim.paper.get(m, {}).get(metric)
       wall = np.mean([r["wall_seconds"] for r in found[m].values()])
       lines.append(
-        f"| {m} | {_fmt(mean)} ± {_fmt(std)} | {len(vals)} | {seeds} | "
-        f"{_fmt(paper) if paper is not None else 'n/a'} | {wall:.0f} |"
+        f"| {m} | {format_value(mean)} ± {format_value(std)} | {len(vals)} | {seeds} | "
+        f"{format_value(paper) if paper is not None else 'n/a'} | {wall:.0f} |"
       )
     lines.append("")
   return lines
@@ -64,8 +64,8 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
   ]
   for a in present:
     diffs = stats.differences(
-      _per_seed(found, claim.headline, metric),
-      _per_seed(found, a, metric),
+      per_seed(found, claim.headline, metric),
+      per_seed(found, a, metric),
       metric in LOWER_IS_BETTER,
     )
     p = stats.paired(diffs)
@@ -77,8 +77,8 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
   for a in variants:
     for o in claim.orderings:
       diffs = stats.differences(
-        _per_seed(found, a, o.metric),
-        _per_seed(found, o.worse, o.metric),
+        per_seed(found, a, o.metric),
+        per_seed(found, o.worse, o.metric),
         o.metric in LOWER_IS_BETTER,
       )
       if diffs:
@@ -193,8 +193,8 @@ def _glance_mean(r: dict) -> str:
   if r["mean"] is None:
     return "—"
   if r["low"] is None or r["high"] is None:
-    return _fmt(r["mean"])
-  return f"{_fmt(r['mean'])} [{_fmt(r['low'])}, {_fmt(r['high'])}]"
+    return format_value(r["mean"])
+  return f"{format_value(r['mean'])} [{format_value(r['low'])}, {format_value(r['high'])}]"
 
 
 def glance_table(results: Path) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fedjax_proj.reproduce import protocol, run
 from fedjax_proj.reproduce.claims import Claim, Replication
-from fedjax_proj.reproduce.report.results import _seed_ranges, backend_of
+from fedjax_proj.reproduce.report.results import seed_ranges, backend_of
 from fedjax_proj.reproduce.runners import STEP_TIMERS
 
 
@@ -118,7 +118,7 @@ def completion_lines(
   }
   queue = [m for m, seeds in missing.items() for _ in seeds]
   first = min(s for seeds in missing.values() for s in seeds)
-  runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
+  runs = "; ".join(f"{m} {seed_ranges(s)}" for m, s in missing.items())
   v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
   command = f"python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}"
   if replication is not None:  # its command where it is declared to run, not on this machine

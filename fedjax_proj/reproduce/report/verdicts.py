@@ -11,9 +11,9 @@ from typing import NamedTuple
 from fedjax_proj.reproduce import protocol, stats
 from fedjax_proj.reproduce.claims import LOWER_IS_BETTER, Claim
 from fedjax_proj.reproduce.report.results import (
-  _fmt,
-  _per_seed,
-  _seed_ranges,
+  format_value,
+  per_seed,
+  seed_ranges,
   computation,
   same_code,
 )
@@ -25,8 +25,8 @@ def paired_rows(claim: Claim, found: dict) -> list[tuple]:
   rows = []
   for o in claim.orderings:
     diffs = stats.differences(
-      _per_seed(found, o.better, o.metric),
-      _per_seed(found, o.worse, o.metric),
+      per_seed(found, o.better, o.metric),
+      per_seed(found, o.worse, o.metric),
       o.metric in LOWER_IS_BETTER,
     )
     p = stats.paired(diffs)
@@ -45,7 +45,7 @@ def measured_sd(claim: Claim, found: dict) -> dict[str, float]:
       for b in found:
         if b == a:
           continue
-        diffs = stats.differences(_per_seed(found, a, metric), _per_seed(found, b, metric))
+        diffs = stats.differences(per_seed(found, a, metric), per_seed(found, b, metric))
         if len(diffs) >= stats.MIN_SEEDS:
           out[metric] = round(max(out.get(metric, 0.0), stats.mean_std(diffs)[1]), 2)
   return out
@@ -136,8 +136,8 @@ def confirmatory_rows(
     claim = claim.at(budget)  # the budget's orderings are its Holm family
   parts = []
   for o in claim.orderings:
-    a = protocol.confirmatory(_per_seed(found, o.better, o.metric), seeds)
-    b = protocol.confirmatory(_per_seed(found, o.worse, o.metric), seeds)
+    a = protocol.confirmatory(per_seed(found, o.better, o.metric), seeds)
+    b = protocol.confirmatory(per_seed(found, o.worse, o.metric), seeds)
     refused, unknown, mismatched = [], 0, []
     for seed in sorted(set(a) & set(b)):
       ra, rb = found[o.better][seed], found[o.worse][seed]
@@ -181,7 +181,7 @@ def confirmatory_rows(
 def _paired_cells(p: stats.Paired) -> str:
   """The shared cells of a paired row: seeds, mean, std, seeds favouring, 95% interval."""
   return (
-    f"{p.n} | {_fmt(p.mean)} | {_fmt(p.std)} | {p.wins}/{p.n} | [{_fmt(p.low)}, {_fmt(p.high)}]"
+    f"{p.n} | {format_value(p.mean)} | {format_value(p.std)} | {p.wins}/{p.n} | [{format_value(p.low)}, {format_value(p.high)}]"
   )
 
 
@@ -201,7 +201,7 @@ def verdict_text(r: Confirmatory, diverged: dict | None) -> str:
   lost = {m: s for m, s in lost.items() if s}
   if lost and r.paired.n < r.declared:  # the pre-registered test cannot be computed
     return "not computable: " + "; ".join(
-      f"{m} diverged on {_seed_ranges(s)}" for m, s in lost.items()
+      f"{m} diverged on {seed_ranges(s)}" for m, s in lost.items()
     )
   return r.verdict
 

@@ -12,7 +12,7 @@ from fedjax_proj.reproduce.claims import BUDGET_ORDER, CLAIMS, Claim
 from fedjax_proj.reproduce.report.figures import plot_curves
 from fedjax_proj.reproduce.report.results import (
   VERDICTS_FILE,
-  _load_equivalence,
+  load_equivalence,
   code_of,
   diverged_lines,
   load_results,
@@ -160,7 +160,7 @@ def write_report(
   found, stale, corrupt = load_results(directory, expected)
   plotted = split_diverged(split_protocols(found)[0])[0]  # the figures are v1's
   figures = plot_curves(claim, plotted, directory) if directory.is_dir() else []
-  equivalent = _load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
+  equivalent = load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
   text = render(claim, budget, found, stale, figures, corrupt, equivalent, command)
   if directory.is_dir():
     (directory / "report.md").write_text(text)
