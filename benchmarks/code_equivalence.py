@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fedjax_proj.data.sources import find_shared_data  # noqa: E402
-from fedjax_proj.reproduce.report import EQUIVALENCE_FILE  # noqa: E402
+from fedjax_proj.reproduce.report.results import EQUIVALENCE_FILE  # noqa: E402
 from fedjax_proj.reproduce.run import DEFAULT_RESULTS  # noqa: E402
 
 

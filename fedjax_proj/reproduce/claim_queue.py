@@ -13,8 +13,19 @@ import traceback
 from pathlib import Path
 from typing import NamedTuple
 
-from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import jobs, report, run, runners, sweep
+from fedjax_proj.reproduce import (
+  availability,
+  jobs,
+  provenance,
+  records,
+  resolve,
+  run,
+  runners,
+  sweep,
+)
+from fedjax_proj.reproduce.claims import common as claims_common
+from fedjax_proj.reproduce.claims import presets as claims_presets
+from fedjax_proj.reproduce.report import timing as report_timing
 from fedjax_proj.training import signals
 from fedjax_proj.training.signals import TrainingInterrupted
 
@@ -27,7 +38,7 @@ class PlannedRun(NamedTuple):
   config: dict  # the config it runs here (planned_config), {data} placeholders kept
   deviations: list[str]  # its deviations from the budget on this machine
   path: Path  # its result file
-  state: run.RunState  # its result file's state when planned
+  state: records.RunState  # its result file's state when planned
 
 
 def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
@@ -35,18 +46,22 @@ def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tu
   (run.public_fallback: the paper's public set when TFDS cannot give it; run.data_deviations: a
   lossy public set in a device pack). The run adds any of arithmetic (run.run_one)."""
   config = sweep.config_for(claim, budget, method, seed, root)
-  config, deviations = run.public_fallback(config, root, claims_lib.PUBLIC)
-  return config, deviations + run.data_deviations(config, root)
+  config, deviations = availability.public_fallback(config, root, claims_presets.PUBLIC)
+  return config, deviations + provenance.data_deviations(config, root)
 
 
-def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, root: Path) -> dict:
+def current_fingerprints(
+  claim: claims_common.Claim, budget: str, directory: Path, root: Path
+) -> dict:
   """{stem: fingerprint of today's config} for every result file in ``directory``, so a report
   after running some methods or seeds still counts the others that are current."""
   out = {}
   for path in sorted(directory.glob("*-seed*.json")):
     method, _, seed = path.stem.rpartition("-seed")
     if method in claim.runnable and seed.isdigit():
-      out[path.stem] = run.fingerprint(planned_config(claim, budget, method, int(seed), root)[0])
+      out[path.stem] = resolve.fingerprint(
+        planned_config(claim, budget, method, int(seed), root)[0]
+      )
   return out
 
 
@@ -61,7 +76,7 @@ def time_steps(claim, queue: list[PlannedRun], recorded: dict, root: Path) -> di
     if recorded.get(p.method) or p.method in timed:
       continue
     print(f"timing one local step of {p.method} (seed {p.seed}'s config) ...", flush=True)
-    t = timer(claim, run.substitute_data(p.config, root))
+    t = timer(claim, resolve.substitute_data(p.config, root))
     timed[p.method] = t["seconds"]
     print(
       f"timed {p.method}: {t['step_seconds'] * 1e3:.1f} ms a step x {t['steps']:,} local steps "
@@ -88,15 +103,17 @@ def queue_summary(
   counts: dict[str, int] = {}
   for p in plan:
     counts[p.state] = counts.get(p.state, 0) + 1
-  parts = [f"{counts.get(run.RunState.DONE, 0)} done", f"{len(queue)} to run"]
+  parts = [f"{counts.get(records.RunState.DONE, 0)} done", f"{len(queue)} to run"]
   if continuing:
     parts[-1] += f" ({continuing} continuing from a checkpoint)"
   parts += [
-    f"{counts[s]} {s}" for s in (run.RunState.MISSING, run.RunState.CORRUPT) if counts.get(s)
+    f"{counts[s]} {s}"
+    for s in (records.RunState.MISSING, records.RunState.CORRUPT)
+    if counts.get(s)
   ]
-  if counts.get(run.RunState.STALE):
+  if counts.get(records.RunState.STALE):
     parts.append(
-      f"{counts[run.RunState.STALE]} stale"
+      f"{counts[records.RunState.STALE]} stale"
       + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
     )
   queued = {p.method for p in queue}
@@ -104,7 +121,7 @@ def queue_summary(
     f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
   )
   first = min((p.seed for p in queue), default=0)
-  left = report.eta([p.method for p in queue], recorded, n_jobs, first, timed, timeable)
+  left = report_timing.eta([p.method for p in queue], recorded, n_jobs, first, timed, timeable)
   line = f"queue: {', '.join(parts)}; {left}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
@@ -120,7 +137,7 @@ class RunsFailed(RuntimeError):
     )
 
 
-def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: Path) -> dict:
+def run_claim(args, claim: claims_common.Claim, budget: str, root: Path, results: Path) -> dict:
   """Runs the missing (method, seed) pairs seed by seed; returns {stem: fingerprint}.
 
   A run that raises is reported and skipped, and the remaining runs go on; at the end
@@ -130,10 +147,10 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   for seed in args.seed_list:
     for method in args.method_list:
       config, deviations = planned_config(claim, budget, method, seed, root)
-      fp = run.fingerprint(config)
+      fp = resolve.fingerprint(config)
       expected[f"{method}-seed{seed}"] = fp
-      path = run.result_path(results, claim.name, budget, method, seed)
-      plan.append(PlannedRun(method, seed, config, deviations, path, run.status(path, fp)))
+      path = records.result_path(results, claim.name, budget, method, seed)
+      plan.append(PlannedRun(method, seed, config, deviations, path, records.status(path, fp)))
   for note in sorted({d for p in plan for d in p.deviations}):
     # Results record {data} (machine-independent); this machine's folder is what the user has.
     print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
@@ -143,23 +160,26 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     from fedjax_proj.training.config import validate_config
 
     for p in plan:
-      validate_config(ml_collections.ConfigDict(run.substitute_data(p.config, root)))
-  rerun = (run.RunState.MISSING, run.RunState.CORRUPT)
+      validate_config(ml_collections.ConfigDict(resolve.substitute_data(p.config, root)))
+  rerun = (records.RunState.MISSING, records.RunState.CORRUPT)
   queue = [
-    p for p in plan if p.state in rerun or (p.state == run.RunState.STALE and args.rerun_stale)
+    p for p in plan if p.state in rerun or (p.state == records.RunState.STALE and args.rerun_stale)
   ]
   # The queue's text data is here before a run (or --time_step's timing) starts.
   if claim.kind == "nlp" and (not args.no_run or args.time_step):
-    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p.config, root)))
+    missing = list(
+      dict.fromkeys(m for p in queue for m in availability.missing_text_data(p.config, root))
+    )
     if missing:
       raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")
-  recorded = report.recorded_seconds(
-    run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
+  recorded = report_timing.recorded_seconds(
+    records.result_path(results, claim.name, budget, "x", 0).parent,
+    backend=provenance.local_backend(),
   )
   if not args.job_worker:  # a worker's parent prints the queue and its progress
-    code = run.code_fingerprint()
+    code = provenance.code_fingerprint()
     work = {p.path.with_suffix(".work"): expected[f"{p.method}-seed{p.seed}"] for p in queue}
-    continuing = sum(run.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
+    continuing = sum(records.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
     timed = time_steps(claim, queue, recorded, root) if args.time_step else None
     timeable = claim.kind in runners.STEP_TIMERS
     summary = queue_summary(
@@ -171,13 +191,13 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
   signals.clear_stop_request()
   for method, seed, config, deviations, path, state in plan:
     tag = f"{claim.name} {budget} {method} seed {seed}"
-    if state == run.RunState.DONE:
+    if state == records.RunState.DONE:
       print(f"skip {tag}: done with the same config ({path})", flush=True)
       continue
-    if state == run.RunState.CORRUPT:
-      _, why = run.read_result(path)
+    if state == records.RunState.CORRUPT:
+      _, why = records.read_result(path)
       print(f"corrupt {tag}: {path} ({why}); kept as {path.name}.corrupt and rerun", flush=True)
-    if state == run.RunState.STALE and not args.rerun_stale:
+    if state == records.RunState.STALE and not args.rerun_stale:
       print(f"stale {tag}: {path} is from another config; rerun with --rerun_stale", flush=True)
       continue
     if args.no_run:
@@ -236,7 +256,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     recorded.setdefault(method, []).append(result["wall_seconds"])
     if not args.job_worker:
       left = [p.method for p in queue[ran:]]
-      print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
+      print(f"queue: {ran} of {len(queue)} run; {report_timing.eta(left, recorded)}", flush=True)
   if parallel and queue:
     failed = run_in_jobs(args, claim, budget, root, results, queue, recorded)
   if failed:
@@ -275,11 +295,11 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
         failed.append(line[len("FAILED ") :])
       if line.startswith("done "):
         method, path = left.pop(line[len("done ") :].split(":", 1)[0], (None, None))
-        result = run.read_result(path)[0] if path is not None else None
+        result = records.read_result(path)[0] if path is not None else None
         if result is not None:  # its time sharpens the estimate, as in one process
           recorded.setdefault(method, []).append(float(result["wall_seconds"]))
         done = len(queue) - len(left)
-        eta = report.eta([m for m, _ in left.values()], recorded, args.jobs)
+        eta = report_timing.eta([m for m, _ in left.values()], recorded, args.jobs)
         print(f"queue: {done} of {len(queue)} run; {eta}", flush=True)
 
   attempt = f"{os.getpid()}-{time.time_ns()}"  # one name per command: a failing run runs once

@@ -14,7 +14,7 @@ import numpy as np
 
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.configs import for_entry
-from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce.claims.common import Claim
 from fedjax_proj.training.config import resolved_hparams
 
 # Per-round keys kept in the curve (when the method logs them).

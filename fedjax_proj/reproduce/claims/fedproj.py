@@ -242,3 +242,6 @@ def _fedproj_nlp(task: str, beta: str) -> Claim:
 
 
 NLP_FEDPROJ = tuple(_fedproj_nlp(t, b) for t in TABLE2 for b in ("0.3", "0.5"))
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (FEDPROJ_DIR03, FEDPROJ_DIR05, *NLP_FEDPROJ)

@@ -216,3 +216,6 @@ FOT_NONIID_TABLE1 = FOT_NONIID_TABLE1._replace(
     ),
   }
 )
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (FOT_NONIID, FOT_IID, FOT_NONIID_TABLE1)

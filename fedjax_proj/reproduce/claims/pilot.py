@@ -66,3 +66,6 @@ PILOT = Claim(
     ),
   },
 )
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (PILOT,)

@@ -251,3 +251,6 @@ SFEDKD_FMNIST_BASELINES = Claim(
   entry_kwargs={"dataset": "fashion_mnist"},
   ablations=SFEDKD_ABLATIONS,
 )
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (SFEDKD, SFEDKD_FMNIST, SFEDKD_FMNIST_BASELINES)

@@ -10,7 +10,7 @@ import math
 import re
 from pathlib import Path
 
-from fedjax_proj.reproduce import protocol, run
+from fedjax_proj.reproduce import protocol, provenance, records, resolve, run
 
 # Pairs of code fingerprints whose behaviour fingerprints were compared directly, under the results
 # folder (docs/reproduction.md, "Results", its protocol): {"pairs": [{"fingerprints": [a, b],
@@ -42,11 +42,11 @@ def load_results(
   found: dict[str, dict[int, dict]] = {}
   stale, corrupt = [], []
   for path in sorted(directory.glob("*-seed*.json")):
-    result, problem = run.read_result(path)
+    result, problem = records.read_result(path)
     if result is None:
       corrupt.append(f"{path.name} ({problem})")
       continue
-    if expected is not None and expected.get(path.stem) != run.fingerprint(result["config"]):
+    if expected is not None and expected.get(path.stem) != resolve.fingerprint(result["config"]):
       stale.append(path.name)
       continue
     method, _, seed = path.stem.rpartition("-seed")
@@ -196,7 +196,7 @@ def arithmetic(result: dict) -> str:
   if m.get("backend", "cpu") == "cpu":
     return "float32"
   precision = str(m.get("matmul_precision", "default"))
-  return "float32" if precision in run.FULL_FLOAT32 else precision
+  return "float32" if precision in provenance.FULL_FLOAT32 else precision
 
 
 def machines(results: list[dict]) -> str:

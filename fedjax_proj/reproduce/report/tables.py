@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_proj.reproduce import protocol, stats
-from fedjax_proj.reproduce.claims import CLAIMS, LOWER_IS_BETTER, Claim, Ordering
+from fedjax_proj.reproduce.claims import CLAIMS
+from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER, Claim, Ordering
 from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, format_value, per_seed
 from fedjax_proj.reproduce.report.verdicts import (
   _p,

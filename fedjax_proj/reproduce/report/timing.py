@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedjax_proj.reproduce import protocol, run
-from fedjax_proj.reproduce.claims import Claim, Replication
-from fedjax_proj.reproduce.report.results import seed_ranges, backend_of
+from fedjax_proj.reproduce import protocol, records
+from fedjax_proj.reproduce.claims.common import Claim, Replication
+from fedjax_proj.reproduce.report.results import backend_of, seed_ranges
 from fedjax_proj.reproduce.runners import STEP_TIMERS
 
 
@@ -17,7 +17,7 @@ def recorded_seconds(directory: Path, backend: str | None = None) -> dict[str, l
   ``backend``, only results that ran on it (a GPU run's seconds say nothing of a CPU's)."""
   out: dict[str, list[float]] = {}
   for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
-    result, _ = run.read_result(path)
+    result, _ = records.read_result(path)
     if result is not None and backend is not None and backend_of(result) != backend:
       continue
     if result is not None and isinstance(result.get("wall_seconds"), int | float):

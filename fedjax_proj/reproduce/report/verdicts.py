@@ -9,13 +9,13 @@ import math
 from typing import NamedTuple
 
 from fedjax_proj.reproduce import protocol, stats
-from fedjax_proj.reproduce.claims import LOWER_IS_BETTER, Claim
+from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER, Claim
 from fedjax_proj.reproduce.report.results import (
+  computation,
   format_value,
   per_seed,
-  seed_ranges,
-  computation,
   same_code,
+  seed_ranges,
 )
 
 
@@ -180,9 +180,8 @@ def confirmatory_rows(
 
 def _paired_cells(p: stats.Paired) -> str:
   """The shared cells of a paired row: seeds, mean, std, seeds favouring, 95% interval."""
-  return (
-    f"{p.n} | {format_value(p.mean)} | {format_value(p.std)} | {p.wins}/{p.n} | [{format_value(p.low)}, {format_value(p.high)}]"
-  )
+  interval = f"[{format_value(p.low)}, {format_value(p.high)}]"
+  return f"{p.n} | {format_value(p.mean)} | {format_value(p.std)} | {p.wins}/{p.n} | {interval}"
 
 
 def _p(x: float) -> str:

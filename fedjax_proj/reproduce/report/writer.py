@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 
 from fedjax_proj.reproduce import protocol
-from fedjax_proj.reproduce.claims import BUDGET_ORDER, CLAIMS, Claim
+from fedjax_proj.reproduce.claims import CLAIMS
+from fedjax_proj.reproduce.claims.common import BUDGET_ORDER, Claim
 from fedjax_proj.reproduce.report.figures import plot_curves
 from fedjax_proj.reproduce.report.results import (
   VERDICTS_FILE,
-  load_equivalence,
   code_of,
   diverged_lines,
+  load_equivalence,
   load_results,
   machines,
   split_diverged,
