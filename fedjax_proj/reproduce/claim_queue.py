@@ -43,7 +43,7 @@ class PlannedRun(NamedTuple):
 
 def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
   """The config a run uses on this machine and its deviations from the budget
-  (run.public_fallback: the paper's public set when TFDS cannot give it; run.data_deviations: a
+  (availability.public_fallback: the paper's public set when TFDS cannot give it; provenance.data_deviations: a
   lossy public set in a device pack). The run adds any of arithmetic (run.run_one)."""
   config = sweep.config_for(claim, budget, method, seed, root)
   config, deviations = availability.public_fallback(config, root, claims_presets.PUBLIC)

@@ -18,7 +18,7 @@ def _images(n, shape, classes, seed):
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
   """A data folder laid out as ``../shared/data``: CIFAR-10, MNIST and Fashion-MNIST of
-  run.TINY_TRAIN training and 100 test images (random pixels, balanced labels) and a 128-image
+  runners.TINY_TRAIN training and 100 test images (random pixels, balanced labels) and a 128-image
   CIFAR-100 public file."""
   root = tmp_path_factory.mktemp("data")
   grayscale = (28, 28, 1)

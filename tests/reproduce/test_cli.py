@@ -634,7 +634,7 @@ def test_every_committed_result_is_current():
   """A config field added, renamed or re-defaulted without keeping what committed results computed
   turns them stale: the runner would rerun hours of runs, and the docs' tables would show results
   the current budget no longer produces. Such a change must be deliberate: give the field its
-  old-behaviour value in run.ADDED_FIELDS (or RUN_FIELDS), or rerun and commit the results."""
+  old-behaviour value in resolve.ADDED_FIELDS (or RUN_FIELDS), or rerun and commit the results."""
   from fedjax_proj.data.sources import find_shared_data
   from fedjax_proj.reproduce.claims import get_claim
 

@@ -21,7 +21,7 @@ CLAIM = CLAIMS["fedgkd-cifar10"]
 
 def _config(data_root):
   config = runners.tiny(CLAIM, resolve.resolve_config(CLAIM, "cpu", "fedavg", 0, data_root))
-  config["rounds"] = 3  # a checkpoint every round (run._run_image): stop after 1, continue
+  config["rounds"] = 3  # a checkpoint every round (runners._run_image): stop after 1, continue
   # What is tested is the runner's part (keep, continue, record); an MLP compiles in a fraction of
   # the CNN's time.
   config.update(model="mlp", model_kwargs={})
