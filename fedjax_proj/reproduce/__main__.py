@@ -48,6 +48,7 @@ from fedjax_proj.reproduce.claim_queue import RunsFailed, current_fingerprints, 
 from fedjax_proj.reproduce.claims import common as claims_common
 from fedjax_proj.reproduce.claims import pilot as pilot_claims
 from fedjax_proj.reproduce.claims import presets as claims_presets
+from fedjax_proj.reproduce.options import RunOptions
 from fedjax_proj.reproduce.report import results as report_results
 from fedjax_proj.reproduce.report import verdicts as report_verdicts
 from fedjax_proj.reproduce.report import writer as report_writer
@@ -275,6 +276,24 @@ def parse_args(argv) -> argparse.Namespace:
   return args
 
 
+def run_options(args: argparse.Namespace) -> RunOptions:
+  """The frozen options of a claim command, from its parsed (and checked) command line."""
+  return RunOptions(
+    methods=tuple(args.method_list),
+    seeds=tuple(args.seed_list),
+    protocol=args.protocol,
+    rerun_stale=args.rerun_stale,
+    no_run=args.no_run,
+    time_step=args.time_step,
+    jobs=args.jobs,
+    debug=args.debug,
+    report=args.report,
+    worker=args.job_worker,
+    attempt=args.job_attempt or None,
+    compilation_cache=args.compilation_cache,
+  )
+
+
 def data_root(args, claim: claims_common.Claim) -> Path:
   """The shared data folder; a claim that needs data and finds none is an error with the fix."""
   from fedjax_proj.data.sources import find_shared_data
@@ -354,11 +373,11 @@ def main(argv=None) -> int:
         print(dry_run(claim, args.budget, args.method_list, root))
         return 0
       if args.sweep:
-        sweep.run_sweep(args, claim, root, results, run_claim)
+        sweep.run_sweep(claim, root, results, run_options(args), run_claim)
       else:
         failed = None
         try:
-          expected = run_claim(args, claim, args.budget, root, results)
+          expected = run_claim(claim, args.budget, root, results, run_options(args))
         except RunsFailed as e:  # the finished runs still get their report
           failed, expected = e, e.expected
         if args.report:

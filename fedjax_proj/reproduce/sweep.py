@@ -23,6 +23,7 @@ from pathlib import Path
 
 from fedjax_proj.reproduce import resolve, stats
 from fedjax_proj.reproduce.claims.common import Claim
+from fedjax_proj.reproduce.options import RunOptions
 from fedjax_proj.reproduce.report import results as report_results
 from fedjax_proj.reproduce.report import verdicts as report_verdicts
 from fedjax_proj.reproduce.report import writer as report_writer
@@ -55,15 +56,17 @@ def config_for(claim: Claim, budget: str, method: str, seed: int, data_root=None
   return {**resolve.resolve_config(claim, "cpu", method, seed), **table[regime]}
 
 
-def run_sweep(args, claim: Claim, root: Path, results: Path, run_claim) -> None:
-  """Runs every regime (skipping finished runs) and writes ``sweep/report.md``."""
+def run_sweep(claim: Claim, root: Path, results: Path, options: RunOptions, run_claim) -> None:
+  """Runs every regime (skipping finished runs; ``run_claim`` is the queue's,
+  :func:`.claim_queue.run_claim`) and writes ``sweep/report.md``, and with ``options.report``
+  each regime's report."""
   rows = []
   for name in regimes():
     budget = f"sweep/{name}"
-    expected = run_claim(args, claim, budget, root, results)
+    expected = run_claim(claim, budget, root, results, options)
     directory = results / claim.name / budget
     found, _, _ = report_results.load_results(directory, expected)
-    if args.report and found:
+    if options.report and found:
       report_writer.write_report(claim, budget, directory, expected)
     rows.append((name, found))
   text = render_sweep(claim, rows)

@@ -1,8 +1,8 @@
 """Every claim's ``paper`` budget runs its first rounds on tiny data through the runner's code path.
 
 The config is the budget's resolved one (resolve.resolve_config), the public set goes through the
-offline fallback (availability.public_fallback, TFDS unavailable), and runners.tiny shrinks only data sizes,
-rounds and client counts; the runs go through run.run_one and its runner, so a paper budget that
+offline fallback (availability.public_fallback, TFDS unavailable), and runners.tiny shrinks only
+data sizes, rounds and client counts; the runs go through run.run_one and its runner, so a paper budget that
 cannot run (a memory larger than the public set, a missing held-out split, ...) fails here.
 """
 

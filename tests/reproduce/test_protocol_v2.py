@@ -303,7 +303,9 @@ def test_jobs_workers_run_the_parents_protocol(tmp_path, monkeypatch):
   monkeypatch.setattr(jobs, "check_jobs", lambda n: None)  # whatever cores this machine has
   argv = ["fedgkd-cifar10", "--budget=cpu", "--protocol=v2", "--jobs=2", f"--results={tmp_path}"]
   parent = cli.parse_args(argv)
-  worker = jobs.worker_argv(parent, "fedgkd-cifar10", "cpu", tmp_path, tmp_path, "a")
+  worker = jobs.worker_argv(
+    cli.run_options(parent), "fedgkd-cifar10", "cpu", tmp_path, tmp_path, "a"
+  )
   again = cli.parse_args(worker[3:])
   assert again.protocol == "v2" and again.seed_list == list(range(1000, 1007))
 
