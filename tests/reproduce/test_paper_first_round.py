@@ -2,8 +2,9 @@
 
 The config is the budget's resolved one (resolve.resolve_config), the public set goes through the
 offline fallback (availability.public_fallback, TFDS unavailable), and runners.tiny shrinks only
-data sizes, rounds and client counts; the runs go through run.run_one and its runner, so a paper budget that
-cannot run (a memory larger than the public set, a missing held-out split, ...) fails here.
+data sizes, rounds and client counts; the runs go through run.run_one and its runner, so a paper
+budget that cannot run (a memory larger than the public set, a missing held-out split, ...) fails
+here.
 """
 
 from __future__ import annotations
