@@ -1,4 +1,4 @@
-"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|mnist|paper``: run, report.
+"""``python -m fedjax_proj.reproduce CLAIM --budget=paper|cpu|drift|gpu|mnist|smoke``: run, report.
 
     python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --power    # seed count
     python -m fedjax_proj.reproduce fedgkd-cifar10 --budget=paper --dry_run        # the configs
@@ -71,9 +71,9 @@ def parse_args(argv) -> argparse.Namespace:
     "--budget",
     default="cpu",
     help="one of the claim's budgets (--list shows the claims; a claim without it lists its "
-    "own): paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
-    "forgetting mechanism in play on a CPU, where a claim has it), mnist (SFedKD's on MNIST, the "
-    "offline analogue of Fashion-MNIST), smoke (wiring) (default: cpu)",
+    "own): "
+    + ", ".join(f"{name} ({what})" for name, what in claims_common.BUDGET_TABLE)
+    + " (default: cpu)",
   )
   p.add_argument(
     "--seeds",

@@ -519,7 +519,7 @@ def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
       ["fedproj-iris-pilot", "--budget=cpuu"],
       "has no budget 'cpuu'; its budgets: paper, cpu, smoke",
     ),
-    (["--list", "--budget=cpuu"], "unknown --budget=cpuu; choose from smoke, cpu"),
+    (["--list", "--budget=cpuu"], "unknown --budget=cpuu; choose from paper, cpu"),
   ],
 )
 def test_bad_input_exits_2_with_the_fix(argv, message, capsys):

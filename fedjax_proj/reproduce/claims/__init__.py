@@ -17,7 +17,9 @@ by the power calculation of :mod:`fedjax_proj.reproduce.protocol` from ``Budget.
 
 The FedProj claims also have a ``drift`` budget: FedAvg, FedDF and FedProj only, trained into the
 regime where clients forget what the global model knew (chosen from the measured pilot of
-benchmarks/drift_pilot.py; docs/reproduction.md, "Drift budget").
+benchmarks/drift_pilot.py; docs/reproduction.md, "Drift budget"), and a ``gpu`` budget: the drift
+budget three times as long, declared for a protocol v2 replication on a GPU only
+(docs/reproduction.md, "The gpu budget").
 
 The SFedKD claim on Fashion-MNIST has an ``mnist`` budget: MNIST with LeNet-5, the offline analogue
 of 004's Fashion-MNIST, at a shape where FedSeq forgets the earlier clients' classes along the chain

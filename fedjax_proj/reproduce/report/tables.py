@@ -13,11 +13,11 @@ from fedjax_proj.reproduce.claims import CLAIMS
 from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER, Claim, Ordering
 from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, format_value, per_seed
 from fedjax_proj.reproduce.report.verdicts import (
-  _p,
-  _paired_cells,
   declared_seeds,
+  format_p,
   magnitude,
   magnitude_cells,
+  paired_cells,
   paired_rows,
   verdict_records,
 )
@@ -70,7 +70,7 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
       metric in LOWER_IS_BETTER,
     )
     p = stats.paired(diffs)
-    lines.append(f"| {a} | {claim.ablations[a].note} | {_paired_cells(p)} | {stats.verdict(p)} |")
+    lines.append(f"| {a} | {claim.ablations[a].note} | {paired_cells(p)} | {stats.verdict(p)} |")
   lines.append("")
   # A headline ablation in the headline's place against the claimed losers: labelled, no verdict.
   variants = [a for a in present if claim.ablations[a].base == claim.headline]
@@ -84,7 +84,7 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
       )
       if diffs:
         p = stats.paired(diffs)
-        rows.append(f"| {a} > {o.worse} | {o.metric} | {_paired_cells(p)} | {stats.verdict(p)} |")
+        rows.append(f"| {a} > {o.worse} | {o.metric} | {paired_cells(p)} | {stats.verdict(p)} |")
   if rows:
     lines += [
       f"Ablations of {claim.headline} in its place (labelled ablations, not verdicts; interval "
@@ -154,7 +154,7 @@ def exploratory_table(claim: Claim, found: dict, budget: str) -> list[str]:
     "|---|---|---|---|---|---|---|---|",
   ]
   for better, worse, metric, p, v in paired_rows(claim, found):
-    lines.append(f"| {better} > {worse} | {metric} | {_paired_cells(p)} | {v} |")
+    lines.append(f"| {better} > {worse} | {metric} | {paired_cells(p)} | {v} |")
   return lines + [""]
 
 
@@ -216,7 +216,7 @@ def glance_table(results: Path) -> list[str]:
         records += [{**r, "protocol": "v2", "verdict": "incomplete: no runs yet"} for r in owed]
       for r in sorted(records, key=lambda r: r.get("protocol", "v1")):  # v1, then v2
         gap = "—" if r["paper_gap"] is None else f"{r['paper_gap']:+.2f}"
-        p = "—" if r["p_holm"] is None else _p(r["p_holm"])
+        p = "—" if r["p_holm"] is None else format_p(r["p_holm"])
         # From the record's own numbers, so a verdicts.json written before it held the magnitude
         # reads the same.
         size = magnitude_cells(

@@ -178,13 +178,13 @@ def confirmatory_rows(
   ]
 
 
-def _paired_cells(p: stats.Paired) -> str:
+def paired_cells(p: stats.Paired) -> str:
   """The shared cells of a paired row: seeds, mean, std, seeds favouring, 95% interval."""
   interval = f"[{format_value(p.low)}, {format_value(p.high)}]"
   return f"{p.n} | {format_value(p.mean)} | {format_value(p.std)} | {p.wins}/{p.n} | {interval}"
 
 
-def _p(x: float) -> str:
+def format_p(x: float) -> str:
   return "—" if math.isnan(x) else (f"{x:.4f}" if x >= 1e-4 else f"{x:.1e}")
 
 
@@ -264,8 +264,8 @@ def verdict_table(
     gap = protocol.paper_effect(claim, r.better, r.worse, r.metric, r.metric in LOWER_IS_BETTER)
     m = magnitude(gap, r.paired.mean, r.paired.low, r.paired.high)
     lines.append(
-      f"| {r.better} > {r.worse} | {r.metric} | {_paired_cells(r.paired)} | {_gap(gap)} | "
-      f"{magnitude_cells(m, gap, r.paired.mean)} | {_p(r.p)} | {_p(r.p_holm)} | "
+      f"| {r.better} > {r.worse} | {r.metric} | {paired_cells(r.paired)} | {_gap(gap)} | "
+      f"{magnitude_cells(m, gap, r.paired.mean)} | {format_p(r.p)} | {format_p(r.p_holm)} | "
       f"{verdict_text(r, diverged)} |"
     )
   refused = [f"{r.better} > {r.worse} seeds {list(r.refused)}" for r in rows if r.refused]

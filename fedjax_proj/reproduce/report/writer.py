@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fedjax_proj.reproduce import protocol
 from fedjax_proj.reproduce.claims import CLAIMS
-from fedjax_proj.reproduce.claims.common import BUDGET_ORDER, Claim
+from fedjax_proj.reproduce.claims.common import BUDGETS, Claim
 from fedjax_proj.reproduce.report.figures import plot_curves
 from fedjax_proj.reproduce.report.results import (
   VERDICTS_FILE,
@@ -189,7 +189,7 @@ def update_docs(doc: Path, results: Path) -> str:
   ``results`` (``<claim>/<budget>/report.md``); the markers go after "## Results" if absent."""
   sections = []
   for name in CLAIMS:
-    for budget in BUDGET_ORDER:
+    for budget in BUDGETS:
       report = results / name / budget / "report.md"
       if budget != "smoke" and report.is_file():
         # Figure links relative to the doc, so they render from docs/.
