@@ -16,6 +16,7 @@ from typing import NamedTuple
 from fedjax_proj.reproduce import (
   availability,
   jobs,
+  protocol,
   provenance,
   records,
   resolve,
@@ -174,24 +175,36 @@ def check_options(claim: claims_common.Claim, budget: str, options: RunOptions) 
   """Refuses options a claim's budget cannot run (a ValueError naming the fix): an unknown
   budget, methods or seeds; the command line refuses the same before building them."""
   if budget not in claim.budgets and not budget.startswith("sweep/"):
-    raise ValueError(f"claim {claim.name} has no budget {budget!r}; its budgets: "
-                     f"{', '.join(claim.budgets)}")  # fmt: skip
+    raise ValueError(
+      f"claim {claim.name} has no budget {budget!r}; its budgets: {', '.join(claim.budgets)}"
+    )
   if not options.methods or not options.seeds:
     raise ValueError("RunOptions lists no method or no seed; list at least one of each")
   bad = [m for m in options.methods if m not in claim.runnable]
   if bad:
-    raise ValueError(f"methods {bad} not in claim {claim.name}; choose from "
-                     f"{', '.join(claim.runnable)}")  # fmt: skip
+    raise ValueError(
+      f"methods {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
+    )
   if len(set(options.methods)) < len(options.methods):
     raise ValueError(f"methods {list(options.methods)} list a method twice; list each once")
   if len(set(options.seeds)) < len(options.seeds) or min(options.seeds) < 0:
     raise ValueError(f"seeds {list(options.seeds)} must be distinct non-negative integers")
+  if options.protocol not in ("v1", "v2"):
+    raise ValueError(f"protocol must be v1 or v2, got {options.protocol!r}")
+  # Seeds from V2_FIRST_SEED on are protocol v2's: a v1 command never runs them, nor v2 others.
+  v2 = [s >= protocol.V2_FIRST_SEED for s in options.seeds]
+  if not all(v2) if options.protocol == "v2" else any(v2):
+    raise ValueError(
+      f"seeds {list(options.seeds)}: protocol v2 runs the seeds from {protocol.V2_FIRST_SEED} on, "
+      "v1 those below it; pick seeds of one protocol and set RunOptions.protocol to it"
+    )
   if options.jobs < 1:
     raise ValueError(f"jobs must be >= 1, got {options.jobs}")
 
 
-def check_plan(claim: claims_common.Claim, budget: str, root: Path, plan: ClaimPlan,
-               options: RunOptions) -> None:  # fmt: skip
+def check_plan(
+  claim: claims_common.Claim, budget: str, root: Path, plan: ClaimPlan, options: RunOptions
+) -> None:
   """The refusals before anything computes: every image run's config is valid, and a text
   claim's queue finds its data here (before a run, or ``time_step``'s timing, starts)."""
   if claim.kind == "image":  # every run's config is valid before the first one starts

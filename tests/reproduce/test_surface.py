@@ -244,6 +244,8 @@ def test_a_claim_runs_from_python_without_a_command_line(tmp_path, capsys):
     (RunOptions(methods=("fedavg", "fedavg"), seeds=(0,)), "list a method twice"),
     (RunOptions(methods=("fedavg",), seeds=(-1,)), "non-negative"),
     (RunOptions(methods=("fedavg",), seeds=()), "no method or no seed"),
+    (RunOptions(methods=("fedavg",), seeds=(0, 1000), protocol="v2"), "pick seeds of one protocol"),
+    (RunOptions(methods=("fedavg",), seeds=(1000,)), "pick seeds of one protocol"),
   ],
 )
 def test_options_a_claim_cannot_run_are_refused_before_any_run(tmp_path, options, message):
