@@ -96,9 +96,9 @@ _PMNIST = (
   "--strategy=vmap_scan",
 )
 
-# The CIFAR claims' data path (claims.CIFAR_CPU: the shared image folder, the CIFAR-100 public npz,
-# the FedAvg CNN) on 300 training images, one round. The strategy is pinned to the one ``auto``
-# picks on a CPU, so the recording does not depend on the machine's choice.
+# The CIFAR claims' data path (claims.presets.CIFAR_CPU: the shared image folder, the CIFAR-100
+# public npz, the FedAvg CNN) on 300 training images, one round. The strategy is pinned to the one
+# ``auto`` picks on a CPU, so the recording does not depend on the machine's choice.
 _CIFAR = (
   "--preset=smoke",
   "--dataset=cifar10",

@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 
 from fedjax_proj.data.sources import find_shared_data
-from fedjax_proj.reproduce.report import EQUIVALENCE_FILE
+from fedjax_proj.reproduce.report.results import EQUIVALENCE_FILE
 from fedjax_proj.reproduce.run import DEFAULT_RESULTS
 
 REPO = Path(__file__).resolve().parents[1]

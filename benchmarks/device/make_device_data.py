@@ -36,7 +36,7 @@ import numpy as np
 
 from benchmarks import flag_checks
 from benchmarks.results_io import REPO_ROOT
-from fedjax_proj.reproduce import run
+from fedjax_proj.reproduce import provenance
 
 REPO = REPO_ROOT
 
@@ -145,7 +145,7 @@ def unpack(npz_path: Path, dest: Path) -> dict[str, int]:
     # What the pack holds, beside the data: a claim run records a lossy public set as a deviation
     # (fedjax_proj/reproduce/provenance.py, data_deviations).
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / run.DATA_RECORD).write_text(json.dumps({"about": str(z["about"])}) + "\n")
+    (dest / provenance.DATA_RECORD).write_text(json.dumps({"about": str(z["about"])}) + "\n")
     parts = {
       "cifar10/train.npz": ("cifar10_train_jpeg", "cifar10_train_offsets", "cifar10_train_label"),
       "cifar10/test.npz": ("cifar10_test_jpeg", "cifar10_test_offsets", "cifar10_test_label"),

@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from fedjax_proj.reproduce import claims, protocol, report, run, stats  # noqa: E402
+from fedjax_proj.reproduce import claims, protocol, run, stats
+from fedjax_proj.reproduce.report import results as report_results
 
 BUDGETS = ("cpu", "drift", "mnist")
 
@@ -41,8 +42,8 @@ def rows(results: Path) -> list[str]:
       directory = results / claim.name / budget
       if budget not in claim.budgets or not directory.is_dir():
         continue
-      found, _, _ = report.load_results(directory)
-      found, _ = report.split_diverged(found)
+      found, _, _ = report_results.load_results(directory)
+      found, _ = report_results.split_diverged(found)
       at, seeds = claim.at(budget), claim.budgets[budget].declared
       curves = [
         [c["test_accuracy"] for c in r["curve"] if "test_accuracy" in c]
@@ -82,8 +83,8 @@ def continual_rows(results: Path) -> list[str]:
     directory = results / claim.name / "cpu"
     if claim.kind != "continual" or not directory.is_dir():
       continue
-    found, _, _ = report.load_results(directory)
-    found, _ = report.split_diverged(found)
+    found, _, _ = report_results.load_results(directory)
+    found, _ = report_results.split_diverged(found)
     seeds = claim.budgets["cpu"].declared
     for o in claim.orderings:
       a = {s: r["metrics"][o.metric] for s, r in found.get(o.better, {}).items() if s in seeds}

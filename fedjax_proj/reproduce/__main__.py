@@ -1,4 +1,4 @@
-"""``python -m fedjax_proj.reproduce CLAIM --budget=smoke|cpu|drift|mnist|paper``: run, report.
+"""``python -m fedjax_proj.reproduce CLAIM --budget=paper|cpu|drift|gpu|mnist|smoke``: run, report.
 
     python -m fedjax_proj.reproduce fedproj-cifar10-dir0.3 --budget=cpu --power    # seed count
     python -m fedjax_proj.reproduce fedgkd-cifar10 --budget=paper --dry_run        # the configs
@@ -33,10 +33,25 @@ import sys
 from pathlib import Path
 
 from fedjax_proj.configs import common
+from fedjax_proj.reproduce import (
+  availability,
+  docs_tables,
+  jobs,
+  protocol,
+  provenance,
+  resolve,
+  run,
+  sweep,
+)
 from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import docs_tables, jobs, protocol, report, run, sweep
 from fedjax_proj.reproduce.claim_queue import RunsFailed, current_fingerprints, run_claim
-from fedjax_proj.reproduce.claim_queue import planned_config as planned_config
+from fedjax_proj.reproduce.claims import common as claims_common
+from fedjax_proj.reproduce.claims import pilot as pilot_claims
+from fedjax_proj.reproduce.claims import presets as claims_presets
+from fedjax_proj.reproduce.options import RunOptions
+from fedjax_proj.reproduce.report import results as report_results
+from fedjax_proj.reproduce.report import verdicts as report_verdicts
+from fedjax_proj.reproduce.report import writer as report_writer
 from fedjax_proj.reproduce.runners import STEP_TIMERS
 from fedjax_proj.training import compilation_cache
 from fedjax_proj.training.rundir import check_writable
@@ -56,9 +71,9 @@ def parse_args(argv) -> argparse.Namespace:
     "--budget",
     default="cpu",
     help="one of the claim's budgets (--list shows the claims; a claim without it lists its "
-    "own): paper (the paper's setting), cpu (pinned, hours on a CPU), drift (the paper's "
-    "forgetting mechanism in play on a CPU, where a claim has it), mnist (SFedKD's on MNIST, the "
-    "offline analogue of Fashion-MNIST), smoke (wiring) (default: cpu)",
+    "own): "
+    + ", ".join(f"{name} ({what})" for name, what in claims_common.BUDGET_TABLE)
+    + " (default: cpu)",
   )
   p.add_argument(
     "--seeds",
@@ -155,8 +170,8 @@ def parse_args(argv) -> argparse.Namespace:
       p.error("--jobs does not apply to --sweep; run the sweep in one process")
   if not (args.claim or args.update_docs or args.list):
     p.error("give a CLAIM (or --list / --update_docs); claims: " + ", ".join(claims_lib.CLAIMS))
-  if not args.claim and args.budget not in claims_lib.BUDGETS:
-    p.error(f"unknown --budget={args.budget}; choose from {', '.join(claims_lib.BUDGETS)}")
+  if not args.claim and args.budget not in claims_common.BUDGETS:
+    p.error(f"unknown --budget={args.budget}; choose from {', '.join(claims_common.BUDGETS)}")
   if args.claim:
     try:
       claim = claims_lib.get_claim(args.claim)
@@ -200,7 +215,7 @@ def parse_args(argv) -> argparse.Namespace:
       )
     runs = not (args.no_run or args.dry_run or args.power)
     device = b.v2.device if args.protocol == "v2" and b.v2 is not None else None
-    if runs and device is not None and run.local_backend() != device:
+    if runs and device is not None and provenance.local_backend() != device:
       # All of a replication's runs on the machine kind it declared (docs/reproduction.md,
       # "Protocol v2"): a run here would be one the report refuses to pair, its time lost.
       p.error(
@@ -243,8 +258,8 @@ def parse_args(argv) -> argparse.Namespace:
         f"--protocol=v2 runs seeds from {protocol.V2_FIRST_SEED} on (declared: "
         f"{declared[0]}..{declared[-1]}); got {args.seeds!r}"
       )
-    if args.sweep and claim.name != claims_lib.PILOT.name:
-      p.error(f"--sweep applies to {claims_lib.PILOT.name} only")
+    if args.sweep and claim.name != pilot_claims.PILOT.name:
+      p.error(f"--sweep applies to {pilot_claims.PILOT.name} only")
     if args.time_step and not args.no_run:
       p.error(
         "--time_step estimates a queue without running it: add --no_run (a run times its own "
@@ -261,7 +276,25 @@ def parse_args(argv) -> argparse.Namespace:
   return args
 
 
-def data_root(args, claim: claims_lib.Claim) -> Path:
+def run_options(args: argparse.Namespace) -> RunOptions:
+  """The frozen options of a claim command, from its parsed (and checked) command line."""
+  return RunOptions(
+    methods=tuple(args.method_list),
+    seeds=tuple(args.seed_list),
+    protocol=args.protocol,
+    rerun_stale=args.rerun_stale,
+    no_run=args.no_run,
+    time_step=args.time_step,
+    jobs=args.jobs,
+    debug=args.debug,
+    report=args.report,
+    worker=args.job_worker,
+    attempt=args.job_attempt or None,
+    compilation_cache=args.compilation_cache,
+  )
+
+
+def data_root(args, claim: claims_common.Claim) -> Path:
   """The shared data folder; a claim that needs data and finds none is an error with the fix."""
   from fedjax_proj.data.sources import find_shared_data
   from fedjax_proj.training.rundir import check_folder
@@ -276,10 +309,10 @@ def data_root(args, claim: claims_lib.Claim) -> Path:
   return root or Path(".")
 
 
-def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
+def dry_run(claim: claims_common.Claim, budget: str, methods, root: Path) -> str:
   """Every method's resolved config at ``budget`` (fields shared by all methods once, then each
   method's own fields and its full hyperparameters), without running anything."""
-  configs = {m: run.resolve_config(claim, budget, m, 0, root) for m in methods}
+  configs = {m: resolve.resolve_config(claim, budget, m, 0, root) for m in methods}
   first = next(iter(configs.values()))
   skip = ("method", "method_kwargs", "method_defaults")
   shared = {
@@ -298,9 +331,11 @@ def dry_run(claim: claims_lib.Claim, budget: str, methods, root: Path) -> str:
     own = {k: v for k, v in c.items() if k not in skip and k not in shared}
     lines += ["", f"{m} (method={c['method']}):"]
     lines += [f"  {k} = {own[k]!r}" for k in sorted(own)]
-    lines += [f"  {c['method']}.{k} = {v!r}" for k, v in sorted(run.effective_hparams(c).items())]
+    lines += [
+      f"  {c['method']}.{k} = {v!r}" for k, v in sorted(resolve.effective_hparams(c).items())
+    ]
   # The public set is shared by every method, so is its deviation on this machine.
-  _, notes = run.public_fallback(first, root, claims_lib.PUBLIC)
+  _, notes = availability.public_fallback(first, root, claims_presets.PUBLIC)
   lines += ["", *(f"deviation on this machine: {n}" for n in notes)] if notes else []
   return "\n".join(lines)
 
@@ -321,14 +356,14 @@ def main(argv=None) -> int:
     try:
       if args.power:
         directory = results / claim.name / args.budget
-        found = report.load_results(directory)[0] if directory.is_dir() else {}
+        found = report_results.load_results(directory)[0] if directory.is_dir() else {}
         if args.protocol == "v2":
           view = protocol.v2_view(claim, args.budget)
-          v2 = report.split_protocols(found)[1]
-          print(protocol.render_plan(view, args.budget, report.measured_sd(view, v2)))
+          v2 = report_results.split_protocols(found)[1]
+          print(protocol.render_plan(view, args.budget, report_verdicts.measured_sd(view, v2)))
         else:
-          v1 = report.split_protocols(found)[0]
-          print(protocol.render_plan(claim, args.budget, report.measured_sd(claim, v1)))
+          v1 = report_results.split_protocols(found)[0]
+          print(protocol.render_plan(claim, args.budget, report_verdicts.measured_sd(claim, v1)))
         return 0
       root = data_root(args, claim)
       if not args.dry_run and (args.report or not args.no_run):
@@ -338,11 +373,11 @@ def main(argv=None) -> int:
         print(dry_run(claim, args.budget, args.method_list, root))
         return 0
       if args.sweep:
-        sweep.run_sweep(args, claim, root, results, run_claim)
+        sweep.run_sweep(claim, root, results, run_options(args), run_claim)
       else:
         failed = None
         try:
-          expected = run_claim(args, claim, args.budget, root, results)
+          expected = run_claim(claim, args.budget, root, results, run_options(args))
         except RunsFailed as e:  # the finished runs still get their report
           failed, expected = e, e.expected
         if args.report:
@@ -351,7 +386,7 @@ def main(argv=None) -> int:
           expected = {**current, **expected}
           # The command as given (its --methods, --seeds, --data kept): pasted, it reruns this.
           command = f"python -m fedjax_proj.reproduce {shlex.join(argv)}"
-          print(report.write_report(claim, args.budget, directory, expected, command))
+          print(report_writer.write_report(claim, args.budget, directory, expected, command))
           if (directory / "report.md").is_file():
             print(f"wrote {directory / 'report.md'} (and its figures beside it)")
           else:
@@ -368,16 +403,16 @@ def main(argv=None) -> int:
       print(f"error: {e}", file=sys.stderr)
       return 1
   if args.update_docs:
-    if not run.in_checkout():
+    if not provenance.in_checkout():
       print(
         f"error: --update_docs rewrites docs/reproduction.md of a source checkout, and this "
-        f"fedjax_proj is installed ({run.REPO_ROOT}); run it in a clone of the repository "
+        f"fedjax_proj is installed ({provenance.REPO_ROOT}); run it in a clone of the repository "
         "(pip install -e . there)",
         file=sys.stderr,
       )
       return 2
-    doc = run.REPO_ROOT / "docs" / "reproduction.md"
-    report.update_docs(doc, results)
+    doc = provenance.REPO_ROOT / "docs" / "reproduction.md"
+    report_writer.update_docs(doc, results)
     docs_tables.update(doc)
     print(f"updated {os.path.relpath(doc)}")
   return 0

@@ -13,8 +13,21 @@ import traceback
 from pathlib import Path
 from typing import NamedTuple
 
-from fedjax_proj.reproduce import claims as claims_lib
-from fedjax_proj.reproduce import jobs, report, run, runners, sweep
+from fedjax_proj.reproduce import (
+  availability,
+  jobs,
+  protocol,
+  provenance,
+  records,
+  resolve,
+  run,
+  runners,
+  sweep,
+)
+from fedjax_proj.reproduce.claims import common as claims_common
+from fedjax_proj.reproduce.claims import presets as claims_presets
+from fedjax_proj.reproduce.options import RunOptions
+from fedjax_proj.reproduce.report import timing as report_timing
 from fedjax_proj.training import signals
 from fedjax_proj.training.signals import TrainingInterrupted
 
@@ -27,26 +40,31 @@ class PlannedRun(NamedTuple):
   config: dict  # the config it runs here (planned_config), {data} placeholders kept
   deviations: list[str]  # its deviations from the budget on this machine
   path: Path  # its result file
-  state: run.RunState  # its result file's state when planned
+  state: records.RunState  # its result file's state when planned
 
 
 def planned_config(claim, budget: str, method: str, seed: int, root: Path) -> tuple[dict, list]:
   """The config a run uses on this machine and its deviations from the budget
-  (run.public_fallback: the paper's public set when TFDS cannot give it; run.data_deviations: a
-  lossy public set in a device pack). The run adds any of arithmetic (run.run_one)."""
+  (availability.public_fallback: the paper's public set when TFDS cannot give it;
+  provenance.data_deviations: a lossy public set in a device pack). The run adds any of arithmetic
+  (run.run_one)."""
   config = sweep.config_for(claim, budget, method, seed, root)
-  config, deviations = run.public_fallback(config, root, claims_lib.PUBLIC)
-  return config, deviations + run.data_deviations(config, root)
+  config, deviations = availability.public_fallback(config, root, claims_presets.PUBLIC)
+  return config, deviations + provenance.data_deviations(config, root)
 
 
-def current_fingerprints(claim: claims_lib.Claim, budget: str, directory: Path, root: Path) -> dict:
+def current_fingerprints(
+  claim: claims_common.Claim, budget: str, directory: Path, root: Path
+) -> dict:
   """{stem: fingerprint of today's config} for every result file in ``directory``, so a report
   after running some methods or seeds still counts the others that are current."""
   out = {}
   for path in sorted(directory.glob("*-seed*.json")):
     method, _, seed = path.stem.rpartition("-seed")
     if method in claim.runnable and seed.isdigit():
-      out[path.stem] = run.fingerprint(planned_config(claim, budget, method, int(seed), root)[0])
+      out[path.stem] = resolve.fingerprint(
+        planned_config(claim, budget, method, int(seed), root)[0]
+      )
   return out
 
 
@@ -61,7 +79,7 @@ def time_steps(claim, queue: list[PlannedRun], recorded: dict, root: Path) -> di
     if recorded.get(p.method) or p.method in timed:
       continue
     print(f"timing one local step of {p.method} (seed {p.seed}'s config) ...", flush=True)
-    t = timer(claim, run.substitute_data(p.config, root))
+    t = timer(claim, resolve.substitute_data(p.config, root))
     timed[p.method] = t["seconds"]
     print(
       f"timed {p.method}: {t['step_seconds'] * 1e3:.1f} ms a step x {t['steps']:,} local steps "
@@ -88,15 +106,17 @@ def queue_summary(
   counts: dict[str, int] = {}
   for p in plan:
     counts[p.state] = counts.get(p.state, 0) + 1
-  parts = [f"{counts.get(run.RunState.DONE, 0)} done", f"{len(queue)} to run"]
+  parts = [f"{counts.get(records.RunState.DONE, 0)} done", f"{len(queue)} to run"]
   if continuing:
     parts[-1] += f" ({continuing} continuing from a checkpoint)"
   parts += [
-    f"{counts[s]} {s}" for s in (run.RunState.MISSING, run.RunState.CORRUPT) if counts.get(s)
+    f"{counts[s]} {s}"
+    for s in (records.RunState.MISSING, records.RunState.CORRUPT)
+    if counts.get(s)
   ]
-  if counts.get(run.RunState.STALE):
+  if counts.get(records.RunState.STALE):
     parts.append(
-      f"{counts[run.RunState.STALE]} stale"
+      f"{counts[records.RunState.STALE]} stale"
       + ("" if rerun_stale else " left alone (--rerun_stale reruns them)")
     )
   queued = {p.method for p in queue}
@@ -104,7 +124,7 @@ def queue_summary(
     f"{m} {sum(v) / len(v):.0f} s" for m, v in sorted(recorded.items()) if m in queued and v
   )
   first = min((p.seed for p in queue), default=0)
-  left = report.eta([p.method for p in queue], recorded, n_jobs, first, timed, timeable)
+  left = report_timing.eta([p.method for p in queue], recorded, n_jobs, first, timed, timeable)
   line = f"queue: {', '.join(parts)}; {left}"
   return line + (f" (mean per run: {means})" if means and queue else "")
 
@@ -120,67 +140,148 @@ class RunsFailed(RuntimeError):
     )
 
 
-def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: Path) -> dict:
-  """Runs the missing (method, seed) pairs seed by seed; returns {stem: fingerprint}.
+class ClaimPlan(NamedTuple):
+  """What a claim command runs (:func:`plan_claim`): every planned run, the queue and the
+  fingerprints its report expects."""
 
-  A run that raises is reported and skipped, and the remaining runs go on; at the end
-  :class:`RunsFailed` lists every failure (the command then exits 1).
-  """
-  plan, expected, failed = [], {}, []
-  for seed in args.seed_list:
-    for method in args.method_list:
+  runs: list[PlannedRun]  # every (method, seed), seed by seed, with its result file's state
+  queue: list[PlannedRun]  # the runs to run: missing, corrupt, and stale with rerun_stale
+  expected: dict[str, str]  # {"<method>-seed<k>": fingerprint of the config it runs}
+
+
+def plan_claim(
+  claim: claims_common.Claim, budget: str, root: Path, results: Path, options: RunOptions
+) -> ClaimPlan:
+  """Plans ``options``' (method, seed) runs seed by seed (seed 0 of every method, then seed 1,
+  ...), each with its config on this machine and its result file's state; computes nothing."""
+  runs, expected = [], {}
+  for seed in options.seeds:
+    for method in options.methods:
       config, deviations = planned_config(claim, budget, method, seed, root)
-      fp = run.fingerprint(config)
+      fp = resolve.fingerprint(config)
       expected[f"{method}-seed{seed}"] = fp
-      path = run.result_path(results, claim.name, budget, method, seed)
-      plan.append(PlannedRun(method, seed, config, deviations, path, run.status(path, fp)))
-  for note in sorted({d for p in plan for d in p.deviations}):
-    # Results record {data} (machine-independent); this machine's folder is what the user has.
-    print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
+      path = records.result_path(results, claim.name, budget, method, seed)
+      runs.append(PlannedRun(method, seed, config, deviations, path, records.status(path, fp)))
+  rerun = (records.RunState.MISSING, records.RunState.CORRUPT)
+  queue = [
+    p
+    for p in runs
+    if p.state in rerun or (p.state == records.RunState.STALE and options.rerun_stale)
+  ]
+  return ClaimPlan(runs, queue, expected)
+
+
+def check_options(claim: claims_common.Claim, budget: str, options: RunOptions) -> None:
+  """Refuses options a claim's budget cannot run (a ValueError naming the fix): an unknown
+  budget, methods or seeds; the command line refuses the same before building them."""
+  if budget not in claim.budgets and not budget.startswith("sweep/"):
+    raise ValueError(
+      f"claim {claim.name} has no budget {budget!r}; its budgets: {', '.join(claim.budgets)}"
+    )
+  if not options.methods or not options.seeds:
+    raise ValueError("RunOptions lists no method or no seed; list at least one of each")
+  bad = [m for m in options.methods if m not in claim.runnable]
+  if bad:
+    raise ValueError(
+      f"methods {bad} not in claim {claim.name}; choose from {', '.join(claim.runnable)}"
+    )
+  if len(set(options.methods)) < len(options.methods):
+    raise ValueError(f"methods {list(options.methods)} list a method twice; list each once")
+  if len(set(options.seeds)) < len(options.seeds) or min(options.seeds) < 0:
+    raise ValueError(f"seeds {list(options.seeds)} must be distinct non-negative integers")
+  if options.protocol not in ("v1", "v2"):
+    raise ValueError(f"protocol must be v1 or v2, got {options.protocol!r}")
+  # Seeds from V2_FIRST_SEED on are protocol v2's: a v1 command never runs them, nor v2 others.
+  v2 = [s >= protocol.V2_FIRST_SEED for s in options.seeds]
+  if not all(v2) if options.protocol == "v2" else any(v2):
+    raise ValueError(
+      f"seeds {list(options.seeds)}: protocol v2 runs the seeds from {protocol.V2_FIRST_SEED} on, "
+      "v1 those below it; pick seeds of one protocol and set RunOptions.protocol to it"
+    )
+  if options.jobs < 1:
+    raise ValueError(f"jobs must be >= 1, got {options.jobs}")
+
+
+def check_plan(
+  claim: claims_common.Claim, budget: str, root: Path, plan: ClaimPlan, options: RunOptions
+) -> None:
+  """The refusals before anything computes: every image run's config is valid, and a text
+  claim's queue finds its data here (before a run, or ``time_step``'s timing, starts)."""
   if claim.kind == "image":  # every run's config is valid before the first one starts
     import ml_collections
 
     from fedjax_proj.training.config import validate_config
 
-    for p in plan:
-      validate_config(ml_collections.ConfigDict(run.substitute_data(p.config, root)))
-  rerun = (run.RunState.MISSING, run.RunState.CORRUPT)
-  queue = [
-    p for p in plan if p.state in rerun or (p.state == run.RunState.STALE and args.rerun_stale)
-  ]
-  # The queue's text data is here before a run (or --time_step's timing) starts.
-  if claim.kind == "nlp" and (not args.no_run or args.time_step):
-    missing = list(dict.fromkeys(m for p in queue for m in run.missing_text_data(p.config, root)))
+    for p in plan.runs:
+      validate_config(ml_collections.ConfigDict(resolve.substitute_data(p.config, root)))
+  if claim.kind == "nlp" and (not options.no_run or options.time_step):
+    missing = list(
+      dict.fromkeys(m for p in plan.queue for m in availability.missing_text_data(p.config, root))
+    )
     if missing:
       raise FileNotFoundError(f"{claim.name} {budget}: " + "; ".join(missing) + ".")
-  recorded = report.recorded_seconds(
-    run.result_path(results, claim.name, budget, "x", 0).parent, backend=run.local_backend()
+
+
+def run_claim(
+  claim: claims_common.Claim, budget: str, root: Path, results: Path, options: RunOptions
+) -> dict:
+  """Runs the missing (method, seed) pairs of ``options`` seed by seed; returns {stem:
+  fingerprint}. The phases: :func:`check_options`, :func:`plan_claim` (the queue),
+  :func:`check_plan` (refusals before compute), :func:`execute_plan` (the runs).
+
+  A run that raises is reported and skipped, and the remaining runs go on; at the end
+  :class:`RunsFailed` lists every failure (the command then exits 1).
+  """
+  check_options(claim, budget, options)
+  plan = plan_claim(claim, budget, root, results, options)
+  for note in sorted({d for p in plan.runs for d in p.deviations}):
+    # Results record {data} (machine-independent); this machine's folder is what the user has.
+    print(f"deviation: {note.replace('{data}', str(root))}", flush=True)
+  check_plan(claim, budget, root, plan, options)
+  return execute_plan(claim, budget, root, results, plan, options)
+
+
+def execute_plan(
+  claim: claims_common.Claim,
+  budget: str,
+  root: Path,
+  results: Path,
+  plan: ClaimPlan,
+  options: RunOptions,
+) -> dict:
+  """Runs ``plan``'s queue (here seed by seed, or in ``options.jobs`` workers), printing each
+  run's status and the queue's progress; returns ``plan.expected``. :class:`RunsFailed` at the
+  end lists the runs that raised."""
+  queue, expected, failed = plan.queue, plan.expected, []
+  recorded = report_timing.recorded_seconds(
+    records.result_path(results, claim.name, budget, "x", 0).parent,
+    backend=provenance.local_backend(),
   )
-  if not args.job_worker:  # a worker's parent prints the queue and its progress
-    code = run.code_fingerprint()
+  if not options.worker:  # a worker's parent prints the queue and its progress
+    code = provenance.code_fingerprint()
     work = {p.path.with_suffix(".work"): expected[f"{p.method}-seed{p.seed}"] for p in queue}
-    continuing = sum(run.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
-    timed = time_steps(claim, queue, recorded, root) if args.time_step else None
+    continuing = sum(records.resumable(w, claim, fp, code)[0] is not None for w, fp in work.items())
+    timed = time_steps(claim, queue, recorded, root) if options.time_step else None
     timeable = claim.kind in runners.STEP_TIMERS
     summary = queue_summary(
-      plan, queue, recorded, args.rerun_stale, args.jobs, continuing, timed, timeable
+      plan.runs, queue, recorded, options.rerun_stale, options.jobs, continuing, timed, timeable
     )
     print(summary, flush=True)
-  parallel = args.jobs > 1 and not args.no_run
+  parallel = options.jobs > 1 and not options.no_run
   ran = 0
   signals.clear_stop_request()
-  for method, seed, config, deviations, path, state in plan:
+  for method, seed, config, deviations, path, state in plan.runs:
     tag = f"{claim.name} {budget} {method} seed {seed}"
-    if state == run.RunState.DONE:
+    if state == records.RunState.DONE:
       print(f"skip {tag}: done with the same config ({path})", flush=True)
       continue
-    if state == run.RunState.CORRUPT:
-      _, why = run.read_result(path)
+    if state == records.RunState.CORRUPT:
+      _, why = records.read_result(path)
       print(f"corrupt {tag}: {path} ({why}); kept as {path.name}.corrupt and rerun", flush=True)
-    if state == run.RunState.STALE and not args.rerun_stale:
+    if state == records.RunState.STALE and not options.rerun_stale:
       print(f"stale {tag}: {path} is from another config; rerun with --rerun_stale", flush=True)
       continue
-    if args.no_run:
+    if options.no_run:
       print(f"{state} {tag}", flush=True)
       continue
     if parallel:  # the workers run it
@@ -202,7 +303,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
         config=config,
         deviations=deviations,
         on_start=lambda tag=tag, state=state: print(f"run {tag} ({state})", flush=True),
-        attempt=args.job_attempt or None,
+        attempt=options.attempt,
       )
     except run.RunLocked as e:  # another process runs it: leave it alone, not a failure
       print(f"locked {tag}: {e}", flush=True)
@@ -223,7 +324,7 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
       failed.append(f"{tag}: {type(e).__name__}: {e}")
       kept = _keep_traceback(path.with_suffix(".traceback"))
       print(f"FAILED {tag}: {type(e).__name__}: {e} ({kept})", flush=True)
-      if args.debug:
+      if options.debug:
         traceback.print_exc()
       continue
     path.with_suffix(".traceback").unlink(missing_ok=True)  # an earlier attempt's, now moot
@@ -234,11 +335,11 @@ def run_claim(args, claim: claims_lib.Claim, budget: str, root: Path, results: P
     print(f"done {tag}: {summary} in {result['wall_seconds']:.0f} s", flush=True)
     ran += 1
     recorded.setdefault(method, []).append(result["wall_seconds"])
-    if not args.job_worker:
+    if not options.worker:
       left = [p.method for p in queue[ran:]]
-      print(f"queue: {ran} of {len(queue)} run; {report.eta(left, recorded)}", flush=True)
+      print(f"queue: {ran} of {len(queue)} run; {report_timing.eta(left, recorded)}", flush=True)
   if parallel and queue:
-    failed = run_in_jobs(args, claim, budget, root, results, queue, recorded)
+    failed = run_in_jobs(options, claim, budget, root, results, queue, recorded)
   if failed:
     raise RunsFailed(failed, expected)
   return expected
@@ -259,8 +360,8 @@ def _keep_traceback(where: Path) -> str:
 _QUIET = ("skip ", "stale ", "corrupt ", "deviation: ", "locked ")
 
 
-def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, recorded) -> list:
-  """Runs ``queue`` in ``args.jobs`` pinned worker processes (:mod:`.jobs`), relaying their
+def run_in_jobs(options, claim, budget: str, root: Path, results: Path, queue, recorded) -> list:
+  """Runs ``queue`` in ``options.jobs`` pinned worker processes (:mod:`.jobs`), relaying their
   lines and the queue's progress; returns the failures (the workers' FAILED lines). A worker
   stopped by a signal stops the parent as a single runner's stop request does."""
   left = {f"{claim.name} {budget} {p.method} seed {p.seed}": (p.method, p.path) for p in queue}
@@ -275,19 +376,19 @@ def run_in_jobs(args, claim, budget: str, root: Path, results: Path, queue, reco
         failed.append(line[len("FAILED ") :])
       if line.startswith("done "):
         method, path = left.pop(line[len("done ") :].split(":", 1)[0], (None, None))
-        result = run.read_result(path)[0] if path is not None else None
+        result = records.read_result(path)[0] if path is not None else None
         if result is not None:  # its time sharpens the estimate, as in one process
           recorded.setdefault(method, []).append(float(result["wall_seconds"]))
         done = len(queue) - len(left)
-        eta = report.eta([m for m, _ in left.values()], recorded, args.jobs)
+        eta = report_timing.eta([m for m, _ in left.values()], recorded, options.jobs)
         print(f"queue: {done} of {len(queue)} run; {eta}", flush=True)
 
   attempt = f"{os.getpid()}-{time.time_ns()}"  # one name per command: a failing run runs once
-  argv = jobs.worker_argv(args, claim.name, budget, root, results, attempt)
-  print(f"starting {args.jobs} jobs, cores {jobs.core_shares(args.jobs)}", flush=True)
+  argv = jobs.worker_argv(options, claim.name, budget, root, results, attempt)
+  print(f"starting {options.jobs} jobs, cores {jobs.core_shares(options.jobs)}", flush=True)
   # In this process's working directory: relative --results/--data mean the same, and the
   # workers import fedjax_proj as this process did (installed, $PYTHONPATH or the directory).
-  codes = jobs.run_workers(argv, args.jobs, on_line)
+  codes = jobs.run_workers(argv, options.jobs, on_line)
   # A worker stopped by a signal exits 128+n (a run's stop request) or -n (killed by it).
   stopped = [-c if c < 0 else c - 128 for c in codes if c < 0 or c > 128]
   if stopped:

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from fedjax_proj.reproduce.options import RunOptions
+
 
 def usable_cores() -> list[int] | None:
   """The cores this process may run on (None where the OS does not say: no pinning)."""
@@ -57,9 +59,9 @@ def core_shares(jobs: int) -> list[list[int] | None]:
 
 
 def worker_argv(
-  args, claim_name: str, budget: str, root: Path, results: Path, attempt: str
+  options: RunOptions, claim_name: str, budget: str, root: Path, results: Path, attempt: str
 ) -> list[str]:
-  """The command of one worker: the parent's claim, budget, seeds and methods, without
+  """The command of one worker: the parent's claim, budget, seeds, methods and protocol, without
   ``--jobs``/``--report``/``--update_docs`` (the parent reports once, at the end), and the
   parent's ``attempt`` name (a run that fails in one worker is not retried by another)."""
   argv = [
@@ -68,17 +70,20 @@ def worker_argv(
     "fedjax_proj.reproduce",
     claim_name,
     f"--budget={budget}",
-    f"--seeds={','.join(map(str, args.seed_list))}",
-    f"--protocol={args.protocol}",
-    f"--methods={','.join(args.method_list)}",
+    f"--seeds={','.join(map(str, options.seeds))}",
+    f"--protocol={options.protocol}",
+    f"--methods={','.join(options.methods)}",
     f"--results={results}",
     f"--data={root}",
     "--job_worker",
     f"--job_attempt={attempt}",
-    f"--compilation_cache={args.compilation_cache}",
   ]
+  if options.compilation_cache is not None:  # else each worker resolves its own default
+    argv.append(f"--compilation_cache={options.compilation_cache}")
   return (
-    argv + (["--rerun_stale"] if args.rerun_stale else []) + (["--debug"] if args.debug else [])
+    argv
+    + (["--rerun_stale"] if options.rerun_stale else [])
+    + (["--debug"] if options.debug else [])
   )
 
 

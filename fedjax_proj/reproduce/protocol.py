@@ -110,7 +110,7 @@ def v2_view(claim, budget: str):
   Raises:
     ValueError: the budget declares no replication (``Budget.v2`` is None).
   """
-  from fedjax_proj.reproduce.claims import Ordering
+  from fedjax_proj.reproduce.claims.common import Ordering
 
   b = claim.budgets[budget]
   if b.v2 is None:
@@ -160,7 +160,7 @@ def late_mean(curve: Sequence[dict], key: str = "test_accuracy", k: int = LATE_E
 def plan(claim, budget: str, sd: dict[str, float] | None = None) -> list[PlanRow]:
   """The power calculation of every ordering of ``claim`` at ``budget``; ``sd`` (metric -> paired
   sd) defaults to the budget's pre-registered ``power_sd``."""
-  from fedjax_proj.reproduce.claims import LOWER_IS_BETTER
+  from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER
 
   b = claim.budgets[budget]
   cap = max_seeds(b)

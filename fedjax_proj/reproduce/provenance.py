@@ -108,7 +108,8 @@ def machine_info() -> dict:
     "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     "cpu_count": os.cpu_count(),
     # None: the backend's default, which on recent NVIDIA GPUs computes float32 matrix products
-    # and convolutions in TF32 (report.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32 pins it.
+    # and convolutions in TF32 (report.results.arithmetic); JAX_DEFAULT_MATMUL_PRECISION=float32
+    # pins it.
     "matmul_precision": jax.config.jax_default_matmul_precision or "default",
     # The CPU placement's convolution implementation (placement.conv_impl_for), another
     # summation order of the same gradient than XLA's; None off CPU

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce.claims.common import Claim
 from fedjax_proj.reproduce.resolve import fingerprint
 from fedjax_proj.training.rundir import checkpoint_rounds
 

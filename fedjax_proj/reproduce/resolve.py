@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_proj.configs import all_fields
-from fedjax_proj.reproduce.claims import Claim, budget_overrides
+from fedjax_proj.reproduce.claims.common import Claim, budget_overrides
 from fedjax_proj.reproduce.provenance import REPO_ROOT
 from fedjax_proj.reproduce.runners import load_entry
 from fedjax_proj.training.fields import UNSET

@@ -10,8 +10,8 @@ checkpoint on the next attempt when its config and code are unchanged (:func:`.r
 
 The modules behind a run: :mod:`.resolve` (what it computes), :mod:`.records` (its files),
 :mod:`.availability` (data this machine may lack), :mod:`.runners` (each kind of claim's runner)
-and :mod:`.provenance` (what a result records of its code and machine). Their names imported
-``as`` themselves below are re-exported here (callers use ``run.<name>``).
+and :mod:`.provenance` (what a result records of its code and machine); each name is imported
+from the module that defines it.
 """
 
 from __future__ import annotations
@@ -24,47 +24,27 @@ import signal
 import time
 from pathlib import Path
 
-from fedjax_proj.reproduce.availability import missing_text_data as missing_text_data
-from fedjax_proj.reproduce.availability import public_fallback as public_fallback
-from fedjax_proj.reproduce.claims import Claim
-from fedjax_proj.reproduce.provenance import DATA_RECORD as DATA_RECORD
-from fedjax_proj.reproduce.provenance import FULL_FLOAT32 as FULL_FLOAT32
-from fedjax_proj.reproduce.provenance import REPO_ROOT as REPO_ROOT
-from fedjax_proj.reproduce.provenance import REPORT_ONLY as REPORT_ONLY
-from fedjax_proj.reproduce.provenance import arithmetic_deviations as arithmetic_deviations
-from fedjax_proj.reproduce.provenance import code_files as code_files
-from fedjax_proj.reproduce.provenance import code_fingerprint as code_fingerprint
-from fedjax_proj.reproduce.provenance import data_deviations as data_deviations
-from fedjax_proj.reproduce.provenance import git_commit as git_commit
-from fedjax_proj.reproduce.provenance import in_checkout as in_checkout
-from fedjax_proj.reproduce.provenance import local_backend as local_backend
-from fedjax_proj.reproduce.provenance import machine_info as machine_info
-from fedjax_proj.reproduce.records import REQUIRED_KEYS as REQUIRED_KEYS
-from fedjax_proj.reproduce.records import RESUME_RECORD as RESUME_RECORD
-from fedjax_proj.reproduce.records import RunState as RunState
-from fedjax_proj.reproduce.records import check_result as check_result
-from fedjax_proj.reproduce.records import failed_in, write_resume_record
-from fedjax_proj.reproduce.records import read_result as read_result
-from fedjax_proj.reproduce.records import result_path as result_path
-from fedjax_proj.reproduce.records import resumable as resumable
-from fedjax_proj.reproduce.records import status as status
-from fedjax_proj.reproduce.resolve import ADDED_FAMILY_FIELDS as ADDED_FAMILY_FIELDS
-from fedjax_proj.reproduce.resolve import ADDED_FIELDS as ADDED_FIELDS
-from fedjax_proj.reproduce.resolve import DEFAULT_ONLY_FIELDS as DEFAULT_ONLY_FIELDS
-from fedjax_proj.reproduce.resolve import RUN_FIELDS as RUN_FIELDS
-from fedjax_proj.reproduce.resolve import canonical as canonical
-from fedjax_proj.reproduce.resolve import default_data_root as default_data_root
-from fedjax_proj.reproduce.resolve import effective_hparams as effective_hparams
-from fedjax_proj.reproduce.resolve import fingerprint as fingerprint
-from fedjax_proj.reproduce.resolve import resolve_config as resolve_config
-from fedjax_proj.reproduce.resolve import substitute_data as substitute_data
-from fedjax_proj.reproduce.runners import RUNNERS as RUNNERS
-from fedjax_proj.reproduce.runners import TINY_TRAIN as TINY_TRAIN
-from fedjax_proj.reproduce.runners import Diverged as Diverged
-from fedjax_proj.reproduce.runners import _read_curve
-from fedjax_proj.reproduce.runners import _run_continual as _run_continual
-from fedjax_proj.reproduce.runners import _run_image as _run_image
-from fedjax_proj.reproduce.runners import tiny as tiny
+from fedjax_proj.reproduce.claims.common import Claim
+from fedjax_proj.reproduce.provenance import (
+  REPO_ROOT,
+  arithmetic_deviations,
+  code_fingerprint,
+  data_deviations,
+  git_commit,
+  in_checkout,
+  machine_info,
+)
+from fedjax_proj.reproduce.records import (
+  RunState,
+  check_result,
+  failed_in,
+  result_path,
+  resumable,
+  status,
+  write_resume_record,
+)
+from fedjax_proj.reproduce.resolve import fingerprint, resolve_config, substitute_data
+from fedjax_proj.reproduce.runners import RUNNERS, Diverged, read_curve
 
 # Where results go without --results (docs/reproduction.md, "Results"; argued in docs/design.md,
 # "The package and the checkout"): a checkout's committed results folder, which its code made and
@@ -223,7 +203,7 @@ def _execute(
     # Recorded, never retried (docs/reproduction.md, "Results"). The curve up to the last finite
     # round is what the run logged before it stopped.
     logged = work / "metrics.jsonl"
-    curve = _read_curve(logged) if logged.is_file() else []
+    curve = read_curve(logged) if logged.is_file() else []
     return {}, curve, {"error": str(e), "last_finite_round": curve[-1]["round"] if curve else 0}
   except BaseException as e:
     # Stopped (a signal, a crash): what the checkpoints hold is kept for the next attempt,

@@ -14,7 +14,7 @@ import numpy as np
 
 from fedjax_proj.algorithms.sequential.sfedkd import SFedKDConfig
 from fedjax_proj.configs import for_entry
-from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce.claims.common import Claim
 from fedjax_proj.training.config import resolved_hparams
 
 # Per-round keys kept in the curve (when the method logs them).
@@ -49,7 +49,7 @@ class Diverged(FloatingPointError):
   report names it (docs/reproduction.md, "Results": diverged runs)."""
 
 
-def _read_curve(metrics_file: Path) -> list[dict]:
+def read_curve(metrics_file: Path) -> list[dict]:
   curve = []
   for line in metrics_file.read_text().splitlines():
     record = json.loads(line)
@@ -75,7 +75,7 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
     summary = run_experiment(c, log=log)
   except NonFiniteError as e:
     raise Diverged(str(e)) from e
-  curve = _read_curve(work / "metrics.jsonl")
+  curve = read_curve(work / "metrics.jsonl")
   metrics = {"test_accuracy": 100 * summary["final_test_accuracy"]}
   evaluated = [r["test_accuracy"] for r in curve if "test_accuracy" in r]
   if evaluated:  # 002 Table 3 reports the best accuracy over the (evaluated) rounds
@@ -83,7 +83,7 @@ def _run_image(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
   return metrics, curve
 
 
-def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
+def run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
   """Runs a continual claim in this process: the config module resolves ``config`` as its flags
   would (``--preset=paper`` plus every field), checks it and runs it into ``work``."""
   from fedjax_proj.training.loop import NonFiniteError
@@ -100,7 +100,7 @@ def _run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, l
   metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
   # The accuracy matrix separates plasticity (its diagonal) from forgetting (the drop below it).
   metrics["acc_matrix"] = summary["acc_matrix"]
-  return metrics, _read_curve(work / "metrics.jsonl")
+  return metrics, read_curve(work / "metrics.jsonl")
 
 
 def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
@@ -116,7 +116,7 @@ def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[
 
 RUNNERS = {
   "image": _run_image,
-  "continual": _run_continual,
+  "continual": run_continual,
   "pilot": _run_pilot,
   "nlp": _run_image,  # experiments/nlp.py resolves to an image-runner config (token ids)
 }

@@ -21,8 +21,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from fedjax_proj.reproduce import report, run, stats
-from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce import resolve, stats
+from fedjax_proj.reproduce.claims.common import Claim
+from fedjax_proj.reproduce.options import RunOptions
+from fedjax_proj.reproduce.report import results as report_results
+from fedjax_proj.reproduce.report import verdicts as report_verdicts
+from fedjax_proj.reproduce.report import writer as report_writer
 
 PUBLIC = ("gaussian", "iris", "iris_labelled")
 BATCHES = (1, 10, 50)
@@ -44,24 +48,26 @@ def regimes() -> dict[str, dict]:
 def config_for(claim: Claim, budget: str, method: str, seed: int, data_root=None) -> dict:
   """The resolved config of a claim budget, or of a sweep regime (``sweep/<regime>``)."""
   if not budget.startswith("sweep/"):
-    return run.resolve_config(claim, budget, method, seed, data_root)
+    return resolve.resolve_config(claim, budget, method, seed, data_root)
   regime = budget.split("/", 1)[1]
   table = regimes()
   if regime not in table:
     raise ValueError(f"Unknown sweep regime {regime!r}; valid: {', '.join(table)}.")
-  return {**run.resolve_config(claim, "cpu", method, seed), **table[regime]}
+  return {**resolve.resolve_config(claim, "cpu", method, seed), **table[regime]}
 
 
-def run_sweep(args, claim: Claim, root: Path, results: Path, run_claim) -> None:
-  """Runs every regime (skipping finished runs) and writes ``sweep/report.md``."""
+def run_sweep(claim: Claim, root: Path, results: Path, options: RunOptions, run_claim) -> None:
+  """Runs every regime (skipping finished runs; ``run_claim`` is the queue's,
+  :func:`.claim_queue.run_claim`) and writes ``sweep/report.md``, and with ``options.report``
+  each regime's report."""
   rows = []
   for name in regimes():
     budget = f"sweep/{name}"
-    expected = run_claim(args, claim, budget, root, results)
+    expected = run_claim(claim, budget, root, results, options)
     directory = results / claim.name / budget
-    found, _, _ = report.load_results(directory, expected)
-    if args.report and found:
-      report.write_report(claim, budget, directory, expected)
+    found, _, _ = report_results.load_results(directory, expected)
+    if options.report and found:
+      report_writer.write_report(claim, budget, directory, expected)
     rows.append((name, found))
   text = render_sweep(claim, rows)
   out = results / claim.name / "sweep"
@@ -72,7 +78,9 @@ def run_sweep(args, claim: Claim, root: Path, results: Path, run_claim) -> None:
 
 
 def shows_forgetting(claim: Claim, found: dict) -> bool:
-  verdicts = {(b, w, m): v for b, w, m, _, v in report.paired_rows(claim, found) if w == "fedavg"}
+  verdicts = {
+    (b, w, m): v for b, w, m, _, v in report_verdicts.paired_rows(claim, found) if w == "fedavg"
+  }
   return all(v == stats.REPRODUCED for v in verdicts.values()) and bool(verdicts)
 
 
@@ -103,7 +111,7 @@ def render_sweep(claim: Claim, rows) -> str:
     shown = "yes" if shows_forgetting(claim, found) else ("no" if n >= stats.MIN_SEEDS else "—")
     verdicts = {
       m: f"{v} ({p.mean:+.1f})" if p.n else "—"
-      for b, w, m, p, v in report.paired_rows(claim, found)
+      for b, w, m, p, v in report_verdicts.paired_rows(claim, found)
       if w == "fedavg"
     }
     lines.append(

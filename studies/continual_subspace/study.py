@@ -115,11 +115,11 @@ def task_table(method: str, ends: list, extra: list, acc_matrix: list) -> list[d
 
 def run(args) -> dict:
   from fedjax_proj.reproduce import claims as claims_lib
-  from fedjax_proj.reproduce import run as run_lib
+  from fedjax_proj.reproduce import provenance, resolve, runners
   from fedjax_proj.training.config import parse_method_kwargs
 
   claim = claims_lib.get_claim(args.claim)
-  config = run_lib.resolve_config(claim, args.budget, args.method, args.seed)
+  config = resolve.resolve_config(claim, args.budget, args.method, args.seed)
   deviations = {}
   if args.num_tasks:
     deviations["num_tasks"] = args.num_tasks
@@ -128,10 +128,10 @@ def run(args) -> dict:
     extra = parse_method_kwargs(args.method_kwargs)
     deviations["method_kwargs"] = extra
     config["method_kwargs"] = {**config["method_kwargs"], **extra}
-  config = run_lib.substitute_data(
-    config, Path(args.data) if args.data else run_lib.default_data_root()
+  config = resolve.substitute_data(
+    config, Path(args.data) if args.data else resolve.default_data_root()
   )
-  commit = run_lib.git_commit()  # the code the run starts from
+  commit = provenance.git_commit()  # the code the run starts from
   records: list = []
   instrument_gpm(records)
   t0 = time.perf_counter()
@@ -143,11 +143,11 @@ def run(args) -> dict:
       config["resume"] = True
       deviations["resumed"] = True
     work.mkdir(parents=True, exist_ok=True)
-    metrics, _ = run_lib._run_continual(claim, config, work, print)
+    metrics, _ = runners.run_continual(claim, config, work, print)
     lines = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
   else:
     with tempfile.TemporaryDirectory(prefix="continual_subspace_") as tmp:
-      metrics, _ = run_lib._run_continual(claim, config, Path(tmp), print)
+      metrics, _ = runners.run_continual(claim, config, Path(tmp), print)
       lines = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
   wall = time.perf_counter() - t0
   ends = [x for x in lines if "task_end" in x]

@@ -39,7 +39,7 @@ from fedjax_proj.algorithms import registry
 from fedjax_proj.algorithms.distillation import distill
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.engine import TwoForms
-from fedjax_proj.reproduce.claims import BUDGETS
+from fedjax_proj.reproduce.claims.common import BUDGETS
 from fedjax_proj.training.evaluate import make_evaluator
 from fedjax_proj.training.loop import to_device
 
@@ -207,7 +207,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-  from fedjax_proj.reproduce import claims, run
+  from fedjax_proj.reproduce import claims, provenance, resolve, runners
 
   args = parse_args(argv)
   if args.summarize:
@@ -218,19 +218,19 @@ def main(argv=None) -> dict:
   if claim is None or claim.kind != "image":
     image = sorted(n for n, c in claims.CLAIMS.items() if c.kind == "image")
     raise SystemExit(f"--claim={args.claim}: choose an image claim: {', '.join(image)}.")
-  data_root = run.default_data_root()
+  data_root = resolve.default_data_root()
   name = f"{args.claim}-{args.budget}-{args.method}-seeds{'_'.join(map(str, args.seeds))}"
   path = Path(args.out) if args.out else RESULTS / f"distillation_effect-{name}.json"
   path.parent.mkdir(parents=True, exist_ok=True)
   out = {"claim": args.claim, "budget": args.budget, "method": args.method, "seeds": {}}
-  out["git_commit"], out["machine"] = run.git_commit(), run.machine_info()
+  out["git_commit"], out["machine"] = provenance.git_commit(), provenance.machine_info()
   out["tiny"] = args.tiny
   for seed in args.seeds:
-    config = run.resolve_config(claim, args.budget, args.method, seed, data_root)
+    config = resolve.resolve_config(claim, args.budget, args.method, seed, data_root)
     if args.tiny:
-      config = run.tiny(claim, config)
+      config = runners.tiny(claim, config)
     t0 = time.perf_counter()
-    result = diagnose(run.substitute_data(config, data_root), log=lambda *a, **k: None)
+    result = diagnose(resolve.substitute_data(config, data_root), log=lambda *a, **k: None)
     result["wall_seconds"] = time.perf_counter() - t0
     out["seeds"][str(seed)] = result
     print(_seed_lines(seed, result))

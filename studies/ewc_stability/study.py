@@ -177,25 +177,25 @@ def instrument(records: dict, lr: float, lam: float, stop_round: int):
 
 def run(args) -> dict:
   from fedjax_proj.reproduce import claims as claims_lib
-  from fedjax_proj.reproduce import run as run_lib
+  from fedjax_proj.reproduce import provenance, resolve, runners
   from fedjax_proj.reproduce.runners import Diverged
 
   claim = claims_lib.get_claim(args.claim)
-  config = run_lib.resolve_config(claim, args.budget, "ewc", args.seed)
-  config = run_lib.substitute_data(
-    config, Path(args.data) if args.data else run_lib.default_data_root()
+  config = resolve.resolve_config(claim, args.budget, "ewc", args.seed)
+  config = resolve.substitute_data(
+    config, Path(args.data) if args.data else resolve.default_data_root()
   )
   lr, lam = float(config["lr"]), float(config["method_kwargs"]["lam"])
   if config["method_kwargs"].get("normalize") or config["method_kwargs"].get("fisher") != "client":
     raise ValueError(f"this analysis reads per-client unnormalised Fishers, got {config}")
   records: dict = {"tasks": [], "rounds": []}
   instrument(records, lr, lam, args.stop_round)
-  commit = run_lib.git_commit()
+  commit = provenance.git_commit()
   t0 = time.perf_counter()
   stopped = "stop_round"
   with tempfile.TemporaryDirectory(prefix="ewc_stability_") as work:
     try:
-      run_lib._run_continual(claim, config, Path(work), print)
+      runners.run_continual(claim, config, Path(work), print)
       stopped = "finished"
     except StopRun:
       pass

@@ -23,7 +23,7 @@ import pytest
 from fedjax_proj import configs
 from fedjax_proj.configs import common, nlp, pmnist, sequential, split_cifar100
 from fedjax_proj.core import ranges
-from fedjax_proj.reproduce import run
+from fedjax_proj.reproduce import resolve
 from fedjax_proj.training import checkpoint, fields
 from fedjax_proj.training.fields import Field
 
@@ -143,17 +143,17 @@ def test_only_fl_fields_are_resumable():
 
 def test_the_claim_fingerprints_field_lists_are_the_tables():
   every = configs.all_fields()
-  assert set(run.RUN_FIELDS) == {k for k, f in every.items() if f.run_management}
-  assert {"output_dir", "resume", "checkpoint_every"} <= set(run.RUN_FIELDS)
-  assert set(run.DEFAULT_ONLY_FIELDS) == {
+  assert set(resolve.RUN_FIELDS) == {k for k, f in every.items() if f.run_management}
+  assert {"output_dir", "resume", "checkpoint_every"} <= set(resolve.RUN_FIELDS)
+  assert set(resolve.DEFAULT_ONLY_FIELDS) == {
     k for k, f in every.items() if not f.fingerprint and not f.run_management
   }
-  assert run.ADDED_FIELDS["lmem_global"] is True
-  assert run.ADDED_FAMILY_FIELDS == {"continual": {"client_chunk": "auto"}}
+  assert resolve.ADDED_FIELDS["lmem_global"] is True
+  assert resolve.ADDED_FAMILY_FIELDS == {"continual": {"client_chunk": "auto"}}
   # What a result's fingerprint hashes leaves the default-only fields out, and an added field at
   # its earlier value.
   c = {"lr": 0.1, "tensorboard": True, "fot_eps": 0.9, "rounds": 3, "lr_schedule": "constant"}
-  assert run.canonical(c) == {"lr": 0.1, "rounds": 3}
+  assert resolve.canonical(c) == {"lr": 0.1, "rounds": 3}
 
 
 def outside(f: Field):

@@ -277,10 +277,10 @@ def test_fot_claim_budgets_take_the_energy_rule_by_default():
   # claims/ pins ε, its increment and the sketch width but not the rule: the budgets resolve it
   # from the entry point's paper preset, and their fingerprint changes with it (earlier results,
   # made with the authors' rule, turn stale instead of pairing with new ones).
-  from fedjax_proj.reproduce import claims
-  from fedjax_proj.reproduce.run import resolve_config
+  from fedjax_proj.reproduce.claims import fot as fot_claims
+  from fedjax_proj.reproduce.resolve import resolve_config
 
-  for claim in (claims.FOT_NONIID, claims.FOT_IID):
+  for claim in (fot_claims.FOT_NONIID, fot_claims.FOT_IID):
     for budget in ("cpu", "smoke", "paper"):
       config = resolve_config(claim, budget, "fot", 0, data_root=REPO)
       assert config["method_kwargs"]["threshold_rule"] == "energy", (claim.name, budget)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedjax_proj.reproduce import run
+from fedjax_proj.reproduce import runners
 
 
 def _images(n, shape, classes, seed):
@@ -18,7 +18,7 @@ def _images(n, shape, classes, seed):
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
   """A data folder laid out as ``../shared/data``: CIFAR-10, MNIST and Fashion-MNIST of
-  run.TINY_TRAIN training and 100 test images (random pixels, balanced labels) and a 128-image
+  runners.TINY_TRAIN training and 100 test images (random pixels, balanced labels) and a 128-image
   CIFAR-100 public file."""
   root = tmp_path_factory.mktemp("data")
   grayscale = (28, 28, 1)
@@ -28,7 +28,7 @@ def data_root(tmp_path_factory):
     ("fashion_mnist", grayscale, 10),
   ):
     (root / name).mkdir()
-    np.savez(root / name / "train.npz", **_images(run.TINY_TRAIN, shape, classes, 0))
+    np.savez(root / name / "train.npz", **_images(runners.TINY_TRAIN, shape, classes, 0))
     np.savez(root / name / "test.npz", **_images(100, shape, classes, 1))
   (root / "cifar100").mkdir()
   np.savez(root / "cifar100" / "public_20k.npz", **_images(128, (32, 32, 3), 100, 2))

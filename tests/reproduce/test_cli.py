@@ -10,8 +10,23 @@ from pathlib import Path
 import pytest
 
 from fedjax_proj.reproduce import __main__ as cli
-from fedjax_proj.reproduce import report, run, stats
-from fedjax_proj.reproduce.claims import PILOT
+from fedjax_proj.reproduce import (
+  availability,
+  claim_queue,
+  provenance,
+  records,
+  resolve,
+  run,
+  runners,
+  stats,
+)
+from fedjax_proj.reproduce.claims.pilot import PILOT
+from fedjax_proj.reproduce.report import figures as report_figures
+from fedjax_proj.reproduce.report import results as report_results
+from fedjax_proj.reproduce.report import tables as report_tables
+from fedjax_proj.reproduce.report import timing as report_timing
+from fedjax_proj.reproduce.report import verdicts as report_verdicts
+from fedjax_proj.reproduce.report import writer as report_writer
 
 PILOT_SMOKE = ["fedproj-iris-pilot", "--budget=smoke", "--methods=fedavg"]
 
@@ -25,7 +40,7 @@ def test_pilot_smoke_end_to_end_then_skipped(tmp_path, capsys):
   assert 0.0 <= result["metrics"]["global_accuracy"] <= 100.0
   assert [c["round"] for c in result["curve"]] == [1, 2]  # smoke = 2 rounds
   assert result["config"]["rounds"] == 2 and result["config"]["public"] == "iris_labelled"
-  assert result["fingerprint"] == run.fingerprint(result["config"])
+  assert result["fingerprint"] == resolve.fingerprint(result["config"])
   assert (path.parent / "report.md").is_file()
   before = path.read_bytes()
   capsys.readouterr()
@@ -48,7 +63,7 @@ def test_report_names_its_file_and_a_command_that_reruns_exactly(tmp_path, capsy
   import shlex
 
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
   results = tmp_path / "results"
   argv = [*PILOT_SMOKE, "--seeds=1,2", f"--data={tmp_path}", f"--results={results}", "--report"]
   assert cli.main(argv) == 0 and calls == [1, 2]
@@ -67,13 +82,13 @@ def test_report_names_its_file_and_a_command_that_reruns_exactly(tmp_path, capsy
 
 def test_stale_result_rerun_only_on_request(tmp_path, capsys, monkeypatch):
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
   args = [*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}"]
   assert cli.main(args) == 0 and calls == [0, 1]
   path = tmp_path / "fedproj-iris-pilot" / "smoke" / "fedavg-seed1.json"
   result = json.loads(path.read_text())
   result["config"]["rounds"] = 999  # as if run under another config
-  result["fingerprint"] = run.fingerprint(result["config"])
+  result["fingerprint"] = resolve.fingerprint(result["config"])
   path.write_text(json.dumps(result))
   stale_bytes = path.read_bytes()
   capsys.readouterr()
@@ -98,7 +113,7 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
       {"round": 1, "global_accuracy": 0.5}
     ]
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   args = [*PILOT_SMOKE, "--seeds=0,1,2", f"--results={tmp_path}", "--report"]
   assert cli.main(args) == 1
   out, err = capsys.readouterr()
@@ -123,7 +138,7 @@ def test_debug_prints_a_failed_runs_traceback(tmp_path, capsys, monkeypatch):
   def runner(claim, config, work, log):
     raise ValueError("data/x.npz is truncated")
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   argv = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", "--debug"]
   assert cli.main(argv) == 1
   err = capsys.readouterr().err
@@ -146,11 +161,13 @@ def test_a_diverged_run_is_recorded_as_an_outcome_and_not_rerun(tmp_path, capsys
     if config["method"] == "feddf" and config["seed"] == 1:
       (work / "metrics.jsonl").write_text('{"round": 1, "train_loss": 2.0}\n')
       kept = last_good(Kept())
-      raise run.Diverged(f"Round 2 of feddf produced non-finite train_loss. {kept} Lower the lr.")
+      raise runners.Diverged(
+        f"Round 2 of feddf produced non-finite train_loss. {kept} Lower the lr."
+      )
     value = 50.0 + config["seed"] + (5.0 if config["method"] == "fedproj" else 0.0)
     return {"global_accuracy": value, "client_accuracy": value}, [{"round": 1}]
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   args = ["fedproj-iris-pilot", "--budget=smoke", f"--results={tmp_path}", "--report"]
   assert cli.main(args) == 0  # an outcome, not a failure
   out = capsys.readouterr().out
@@ -186,8 +203,8 @@ def test_continual_runs_in_process_and_a_divergence_is_recorded(tmp_path, monkey
   from fedjax_proj.training.signals import TrainingInterrupted
 
   claim = claims.get_claim("fot-pmnist-noniid")
-  planned = run.resolve_config(claim, "smoke", "ewc", 0, data_root=tmp_path)
-  config = run.substitute_data(planned, tmp_path)
+  planned = resolve.resolve_config(claim, "smoke", "ewc", 0, data_root=tmp_path)
+  config = resolve.substitute_data(planned, tmp_path)
   ran = []
   outcomes = iter(
     [
@@ -202,17 +219,17 @@ def test_continual_runs_in_process_and_a_divergence_is_recorded(tmp_path, monkey
     raise next(outcomes)
 
   monkeypatch.setattr(pmnist, "run", fake_run)
-  with pytest.raises(run.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
-    run._run_continual(claim, config, tmp_path, print)
+  with pytest.raises(runners.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
+    runners.run_continual(claim, config, tmp_path, print)
   # What ran is the planned config, with this run's directory: nothing re-typed through flags.
   got = ran[0].to_dict()
   assert got["output_dir"] == str(tmp_path)
   assert {k: got[k] for k in config} == config
   with pytest.raises(TrainingInterrupted) as stop:
-    run._run_continual(claim, config, tmp_path, print)
+    runners.run_continual(claim, config, tmp_path, print)
   assert stop.value.signum == signal.SIGTERM
   with pytest.raises(ValueError, match="no MNIST here"):
-    run._run_continual(claim, config, tmp_path, print)
+    runners.run_continual(claim, config, tmp_path, print)
 
 
 def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
@@ -233,7 +250,7 @@ def test_a_stop_request_stops_the_queue(tmp_path, capsys, monkeypatch):
       {"round": 1, "global_accuracy": 0.5}
     ]
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   args = [*PILOT_SMOKE, "--seeds=0,1,2", f"--results={tmp_path}"]
   assert cli.main(args) == 128 + signal.SIGTERM
   out, err = capsys.readouterr()
@@ -262,7 +279,7 @@ def test_a_stop_request_in_the_last_round_stops_the_queue_after_it(tmp_path, cap
       {"round": 1, "global_accuracy": 0.5}
     ]
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   monkeypatch.setattr(signals, "_caught", [signal.SIGINT])  # an earlier command's: forgotten
   args = [*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}"]
   assert cli.main(args) == 128 + signal.SIGTERM
@@ -288,9 +305,9 @@ def test_a_run_failed_in_one_job_is_not_retried_by_another_of_the_same_command(
       raise RuntimeError("out of memory")
     return {"global_accuracy": 50.0, "client_accuracy": 40.0}, [{"round": 1}]
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   worker = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", "--job_worker"]
-  marker = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0).with_suffix(
+  marker = records.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0).with_suffix(
     ".failed"
   )
   assert cli.main([*worker, "--job_attempt=A"]) == 1 and calls == [0]
@@ -304,7 +321,7 @@ def test_a_run_failed_in_one_job_is_not_retried_by_another_of_the_same_command(
 
 def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, capsys, monkeypatch):
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
   directory = tmp_path / "fedproj-iris-pilot" / "smoke"
   assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]) == 0
   out = capsys.readouterr().out
@@ -345,7 +362,7 @@ def test_the_queue_is_announced_with_an_eta_from_recorded_run_times(tmp_path, ca
 def test_results_record_their_machine_and_etas_use_only_the_same_backend(
   tmp_path, capsys, monkeypatch
 ):
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner([]))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner([]))
   directory = tmp_path / "fedproj-iris-pilot" / "smoke"
   base = [*PILOT_SMOKE, "--methods=fedavg", f"--results={tmp_path}"]
   assert cli.main([*base, "--seeds=0,1"]) == 0
@@ -361,10 +378,10 @@ def test_results_record_their_machine_and_etas_use_only_the_same_backend(
   (directory / "fedavg-seed1.json").write_text(json.dumps(gpu))
   queued = [*base, "--seeds=0,1,2,3", "--no_run"]
   # Here (a CPU) the two missing runs are timed at the CPU run's 600 s, not averaged with 6 s.
-  monkeypatch.setattr(run, "local_backend", lambda: "cpu")
+  monkeypatch.setattr(provenance, "local_backend", lambda: "cpu")
   assert cli.main(queued) == 0
   assert "2 to run, 2 missing; about 20 min in one process for 2 run(s)" in capsys.readouterr().out
-  monkeypatch.setattr(run, "local_backend", lambda: "gpu")
+  monkeypatch.setattr(provenance, "local_backend", lambda: "gpu")
   assert cli.main(queued) == 0
   assert "2 to run, 2 missing; about 12 s in one process for 2 run(s)" in capsys.readouterr().out
   # The report names each machine with its number of runs.
@@ -394,8 +411,8 @@ def _write(directory, method, seed, value):
 
 
 def _verdicts(directory):
-  found, _, _ = report.load_results(directory)
-  return {(b, w, m): v for b, w, m, _, v in report.paired_rows(PILOT, found)}
+  found, _, _ = report_results.load_results(directory)
+  return {(b, w, m): v for b, w, m, _, v in report_verdicts.paired_rows(PILOT, found)}
 
 
 def test_report_verdicts_from_result_files(tmp_path):
@@ -406,7 +423,7 @@ def test_report_verdicts_from_result_files(tmp_path):
   v = _verdicts(tmp_path)
   assert v[("fedproj", "fedavg", "global_accuracy")] == stats.INCONCLUSIVE
   assert v[("fedproj", "feddf", "global_accuracy")] == stats.REPRODUCED
-  text = report.write_report(PILOT, "cpu", tmp_path, None)
+  text = report_writer.write_report(PILOT, "cpu", tmp_path, None)
   assert "| fedproj > fedavg | global_accuracy | 3 | -0.17 |" in text
   assert "| fedproj > feddf | global_accuracy | 3 | 5.50 | 1.32 | 3/3 |" in text
   assert (tmp_path / "report.md").read_text() == text
@@ -426,8 +443,8 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
   for seed in (0, 1, 2):
     _write(tmp_path, "fedavg", seed, 70.0)
   _write(tmp_path, "fedproj", 0, 90.0)
-  found, _, _ = report.load_results(tmp_path)
-  (line, _) = report.completion_lines(PILOT, found, "cpu")
+  found, _, _ = report_results.load_results(tmp_path)
+  (line, _) = report_timing.completion_lines(PILOT, found, "cpu")
   assert "5 run(s) of the pre-registered seeds are missing" in line
   assert "(feddf seeds 0-2; fedproj seeds 1-2)" in line
   assert "fedproj-iris-pilot --budget=cpu` runs them" in line
@@ -435,19 +452,19 @@ def test_report_names_the_runs_its_verdicts_lack_and_their_time(tmp_path):
   assert "about 2 s in one process for 2 run(s)" in line
   assert "3 run(s) of feddf with no recorded time" in line
   # Nothing recorded at all: the seed it names to time one is the first missing, not 0.
-  (line, _) = report.completion_lines(PILOT, {"fedavg": found["fedavg"]}, "cpu", timing={})
+  (line, _) = report_timing.completion_lines(PILOT, {"fedavg": found["fedavg"]}, "cpu", timing={})
   assert "no estimate; run one seed (--seeds=0)" in line
   both = {m: {0: found["fedavg"][0]} for m in ("fedavg", "feddf", "fedproj")}
-  (line, _) = report.completion_lines(PILOT, both, "cpu", timing={})
+  (line, _) = report_timing.completion_lines(PILOT, both, "cpu", timing={})
   assert "(fedavg seeds 1-2; feddf seeds 1-2; fedproj seeds 1-2)" in line
   assert "no estimate; run one seed (--seeds=1) to get one" in line
   for seed in (0, 1, 2):
     _write(tmp_path, "feddf", seed, 60.0)
     _write(tmp_path, "fedproj", seed, 90.0)
-  found, _, _ = report.load_results(tmp_path)
-  assert report.completion_lines(PILOT, found, "cpu") == []  # complete: nothing to say
-  assert report._seed_ranges([0, 1, 2, 5, 7, 8]) == "seeds 0-2, 5, 7-8"
-  assert report._seed_ranges([4]) == "seed 4"
+  found, _, _ = report_results.load_results(tmp_path)
+  assert report_timing.completion_lines(PILOT, found, "cpu") == []  # complete: nothing to say
+  assert report_results.seed_ranges([0, 1, 2, 5, 7, 8]) == "seeds 0-2, 5, 7-8"
+  assert report_results.seed_ranges([4]) == "seed 4"
 
 
 def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
@@ -460,13 +477,13 @@ def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
     r = json.loads(path.read_text())
     r["machine"], r["wall_seconds"] = {"backend": "gpu"}, 40.0
     path.write_text(json.dumps(r))
-  found, _, _ = report.load_results(tmp_path)
-  (line, _) = report.completion_lines(PILOT, found, "cpu")
+  found, _, _ = report_results.load_results(tmp_path)
+  (line, _) = report_timing.completion_lines(PILOT, found, "cpu")
   assert "about 80 s in one process for 2 run(s)" in line  # fedproj's 40 s, twice
   assert line.endswith("no recorded time, timed on gpu.")
   _write(tmp_path, "fedproj", 1, 90.0)  # a CPU run, 1 s
-  found, _, _ = report.load_results(tmp_path)
-  (line, _) = report.completion_lines(PILOT, found, "cpu")
+  found, _, _ = report_results.load_results(tmp_path)
+  (line, _) = report_timing.completion_lines(PILOT, found, "cpu")
   assert "about 1 s in one process for 1 run(s)" in line
   assert "timed on" not in line
 
@@ -502,7 +519,7 @@ def test_completion_times_a_gpu_only_budget_from_its_gpu_runs(tmp_path):
       ["fedproj-iris-pilot", "--budget=cpuu"],
       "has no budget 'cpuu'; its budgets: paper, cpu, smoke",
     ),
-    (["--list", "--budget=cpuu"], "unknown --budget=cpuu; choose from smoke, cpu"),
+    (["--list", "--budget=cpuu"], "unknown --budget=cpuu; choose from paper, cpu"),
   ],
 )
 def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
@@ -514,6 +531,7 @@ def test_bad_input_exits_2_with_the_fix(argv, message, capsys):
 
 def test_list_names_each_claims_paper_by_title(capsys):
   from fedjax_proj.reproduce import claims
+  from fedjax_proj.reproduce.claims import common as claims_common
 
   assert cli.main(["--list"]) == 0
   lines = capsys.readouterr().out.splitlines()
@@ -521,7 +539,7 @@ def test_list_names_each_claims_paper_by_title(capsys):
   for name, paper in zip(lines[::2], lines[1::2]):
     claim = claims.get_claim(name.split()[0])
     number = claim.reference.split()[0]
-    assert paper.split()[:3] == ["paper", number, "="] and claims.PAPERS[number] in paper
+    assert paper.split()[:3] == ["paper", number, "="] and claims_common.PAPERS[number] in paper
   fot = lines.index(next(x for x in lines if x.startswith("fot-pmnist-iid ")))
   assert '003 = FOT, "Federated Orthogonal Training: Mitigating' in lines[fot + 1]
 
@@ -549,7 +567,7 @@ def _read_only_folder(tmp_path):
 
 def test_unwritable_results_folder_is_one_line_before_any_run(tmp_path, capsys, monkeypatch):
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
   results = _read_only_folder(tmp_path)
   assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={results}"]) == 1
   err = capsys.readouterr().err
@@ -568,21 +586,21 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
   for seed in range(3):
     _write(directory, "fedavg", seed, 80.0 + seed)
     _write(directory, "fedproj", seed, 82.0 + seed)
-  report.write_report(PILOT, "cpu", directory, None)
+  report_writer.write_report(PILOT, "cpu", directory, None)
   doc = tmp_path / "docs" / "reproduction.md"
   doc.parent.mkdir()
-  stale = f"{report.BEGIN}\nstale block\n{report.END}"
+  stale = f"{report_writer.BEGIN}\nstale block\n{report_writer.END}"
   doc.write_text(f"# Title\n\n## Results\n\nhand text\n\n{stale}\ntail\n")
-  text = report.update_docs(doc, results)
+  text = report_writer.update_docs(doc, results)
   assert text.startswith("# Title\n\n## Results\n\nhand text\n\n") and text.endswith("tail\n")
   assert "stale block" not in text
-  block = text.split(report.BEGIN)[1].split(report.END)[0]
+  block = text.split(report_writer.BEGIN)[1].split(report_writer.END)[0]
   assert "| fedproj > fedavg | global_accuracy | 3 | 2.00 | 0.00 | 3/3 |" in block
   assert "](../results/fedproj-iris-pilot/cpu/accuracy.png)" in block
-  assert report.update_docs(doc, results) == text  # idempotent
+  assert report_writer.update_docs(doc, results) == text  # idempotent
   # The glance table leads the block, one line per pre-registered ordering, from verdicts.json.
   assert block.index("### Verdicts at a glance") < block.index("### fedproj-iris-pilot")
-  verdicts = json.loads((directory / report.VERDICTS_FILE).read_text())["verdicts"]
+  verdicts = json.loads((directory / report_results.VERDICTS_FILE).read_text())["verdicts"]
   assert len(verdicts) == len(PILOT.at("cpu").orderings)
   row = next(v for v in verdicts if (v["worse"], v["metric"]) == ("fedavg", "global_accuracy"))
   assert (row["seeds"], row["declared"], row["mean"]) == (3, 3, pytest.approx(2.0))
@@ -593,28 +611,30 @@ def test_update_docs_regenerates_only_the_marked_block(tmp_path):
 
 def test_added_field_at_its_default_keeps_old_fingerprints():
   old = {"lr": 0.001, "rounds": 8}  # a config recorded before lr_schedule existed
-  assert run.fingerprint({**old, "lr_schedule": "constant", "lr_step_gamma": 0.1}) == (
-    run.fingerprint(old)
+  assert resolve.fingerprint({**old, "lr_schedule": "constant", "lr_step_gamma": 0.1}) == (
+    resolve.fingerprint(old)
   )
-  assert run.fingerprint({**old, "lr_schedule": "step"}) != run.fingerprint(old)
-  assert run.fingerprint({**old, "rounds": 9}) != run.fingerprint(old)
+  assert resolve.fingerprint({**old, "lr_schedule": "step"}) != resolve.fingerprint(old)
+  assert resolve.fingerprint({**old, "rounds": 9}) != resolve.fingerprint(old)
 
 
 def test_a_field_added_to_one_family_keeps_only_that_familys_old_fingerprints():
   # The continual entry points took --client_chunk after their results were recorded; the FL ones
   # had it all along, so their fingerprints keep it.
   continual = {"method": "fot", "rounds_per_task": 20}
-  assert run.fingerprint({**continual, "client_chunk": "auto"}) == run.fingerprint(continual)
-  assert run.fingerprint({**continual, "client_chunk": "4"}) != run.fingerprint(continual)
+  assert resolve.fingerprint({**continual, "client_chunk": "auto"}) == resolve.fingerprint(
+    continual
+  )
+  assert resolve.fingerprint({**continual, "client_chunk": "4"}) != resolve.fingerprint(continual)
   fl = {"method": "fedavg", "rounds": 8}
-  assert run.fingerprint({**fl, "client_chunk": "auto"}) != run.fingerprint(fl)
+  assert resolve.fingerprint({**fl, "client_chunk": "auto"}) != resolve.fingerprint(fl)
 
 
 def test_every_committed_result_is_current():
   """A config field added, renamed or re-defaulted without keeping what committed results computed
   turns them stale: the runner would rerun hours of runs, and the docs' tables would show results
   the current budget no longer produces. Such a change must be deliberate: give the field its
-  old-behaviour value in run.ADDED_FIELDS (or RUN_FIELDS), or rerun and commit the results."""
+  old-behaviour value in resolve.ADDED_FIELDS (or RUN_FIELDS), or rerun and commit the results."""
   from fedjax_proj.data.sources import find_shared_data
   from fedjax_proj.reproduce.claims import get_claim
 
@@ -630,11 +650,11 @@ def test_every_committed_result_is_current():
     result = json.loads(path.read_text())
     # <claim>/<budget>/<file>, or <claim>/sweep/<regime>/<file> (budget "sweep/<regime>").
     budget = path.parent.relative_to(root / result["claim"]).as_posix()
-    config, _ = cli.planned_config(
+    config, _ = claim_queue.planned_config(
       get_claim(result["claim"]), budget, result["method"], result["seed"], data
     )
-    if run.status(path, run.fingerprint(config)) != "done":
-      now, then = run.canonical(config), run.canonical(result["config"])
+    if records.status(path, resolve.fingerprint(config)) != "done":
+      now, then = resolve.canonical(config), resolve.canonical(result["config"])
       diff = sorted(k for k in now.keys() | then.keys() if now.get(k, "-") != then.get(k, "-"))
       stale.append(f"{path.relative_to(run.DEFAULT_RESULTS)}: {', '.join(diff)}")
   assert not stale, "committed results made stale:\n" + "\n".join(stale)
@@ -644,23 +664,23 @@ def test_runner_extras_go_to_detail_not_metrics(tmp_path, monkeypatch):
   def runner(claim, config, work, log):
     return {"global_accuracy": 50.0, "client_accuracy": 40.0, "acc_matrix": [[0.5]]}, [{"round": 1}]
 
-  monkeypatch.setitem(run.RUNNERS, "pilot", runner)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", runner)
   result = run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
   assert set(result["metrics"]) == {"global_accuracy", "client_accuracy"}
   assert result["detail"] == {"acc_matrix": [[0.5]]}
 
 
 def test_ablation_resolves_to_its_base_method_with_changed_hyperparameters():
-  from fedjax_proj.reproduce.claims import FEDPROJ_DIR03
+  from fedjax_proj.reproduce.claims.fedproj import FEDPROJ_DIR03
 
-  base = run.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj", 0)
-  ablated = run.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj-proj0.5", 0)
+  base = resolve.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj", 0)
+  ablated = resolve.resolve_config(FEDPROJ_DIR03, "smoke", "fedproj-proj0.5", 0)
   assert ablated["method"] == "fedproj"
   assert ablated["method_kwargs"] == {**base["method_kwargs"], "projection_prob": 0.5}
   assert {k: v for k, v in ablated.items() if k != "method_kwargs"} == {
     k: v for k, v in base.items() if k != "method_kwargs"
   }
-  assert run.fingerprint(ablated) != run.fingerprint(base)
+  assert resolve.fingerprint(ablated) != resolve.fingerprint(base)
   with pytest.raises(SystemExit):
     cli.parse_args(["fedproj-cifar10-dir0.3", "--methods=fedproj-bogus"])
   assert cli.parse_args(["fedproj-cifar10-dir0.3", "--methods=fedproj-nodistill"]).method_list == [
@@ -669,7 +689,7 @@ def test_ablation_resolves_to_its_base_method_with_changed_hyperparameters():
 
 
 def test_ablation_table_pairs_headline_against_ablation(tmp_path):
-  from fedjax_proj.reproduce.claims import FEDPROJ_DIR03
+  from fedjax_proj.reproduce.claims.fedproj import FEDPROJ_DIR03
 
   def res(method, seed, acc):
     return {"method": method, "seed": seed, "metrics": {"test_accuracy": acc}, "curve": []}
@@ -680,7 +700,7 @@ def test_ablation_table_pairs_headline_against_ablation(tmp_path):
       s: res("fedproj-nodistill", s, a) for s, a in enumerate([29.0, 33.0, 30.0])
     },
   }
-  text = "\n".join(report.ablation_table(FEDPROJ_DIR03, found))
+  text = "\n".join(report_tables.ablation_table(FEDPROJ_DIR03, found))
   # Differences 1, -1, 1: mean 1/3, 2 of 3 seeds favour the headline, straddles 0.
   assert "| fedproj-nodistill | no server distillation: client projection only | 3 | 0.33 |" in text
   assert "| 2/3 |" in text and "inconclusive" in text
@@ -691,8 +711,8 @@ def test_a_run_held_by_another_process_is_left_alone(tmp_path, capsys, monkeypat
   from filelock import FileLock
 
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
-  path = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
+  path = records.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
   work = path.with_suffix(".work")
   work.mkdir(parents=True)
   (work / "metrics.jsonl").write_text('{"round": 1}\n')  # the other process's work in progress
@@ -702,7 +722,7 @@ def test_a_run_held_by_another_process_is_left_alone(tmp_path, capsys, monkeypat
   assert "locked fedproj-iris-pilot smoke fedavg seed 0" in capsys.readouterr().out
   assert calls == [] and (work / "metrics.jsonl").is_file() and not path.exists()
   assert cli.main(args) == 0 and calls == [0]  # once free, it runs
-  assert run.status(path, json.loads(path.read_text())["fingerprint"]) == "done"
+  assert records.status(path, json.loads(path.read_text())["fingerprint"]) == "done"
 
 
 def test_jobs_run_every_run_once_and_equal_one_process(tmp_path):
@@ -718,7 +738,7 @@ def test_jobs_run_every_run_once_and_equal_one_process(tmp_path):
   cmd = [sys.executable, "-m", "fedjax_proj.reproduce", *args, "--jobs=2"]
   out = subprocess.run(
     [*cmd, f"--results={tmp_path / 'jobs'}"],
-    cwd=run.REPO_ROOT,
+    cwd=provenance.REPO_ROOT,
     capture_output=True,
     text=True,
     timeout=600,
@@ -733,7 +753,7 @@ def test_jobs_run_every_run_once_and_equal_one_process(tmp_path):
   for seed in (0, 1):
     a, b = (
       json.loads(
-        run.result_path(tmp_path / d, "fedproj-iris-pilot", "smoke", "fedavg", seed).read_text()
+        records.result_path(tmp_path / d, "fedproj-iris-pilot", "smoke", "fedavg", seed).read_text()
       )
       for d in ("jobs", "one")
     )
@@ -751,7 +771,7 @@ def test_sigterm_to_a_jobs_runner_stops_every_worker(tmp_path):
   cmd = [sys.executable, "-m", "fedjax_proj.reproduce", *PILOT_SMOKE, "--seeds=0,1,2,3,4,5,6,7"]
   proc = subprocess.Popen(
     [*cmd, "--jobs=2", f"--results={tmp_path}"],
-    cwd=run.REPO_ROOT,
+    cwd=provenance.REPO_ROOT,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
@@ -765,7 +785,7 @@ def test_sigterm_to_a_jobs_runner_stops_every_worker(tmp_path):
   assert "stopped by a signal" in err and "rerun the command" in err
   finished = list(tmp_path.rglob("fedavg-seed*.json"))
   assert len(finished) < 8  # the queue stopped; what finished is whole
-  assert all(run.read_result(p)[1] is None for p in finished)
+  assert all(records.read_result(p)[1] is None for p in finished)
 
 
 def test_jobs_beyond_the_usable_cores_is_refused_before_any_run(capsys):
@@ -785,26 +805,30 @@ def test_jobs_beyond_the_usable_cores_is_refused_before_any_run(capsys):
 )
 def test_corrupt_result_is_reported_as_corrupt_and_rerun(tmp_path, capsys, monkeypatch, text, why):
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
-  path = run.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
+  path = records.result_path(tmp_path, "fedproj-iris-pilot", "smoke", "fedavg", 0)
   path.parent.mkdir(parents=True)
   path.write_text(text)
-  found, stale, corrupt = report.load_results(path.parent, {})
+  found, stale, corrupt = report_results.load_results(path.parent, {})
   assert not found and not stale and corrupt[0].startswith(f"fedavg-seed0.json ({why}")
   assert cli.main([*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}"]) == 0
   out = capsys.readouterr().out
   assert "corrupt fedproj-iris-pilot smoke fedavg seed 0" in out
   assert "from another config" not in out
   assert calls == [0] and path.with_suffix(".json.corrupt").read_text() == text
-  assert run.read_result(path)[1] is None
+  assert records.read_result(path)[1] is None
 
 
 def test_a_result_with_an_empty_curve_is_not_done(tmp_path):
   path = tmp_path / "fedavg-seed0.json"
-  result = {k: 1 for k in run.REQUIRED_KEYS} | {"metrics": {"a": 1.0}, "curve": [], "config": {}}
+  result = {k: 1 for k in records.REQUIRED_KEYS} | {
+    "metrics": {"a": 1.0},
+    "curve": [],
+    "config": {},
+  }
   path.write_text(json.dumps(result))
-  assert run.status(path, run.fingerprint({})) == "corrupt"
-  assert run.read_result(path) == (None, "empty curve")
+  assert records.status(path, resolve.fingerprint({})) == "corrupt"
+  assert records.read_result(path) == (None, "empty curve")
 
 
 def test_diagnostics_leave_out_rounds_without_a_memory_gradient():
@@ -812,14 +836,16 @@ def test_diagnostics_leave_out_rounds_without_a_memory_gradient():
   an ensemble, rounds outside proj_rounds): first and last are each run's first and last values."""
   curve = lambda *values: [{"round": r + 1, "mean_cos": v} for r, v in enumerate(values)]  # noqa: E731
   found = {"fedproj": {0: {"curve": curve(None, 0.2, 0.4)}, 1: {"curve": curve(None, 0.4, None)}}}
-  rows = [line for line in report.diagnostics(found) if "mean_cos" in line]
+  rows = [line for line in report_tables.diagnostics(found) if "mean_cos" in line]
   assert rows == ["| fedproj | mean_cos | 0.3000 | 0.3333 | 0.4000 |"]
-  assert report.diagnostics({"fedproj": {0: {"curve": curve(None, None)}}}) == []
+  assert report_tables.diagnostics({"fedproj": {0: {"curve": curve(None, None)}}}) == []
 
 
 def test_deviations_print_the_data_folder_not_its_placeholder(tmp_path, capsys, monkeypatch):
   note = "public set: used {data}/cifar100/public_20k.npz"
-  monkeypatch.setattr(run, "public_fallback", lambda config, root, fallback: (config, [note]))
+  monkeypatch.setattr(
+    availability, "public_fallback", lambda config, root, fallback: (config, [note])
+  )
   argv = [*PILOT_SMOKE, "--seeds=0", f"--results={tmp_path}", f"--data={tmp_path}", "--no_run"]
   assert cli.main(argv) == 0
   out = capsys.readouterr().out
@@ -833,13 +859,13 @@ def test_a_continual_report_draws_the_accuracy_after_each_task(tmp_path):
   claim = claims.get_claim("fot-pmnist-iid")
   matrix = [[0.9, 0.8, 0.7], [None, 0.9, 0.85], [None, None, 0.95]]  # a[i, t]: task i after t
   found = {m: {s: {"detail": {"acc_matrix": matrix}} for s in (0, 1)} for m in ("fl", "fot")}
-  assert report.plot_curves(claim, found, tmp_path) == ["accuracy.png"]
+  assert report_figures.plot_curves(claim, found, tmp_path) == ["accuracy.png"]
   assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
-  assert report.plot_curves(claim, {"fl": {0: {"detail": {}}}}, tmp_path / "none") == []
+  assert report_figures.plot_curves(claim, {"fl": {0: {"detail": {}}}}, tmp_path / "none") == []
 
 
 def test_a_finished_run_leaves_no_lock_file(tmp_path, monkeypatch):
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner([]))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner([]))
   assert cli.main([*PILOT_SMOKE, "--seeds=0,1", f"--results={tmp_path}", "--report"]) == 0
   directory = tmp_path / "fedproj-iris-pilot" / "smoke"
   assert sorted(p.name for p in directory.glob("fedavg-seed*")) == [
@@ -852,7 +878,7 @@ def test_a_run_found_finished_under_its_lock_leaves_no_lock_file(tmp_path, monke
   # As when a second runner reaches a run another finished while it waited in its queue: it takes
   # the lock, finds the result done, and leaves it alone, without leaving a .lock beside it.
   calls = []
-  monkeypatch.setitem(run.RUNNERS, "pilot", _fake_runner(calls))
+  monkeypatch.setitem(runners.RUNNERS, "pilot", _fake_runner(calls))
   done = run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
   with pytest.raises(run.RunLocked, match="finished by another process meanwhile"):
     run.run_one(PILOT, "smoke", "fedavg", 0, results=tmp_path, data_root=tmp_path)
@@ -896,7 +922,9 @@ def test_time_step_estimates_an_unrecorded_queue_from_one_step_per_method(
   ) in out
   assert list(tmp_path.iterdir()) == []  # nothing written, nothing run
   # A method with recorded times keeps them; only the others are timed.
-  monkeypatch.setitem(run.RUNNERS, "image", lambda *a: ({"test_accuracy": 50.0}, [{"round": 1}]))
+  monkeypatch.setitem(
+    runners.RUNNERS, "image", lambda *a: ({"test_accuracy": 50.0}, [{"round": 1}])
+  )
   assert cli.main([*args[:2], "--seeds=0", "--methods=fedavg", f"--results={tmp_path}"]) == 0
   capsys.readouterr()
   calls.clear()

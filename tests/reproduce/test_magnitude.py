@@ -8,7 +8,11 @@ import math
 
 import pytest
 
-from fedjax_proj.reproduce import claims, report
+from fedjax_proj.reproduce import claims
+from fedjax_proj.reproduce.claims import pilot as pilot_claims
+from fedjax_proj.reproduce.report import results as report_results
+from fedjax_proj.reproduce.report import tables as report_tables
+from fedjax_proj.reproduce.report import verdicts as report_verdicts
 
 # t_{0.975} with 2 degrees of freedom (a printed table): the half-width of a 3-seed interval is
 # T975 * sd / sqrt(3).
@@ -34,10 +38,10 @@ HALF = T975 / math.sqrt(3)  # for a paired sd of 1
   ],
 )
 def test_magnitude_against_hand_arithmetic(gap, mean, low, high, inside, ratio, cells):
-  m = report.magnitude(gap, mean, low, high)
+  m = report_verdicts.magnitude(gap, mean, low, high)
   assert m.inside is inside
   assert m.ratio == (None if ratio is None else pytest.approx(ratio))
-  assert report.magnitude_cells(m, gap, mean) == cells
+  assert report_verdicts.magnitude_cells(m, gap, mean) == cells
 
 
 def _result(method, seed, value):
@@ -55,7 +59,7 @@ def _result(method, seed, value):
 def test_verdict_rows_and_records_state_the_paper_gap_and_the_ratio():
   # The pilot's orderings with paper numbers chosen so the four rows are: inside, outside on the
   # same side, opposite sign, and a paper tie.
-  pilot = claims.PILOT._replace(
+  pilot = pilot_claims.PILOT._replace(
     paper={
       "fedproj": {"global_accuracy": 80.0, "client_accuracy": 70.0},
       "fedavg": {"global_accuracy": 76.0, "client_accuracy": 68.0},  # gaps +4, +2
@@ -80,10 +84,10 @@ def test_verdict_rows_and_records_state_the_paper_gap_and_the_ratio():
     ("fedavg", "client_accuracy"): (2.0, -1.0, HALF, False, "-0.50 (opposite sign)"),
     ("feddf", "client_accuracy"): (0.0, 1.0, HALF, True, "n/a (paper gap 0)"),  # [-1.48, 3.48]
   }
-  plain = report.verdict_records(pilot, found, "cpu")
+  plain = report_verdicts.verdict_records(pilot, found, "cpu")
   assert json.loads(json.dumps(plain)) == plain  # verdicts.json holds them as written
   records = {(r["worse"], r["metric"]): r for r in plain}
-  table = report.verdict_table(pilot, found, "cpu")
+  table = report_verdicts.verdict_table(pilot, found, "cpu")
   assert "| 95% interval | paper gap | paper gap in interval | ours / paper | p |" in table[2]
   for (worse, metric), (gap, mean, half, inside, ratio) in expected.items():
     r = records[(worse, metric)]
@@ -109,8 +113,8 @@ def test_the_glance_table_states_magnitude_from_each_verdicts_json(tmp_path):
   directory = tmp_path / claim.name / "cpu"
   directory.mkdir(parents=True)
   payload = {"claim": claim.name, "budget": "cpu", "verdicts": records}
-  (directory / report.VERDICTS_FILE).write_text(json.dumps(payload))
-  lines = report.glance_table(tmp_path)
+  (directory / report_results.VERDICTS_FILE).write_text(json.dumps(payload))
+  lines = report_tables.glance_table(tmp_path)
   assert "| mean diff [95% interval] | paper gap in interval | ours / paper | p (Holm) |" in (
     "\n".join(lines)
   )

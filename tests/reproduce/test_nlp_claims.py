@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fedjax_proj.reproduce import availability, claims, run, runners
+from fedjax_proj.reproduce import availability, claims, records, resolve, run, runners
 
 NLP = [c for c in claims.CLAIMS.values() if c.kind == "nlp"]
 
@@ -17,9 +17,9 @@ def test_every_nlp_claim_resolves():
   for claim in NLP:
     for budget in claim.budgets:
       for method in claim.methods:
-        config = run.resolve_config(claim, budget, method, seed=0)
+        config = resolve.resolve_config(claim, budget, method, seed=0)
         assert config["dataset"] == claim.entry_kwargs["task"] and config["model"] == "bert"
-  paper = run.resolve_config(claims.get_claim("fedproj-mnli-dir0.5"), "paper", "fedproj", 0)
+  paper = resolve.resolve_config(claims.get_claim("fedproj-mnli-dir0.5"), "paper", "fedproj", 0)
   assert (paper["public_data"], paper["partition"], paper["num_clients"]) == (
     "snli", "dirichlet:0.5", 15,
   )  # fmt: skip
@@ -36,7 +36,7 @@ def test_smoke_budget_runs_through_the_runner(tmp_path, monkeypatch):
   monkeypatch.setenv("FEDJAX_PROJ_CACHE", str(tmp_path / "cache"))
   claim = claims.get_claim("fedproj-sst2-dir0.5")
   # FedAvg: the runner's text path is under test (FedProj's round: tests/configs/test_nlp.py)
-  config = run.resolve_config(claim, "smoke", "fedavg", seed=0)
+  config = resolve.resolve_config(claim, "smoke", "fedavg", seed=0)
   config.update(num_clients=2, clients_per_round=2, rounds=1, max_len=16, public_size=40,
                 batch_size=16, memory_size=32, partition="iid")  # fmt: skip
   with tfds.testing.mock_data(num_examples=40):
@@ -45,7 +45,7 @@ def test_smoke_budget_runs_through_the_runner(tmp_path, monkeypatch):
       log=lambda *a, **k: None,
     )  # fmt: skip
   assert 0.0 <= result["metrics"]["test_accuracy"] <= 100.0 and len(result["curve"]) == 1
-  saved = json.loads(run.result_path(tmp_path, claim.name, "smoke", "fedavg", 0).read_text())
+  saved = json.loads(records.result_path(tmp_path, claim.name, "smoke", "fedavg", 0).read_text())
   assert saved["config"]["dataset"] == "sst2"
 
 
@@ -53,7 +53,7 @@ def test_missing_text_data_is_one_line_before_any_run(tmp_path, capsys, monkeypa
   from fedjax_proj.reproduce import __main__ as cli
 
   started = []
-  monkeypatch.setitem(run.RUNNERS, "nlp", lambda *args: started.append(args))
+  monkeypatch.setitem(runners.RUNNERS, "nlp", lambda *args: started.append(args))
   base = ["--budget=smoke", "--methods=fedavg,fedproj", "--seeds=0", f"--results={tmp_path}"]
   # MARC is a local file under the data folder; this one has none.
   assert cli.main(["fedproj-marc-dir0.3", *base, f"--data={tmp_path}"]) == 1

@@ -1,9 +1,10 @@
 """Every claim's ``paper`` budget runs its first rounds on tiny data through the runner's code path.
 
-The config is the budget's resolved one (run.resolve_config), the public set goes through the
-offline fallback (run.public_fallback, TFDS unavailable), and run.tiny shrinks only data sizes,
-rounds and client counts; the runs go through run.run_one and its runner, so a paper budget that
-cannot run (a memory larger than the public set, a missing held-out split, ...) fails here.
+The config is the budget's resolved one (resolve.resolve_config), the public set goes through the
+offline fallback (availability.public_fallback, TFDS unavailable), and runners.tiny shrinks only
+data sizes, rounds and client counts; the runs go through run.run_one and its runner, so a paper
+budget that cannot run (a memory larger than the public set, a missing held-out split, ...) fails
+here.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import contextlib
 
 import pytest
 
-from fedjax_proj.reproduce import availability, claims, run
+from fedjax_proj.reproduce import availability, records, resolve, run, runners
 from fedjax_proj.reproduce.claims import CLAIMS
+from fedjax_proj.reproduce.claims import presets as claims_presets
 
 # Per claim, one method whose paper path covers the others' (kept to one run per claim for the
 # suite's time): FedProj exercises the public set, the memory and the server distillation FedDF
@@ -75,14 +77,16 @@ def _differs_only_in_partition_and_alpha(claim, other, data_root):
   from fedjax_proj.training.inputs import subset
 
   for method in METHODS[other.name]:
-    mine, theirs = (run.resolve_config(c, "paper", method, 0, data_root) for c in (claim, other))
+    mine, theirs = (
+      resolve.resolve_config(c, "paper", method, 0, data_root) for c in (claim, other)
+    )
     differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
     assert differ == {"partition", "method_defaults"}, differ
     mine_defaults, their_defaults = dict(mine["method_defaults"]), dict(theirs["method_defaults"])
     assert {k for k in mine_defaults if mine_defaults[k] != their_defaults[k]} == {"fedproj"}
     alpha = {k for k, v in mine_defaults["fedproj"].items() if their_defaults["fedproj"][k] != v}
     assert alpha == {"alpha"} and mine_defaults["fedproj"]["alpha"] == 0.0
-    c = run.substitute_data(run.tiny(claim, mine), data_root)
+    c = resolve.substitute_data(runners.tiny(claim, mine), data_root)
     train = load_dataset(c["dataset"], "train", c["data_dir"] or None)
     _, labels = subset(train, c["train_subset"], c["seed"])
     check_batch_size(c["batch_size"], partition(labels, c["partition"], c["num_clients"], 0), "")
@@ -107,8 +111,8 @@ def test_paper_budget_first_rounds_run(name, data_root, tmp_path, monkeypatch):
 
 def _first_rounds(claim, name, data_root, tmp_path):
   for method in METHODS[name]:
-    config = run.resolve_config(claim, "paper", method, 0, data_root)
-    config, deviations = run.public_fallback(config, data_root, claims.PUBLIC)
+    config = resolve.resolve_config(claim, "paper", method, 0, data_root)
+    config, deviations = availability.public_fallback(config, data_root, claims_presets.PUBLIC)
     result = run.run_one(
       claim,
       "paper",
@@ -116,11 +120,11 @@ def _first_rounds(claim, name, data_root, tmp_path):
       0,
       results=tmp_path,
       data_root=data_root,
-      config=run.tiny(claim, config),
+      config=runners.tiny(claim, config),
       deviations=deviations,
       log=lambda *a, **k: None,
     )
-    assert run.check_result(result) is None
+    assert records.check_result(result) is None
     assert set(claim.metrics) <= set(result["metrics"]), result["metrics"]
     if config.get("public_split") == "train" and method == "fedproj" and claim.kind == "image":
       assert any("capped" in d for d in result["deviations"])  # |M| 50k > the 128 images

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
-from fedjax_proj.reproduce import provenance, report
+from fedjax_proj.reproduce import provenance
+from fedjax_proj.reproduce.report import results as report_results
 
 
 def test_a_result_records_its_card(tmp_path, monkeypatch):
@@ -36,10 +37,12 @@ def test_a_result_records_its_card(tmp_path, monkeypatch):
   monkeypatch.setattr(provenance, "cpu_model", lambda: "AMD EPYC 7B13")
   assert provenance.machine_info()["card"] == "AMD EPYC 7B13"
   gpu = {"backend": "gpu", "device_kind": "NVIDIA H200", "matmul_precision": "float32"}
-  labelled = report.machine_label({"machine": {**gpu, "card": "NVIDIA H200, GPU-8bdce5ac"}})
+  labelled = report_results.machine_label({"machine": {**gpu, "card": "NVIDIA H200, GPU-8bdce5ac"}})
   assert labelled == "NVIDIA H200, GPU-8bdce5ac (gpu, matmul precision float32)"
-  assert report.machine_label({"machine": gpu}) == "NVIDIA H200 (gpu, matmul precision float32)"
+  assert (
+    report_results.machine_label({"machine": gpu}) == "NVIDIA H200 (gpu, matmul precision float32)"
+  )
   cpu = {"backend": "cpu", "device_kind": "cpu", "cores": 2, "cpu_count": 2}
-  assert report.machine_label({"machine": {**cpu, "card": "AMD EPYC"}}) == (
+  assert report_results.machine_label({"machine": {**cpu, "card": "AMD EPYC"}}) == (
     "CPU (AMD EPYC), 2 of 2 cores"
   )

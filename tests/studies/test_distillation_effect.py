@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_proj.reproduce import run
+from fedjax_proj.reproduce import resolve, runners
 from fedjax_proj.reproduce.claims import CLAIMS
 from studies.distillation_effect import study as distillation_effect
 
@@ -27,7 +27,7 @@ def data_root(tmp_path_factory):
   root = tmp_path_factory.mktemp("data")
   (root / "cifar10").mkdir()
   (root / "cifar100").mkdir()
-  np.savez(root / "cifar10" / "train.npz", **_images(run.TINY_TRAIN, 10, 0))
+  np.savez(root / "cifar10" / "train.npz", **_images(runners.TINY_TRAIN, 10, 0))
   np.savez(root / "cifar10" / "test.npz", **_images(100, 10, 1))
   np.savez(root / "cifar100" / "public_20k.npz", **_images(500, 100, 2))
   return root
@@ -35,8 +35,8 @@ def data_root(tmp_path_factory):
 
 def _tiny_config(data_root, **kwargs):
   claim = CLAIMS[CLAIM]
-  c = run.tiny(claim, run.resolve_config(claim, "smoke", "feddf", 0, data_root))
-  c = run.substitute_data(c, data_root)
+  c = runners.tiny(claim, resolve.resolve_config(claim, "smoke", "feddf", 0, data_root))
+  c = resolve.substitute_data(c, data_root)
   c["method_kwargs"] = {**c["method_kwargs"], **kwargs}
   return c
 

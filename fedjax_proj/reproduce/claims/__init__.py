@@ -17,7 +17,9 @@ by the power calculation of :mod:`fedjax_proj.reproduce.protocol` from ``Budget.
 
 The FedProj claims also have a ``drift`` budget: FedAvg, FedDF and FedProj only, trained into the
 regime where clients forget what the global model knew (chosen from the measured pilot of
-benchmarks/pilots/drift_pilot.py; docs/reproduction.md, "Drift budget").
+benchmarks/pilots/drift_pilot.py; docs/reproduction.md, "Drift budget"), and a ``gpu`` budget:
+the drift budget three times as long, declared for a protocol v2 replication on a GPU only
+(docs/reproduction.md, "The gpu budget").
 
 The SFedKD claim on Fashion-MNIST has an ``mnist`` budget: MNIST with LeNet-5, the offline analogue
 of 004's Fashion-MNIST, at a shape where FedSeq forgets the earlier clients' classes along the chain
@@ -25,185 +27,65 @@ of 004's Fashion-MNIST, at a shape where FedSeq forgets the earlier clients' cla
 budget on MNIST").
 
 One module per paper: :mod:`.fedproj` (000/001), :mod:`.fedgkd` (002), :mod:`.fot` (003),
-:mod:`.sfedkd` (004) and :mod:`.pilot`; :mod:`.common` holds the records, :mod:`.presets` the
-budgets several papers share. This package re-exports every name.
+:mod:`.sfedkd` (004) and :mod:`.pilot`, each with one ``CLAIMS`` tuple; :mod:`.common` holds the
+records (:class:`.common.Claim`, :class:`.common.Budget`, ``BUDGETS``, ...), :mod:`.presets` the
+budgets several papers share. This package defines only the registry, :data:`CLAIMS` (every paper
+module's ``CLAIMS``, concatenated), and :func:`get_claim`; every other name is imported from the
+module that defines it.
 
 Papers: 000/001 FedProj, 002 FedGKD, 003 FOT, 004 SFedKD (the files the project was given).
 """
 
 from __future__ import annotations
 
-from fedjax_proj.reproduce.claims.common import (
-  BUDGET_ORDER,
-  BUDGETS,
-  LOWER_IS_BETTER,
-  PAPERS,
-  Ablation,
-  Budget,
-  Claim,
-  Ordering,
-  Replication,
-  _beats,
-  budget_overrides,
-)
-from fedjax_proj.reproduce.claims.fedgkd import (
-  FEDGKD,
-  FEDGKD_AGNEWS,
-  FEDGKD_CPU,
-  FEDGKD_METHODS,
-  FEDGKD_TABLE3,
-)
-from fedjax_proj.reproduce.claims.fedproj import (
-  CPU_METHOD_KW,
-  DRIFT_METHODS,
-  FEDPROJ_ABLATIONS,
-  FEDPROJ_DIR03,
-  FEDPROJ_DIR05,
-  FEDPROJ_METHODS,
-  FEDPROJ_SD,
-  FEDPROJ_SD_SOURCE,
-  FEDPROJ_SEEDS,
-  FEDPROJ_TABLE1,
-  NLP_FEDPROJ,
-  NLP_FEDPROJ_METHODS,
-  NLP_PUBLIC,
-  NLP_SMOKE_KW,
-  TABLE2,
-  _fedproj_cifar,
-  _fedproj_nlp,
-)
-from fedjax_proj.reproduce.claims.fot import (
-  FOT_ABLATIONS,
-  FOT_EPS,
-  FOT_IID,
-  FOT_METHOD_KW,
-  FOT_METHODS,
-  FOT_NONIID,
-  FOT_NONIID_TABLE1,
-  FOT_SD,
-  FOT_SD_SOURCE,
-  PMNIST_CPU,
-  _fot,
-)
-from fedjax_proj.reproduce.claims.pilot import (
-  PILOT,
-  PILOT_BASE,
-  PILOT_METHODS,
-  PILOT_SD,
-  PILOT_SD_SOURCE,
-)
-from fedjax_proj.reproduce.claims.presets import (
-  BASELINE_KW,
-  CIFAR_CPU,
-  CIFAR_DRIFT,
-  CIFAR_GPU,
-  CIFAR_SMOKE,
-  DISTILL,
-  FEDPROJ_KW,
-  IMAGE_METHOD_KW,
-  NLP_SMOKE,
-  PAPER_PUBLIC,
-  PUBLIC,
-)
-from fedjax_proj.reproduce.claims.sfedkd import (
-  FMNIST_TABLE1,
-  SEQ_CPU,
-  SEQ_METHOD_KW,
-  SEQ_MNIST,
-  SEQ_SD,
-  SEQ_SD_SOURCE,
-  SFEDKD,
-  SFEDKD_FMNIST,
-  SFEDKD_FMNIST_BASELINES,
-  SFEDKD_METHODS,
-  _seq_smoke,
-  _sfedkd,
+from fedjax_proj.reproduce.claims import fedgkd, fedproj, fot, pilot, sfedkd
+from fedjax_proj.reproduce.claims.common import Claim
+
+# The order --list, the claims table and docs/reproduction.md's results show the claims in: the
+# headline claim of each paper first, then the table variants and text claims as they were added.
+LISTED = (
+  "fedproj-cifar10-dir0.3",
+  "fedproj-cifar10-dir0.5",
+  "fedproj-iris-pilot",
+  "fot-pmnist-noniid",
+  "fot-pmnist-iid",
+  "sfedkd-cifar10-exdir",
+  "sfedkd-fmnist-exdir",
+  "fedgkd-cifar10",
+  "fedgkd-cifar10-table3",
+  "sfedkd-fmnist-exdir-baselines",
+  "fot-pmnist-noniid-table1",
+  "fedproj-mnli-dir0.3",
+  "fedproj-mnli-dir0.5",
+  "fedproj-sst2-dir0.3",
+  "fedproj-sst2-dir0.5",
+  "fedproj-marc-dir0.3",
+  "fedproj-marc-dir0.5",
+  "fedgkd-agnews",
 )
 
-__all__ = [
-  "Ablation",
-  "BASELINE_KW",
-  "BUDGETS",
-  "BUDGET_ORDER",
-  "Budget",
-  "CIFAR_CPU",
-  "CIFAR_DRIFT",
-  "CIFAR_GPU",
-  "CIFAR_SMOKE",
-  "CLAIMS",
-  "CPU_METHOD_KW",
-  "PAPERS",
-  "Claim",
-  "DISTILL",
-  "DRIFT_METHODS",
-  "FEDGKD",
-  "FEDGKD_AGNEWS",
-  "FEDGKD_CPU",
-  "FEDGKD_METHODS",
-  "FEDGKD_TABLE3",
-  "FEDPROJ_ABLATIONS",
-  "FEDPROJ_DIR03",
-  "FEDPROJ_DIR05",
-  "FEDPROJ_KW",
-  "FEDPROJ_METHODS",
-  "FEDPROJ_SD",
-  "FEDPROJ_SD_SOURCE",
-  "FEDPROJ_SEEDS",
-  "FEDPROJ_TABLE1",
-  "FMNIST_TABLE1",
-  "FOT_ABLATIONS",
-  "FOT_EPS",
-  "FOT_IID",
-  "FOT_METHODS",
-  "FOT_METHOD_KW",
-  "FOT_NONIID",
-  "FOT_NONIID_TABLE1",
-  "FOT_SD",
-  "FOT_SD_SOURCE",
-  "IMAGE_METHOD_KW",
-  "LOWER_IS_BETTER",
-  "NLP_FEDPROJ",
-  "NLP_FEDPROJ_METHODS",
-  "NLP_PUBLIC",
-  "NLP_SMOKE",
-  "NLP_SMOKE_KW",
-  "Ordering",
-  "PAPER_PUBLIC",
-  "PILOT",
-  "PILOT_BASE",
-  "PILOT_METHODS",
-  "PILOT_SD",
-  "PILOT_SD_SOURCE",
-  "PMNIST_CPU",
-  "PUBLIC",
-  "Replication",
-  "SEQ_CPU",
-  "SEQ_METHOD_KW",
-  "SEQ_MNIST",
-  "SEQ_SD",
-  "SEQ_SD_SOURCE",
-  "SFEDKD",
-  "SFEDKD_FMNIST",
-  "SFEDKD_FMNIST_BASELINES",
-  "SFEDKD_METHODS",
-  "TABLE2",
-  "_beats",
-  "_fedproj_cifar",
-  "_fedproj_nlp",
-  "_fot",
-  "_seq_smoke",
-  "_sfedkd",
-  "budget_overrides",
-  "get_claim",
-]
 
-CLAIMS: dict[str, Claim] = {
-  c.name: c
-  for c in (FEDPROJ_DIR03, FEDPROJ_DIR05, PILOT, FOT_NONIID, FOT_IID, SFEDKD, SFEDKD_FMNIST, FEDGKD)
-  + (FEDGKD_TABLE3, SFEDKD_FMNIST_BASELINES, FOT_NONIID_TABLE1)
-  + NLP_FEDPROJ
-  + (FEDGKD_AGNEWS,)
-}
+def _registry(paper_claims: tuple[Claim, ...], listed: tuple[str, ...]) -> dict[str, Claim]:
+  """{name: claim} in ``listed`` order; a ValueError names a claim defined twice, or one that
+  ``listed`` leaves out or names without a module defining it."""
+  by_name: dict[str, Claim] = {}
+  for c in paper_claims:
+    if c.name in by_name:
+      raise ValueError(f"claim {c.name!r} is defined twice; give each claim its own name")
+    by_name[c.name] = c
+  if set(by_name) != set(listed) or len(listed) != len(set(listed)):
+    unlisted = sorted(set(by_name) - set(listed))
+    undefined = sorted(set(listed) - set(by_name))
+    raise ValueError(
+      f"claims.LISTED must name every claim of the paper modules once: unlisted {unlisted}, "
+      f"undefined {undefined}; add or remove the names in fedjax_proj/reproduce/claims/__init__.py"
+    )
+  return {name: by_name[name] for name in listed}
+
+
+CLAIMS: dict[str, Claim] = _registry(
+  fedproj.CLAIMS + pilot.CLAIMS + fot.CLAIMS + sfedkd.CLAIMS + fedgkd.CLAIMS, LISTED
+)
 
 
 def get_claim(name: str) -> Claim:

@@ -222,3 +222,6 @@ FEDGKD_TABLE3 = Claim(
     "smoke": Budget(FEDGKD_SMOKE, TABLE3_METHOD_KW, "wiring only"),
   },
 )
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (FEDGKD, FEDGKD_TABLE3, FEDGKD_AGNEWS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, Replication, _beats
+from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, Replication, beats
 from fedjax_proj.reproduce.claims.presets import (
   CIFAR_CPU,
   CIFAR_DRIFT,
@@ -107,7 +107,7 @@ def _fedproj_cifar(
     headline="fedproj",
     metrics=("test_accuracy",),
     paper={m: {"test_accuracy": v} for m, v in FEDPROJ_TABLE1[beta].items()},
-    orderings=_beats("fedproj", [m for m in FEDPROJ_METHODS if m != "fedproj"]),
+    orderings=beats("fedproj", [m for m in FEDPROJ_METHODS if m != "fedproj"]),
     budgets={
       "paper": Budget(
         {"partition": partition, "data_dir": "{data}/cifar10", **PAPER_PUBLIC},
@@ -229,7 +229,7 @@ def _fedproj_nlp(task: str, beta: str) -> Claim:
     metrics=("test_accuracy",),
     paper={m: {"test_accuracy": v} for m, v in TABLE2[task][beta].items()},
     # "FedProj consistently outperforms existing baselines" (001 Sec. 6.2).
-    orderings=_beats("fedproj", ("fedavg", "feddf", "fedet")),
+    orderings=beats("fedproj", ("fedavg", "feddf", "fedet")),
     budgets={
       # 001 Sec. 6.1 is the preset (experiments/nlp.py, docs/nlp.md "Presets"); only beta varies.
       "paper": Budget({"partition": f"dirichlet:{beta}", **marc_dir}),
@@ -242,3 +242,6 @@ def _fedproj_nlp(task: str, beta: str) -> Claim:
 
 
 NLP_FEDPROJ = tuple(_fedproj_nlp(t, b) for t in TABLE2 for b in ("0.3", "0.5"))
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (FEDPROJ_DIR03, FEDPROJ_DIR05, *NLP_FEDPROJ)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedjax_proj.reproduce.claims.common import Budget, Claim, _beats
+from fedjax_proj.reproduce.claims.common import Budget, Claim, beats
 
 # --- The Iris pilot (paper 000 §3, Figure 1; 001 §3 and C.5) -----------------------------------
 
@@ -36,7 +36,7 @@ PILOT = Claim(
     "feddf": {"global_accuracy": 64.0},
     "fedproj": {"global_accuracy": 93.33},
   },
-  orderings=_beats("fedproj", ("fedavg", "feddf"), ("global_accuracy", "client_accuracy")),
+  orderings=beats("fedproj", ("fedavg", "feddf"), ("global_accuracy", "client_accuracy")),
   budgets={
     "paper": Budget(
       {},
@@ -66,3 +66,6 @@ PILOT = Claim(
     ),
   },
 )
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (PILOT,)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, Replication, _beats
+from fedjax_proj.reproduce.claims.common import Ablation, Budget, Claim, Replication, beats
 
 # --- SFedKD (paper 004, Table 1: CIFAR-10 ExDir(2, 0.5)) --------------------------------------
 
@@ -79,7 +79,7 @@ def _sfedkd(
     headline="sfedkd",
     metrics=("test_accuracy",),
     paper={m: {"test_accuracy": v} for m, v in paper.items()},
-    orderings=_beats("sfedkd", ("fedavg", "fedseq", "cwc")),
+    orderings=beats("sfedkd", ("fedavg", "fedseq", "cwc")),
     budgets=budgets,
     entry_kwargs={"dataset": dataset},
     # The paper's family ordering: sequential FL above parallel FedAvg under ExDir (004 Table 1).
@@ -220,7 +220,7 @@ SFEDKD_FMNIST_BASELINES = Claim(
   headline="sfedkd",
   metrics=("test_accuracy",),
   paper={m: {"test_accuracy": v} for m, v in BASELINES_PAPER.items()},
-  orderings=_beats("sfedkd", ("fedprox", "fedcurv", "fedntd")),
+  orderings=beats("sfedkd", ("fedprox", "fedcurv", "fedntd")),
   budgets={
     "paper": Budget(
       {"data_dir": "{data}/fashion_mnist"},
@@ -252,3 +252,6 @@ SFEDKD_FMNIST_BASELINES = Claim(
   entry_kwargs={"dataset": "fashion_mnist"},
   ablations=SFEDKD_ABLATIONS,
 )
+
+# This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
+CLAIMS = (SFEDKD, SFEDKD_FMNIST, SFEDKD_FMNIST_BASELINES)

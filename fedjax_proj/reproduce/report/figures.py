@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_proj.reproduce.claims import Claim
+from fedjax_proj.reproduce.claims.common import Claim
 from fedjax_proj.reproduce.report.results import CURVE_METRIC
 
 

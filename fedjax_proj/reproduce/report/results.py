@@ -10,7 +10,7 @@ import math
 import re
 from pathlib import Path
 
-from fedjax_proj.reproduce import protocol, run
+from fedjax_proj.reproduce import protocol, provenance, records, resolve, run
 
 # Pairs of code fingerprints whose behaviour fingerprints were compared directly, under the results
 # folder (docs/reproduction.md, "Results", its protocol): {"pairs": [{"fingerprints": [a, b],
@@ -42,11 +42,11 @@ def load_results(
   found: dict[str, dict[int, dict]] = {}
   stale, corrupt = [], []
   for path in sorted(directory.glob("*-seed*.json")):
-    result, problem = run.read_result(path)
+    result, problem = records.read_result(path)
     if result is None:
       corrupt.append(f"{path.name} ({problem})")
       continue
-    if expected is not None and expected.get(path.stem) != run.fingerprint(result["config"]):
+    if expected is not None and expected.get(path.stem) != resolve.fingerprint(result["config"]):
       stale.append(path.name)
       continue
     method, _, seed = path.stem.rpartition("-seed")
@@ -87,7 +87,7 @@ def equivalent_pairs(data: dict) -> list[set[str]]:
   return [set(p) for p in pairs if len(p) == 2 and p not in refuted]
 
 
-def _load_equivalence(results_root: Path | None) -> list[set[str]]:
+def load_equivalence(results_root: Path | None) -> list[set[str]]:
   path = (results_root or run.DEFAULT_RESULTS) / EQUIVALENCE_FILE
   if not path.is_file():
     return []
@@ -108,7 +108,7 @@ def same_code(a: dict, b: dict, equivalent: list[set[str]]) -> bool | None:
   return ca == cb or {ca, cb} in equivalent  # a pair compared directly, never a chain
 
 
-def _fmt(x: float, digits: int = 2) -> str:
+def format_value(x: float, digits: int = 2) -> str:
   return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
@@ -136,7 +136,7 @@ def diverged_lines(diverged: dict) -> list[str]:
   parts = []
   for m, rs in sorted(diverged.items()):
     rounds = ", ".join(f"{rs[s]['diverged']['last_finite_round']}" for s in sorted(rs))
-    parts.append(f"{m} {_seed_ranges(sorted(rs))} (last finite round: {rounds})")
+    parts.append(f"{m} {seed_ranges(sorted(rs))} (last finite round: {rounds})")
   first = next(iter(next(iter(diverged.values())).values()))["diverged"]["error"]
   first = _KEPT_CHECKPOINT.sub("", first)
   return [
@@ -147,7 +147,7 @@ def diverged_lines(diverged: dict) -> list[str]:
   ]
 
 
-def _per_seed(found: dict, method: str, metric: str) -> dict[int, float]:
+def per_seed(found: dict, method: str, metric: str) -> dict[int, float]:
   out = {}
   for s, r in found.get(method, {}).items():
     if r.get("diverged"):  # no metrics; its partial curve is not a final accuracy
@@ -196,7 +196,7 @@ def arithmetic(result: dict) -> str:
   if m.get("backend", "cpu") == "cpu":
     return "float32"
   precision = str(m.get("matmul_precision", "default"))
-  return "float32" if precision in run.FULL_FLOAT32 else precision
+  return "float32" if precision in provenance.FULL_FLOAT32 else precision
 
 
 def machines(results: list[dict]) -> str:
@@ -213,7 +213,7 @@ def backend_of(result: dict) -> str:
   return (result.get("machine") or {}).get("backend", "cpu")
 
 
-def _seed_ranges(seeds: list[int]) -> str:
+def seed_ranges(seeds: list[int]) -> str:
   """[0, 1, 2, 5] -> 'seeds 0-2, 5'."""
   parts, start = [], seeds[0]
   for prev, cur in zip(seeds, [*seeds[1:], None], strict=True):

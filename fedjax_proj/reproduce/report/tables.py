@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_proj.reproduce import protocol, stats
-from fedjax_proj.reproduce.claims import CLAIMS, LOWER_IS_BETTER, Claim, Ordering
-from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, _fmt, _per_seed
+from fedjax_proj.reproduce.claims import CLAIMS
+from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER, Claim, Ordering
+from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, format_value, per_seed
 from fedjax_proj.reproduce.report.verdicts import (
-  _p,
-  _paired_cells,
   declared_seeds,
+  format_p,
   magnitude,
   magnitude_cells,
+  paired_cells,
   paired_rows,
   verdict_records,
 )
@@ -33,7 +34,7 @@ def method_table(claim: Claim, found: dict) -> list[str]:
       "|---|---|---|---|---|---|",
     ]
     for m in claim.runnable:
-      vals = _per_seed(found, m, metric)
+      vals = per_seed(found, m, metric)
       if not vals:
         continue
       mean, std = stats.mean_std(list(vals.values()))
@@ -41,8 +42,8 @@ def method_table(claim: Claim, found: dict) -> list[str]:
       paper = claim.paper.get(m, {}).get(metric)
       wall = np.mean([r["wall_seconds"] for r in found[m].values()])
       lines.append(
-        f"| {m} | {_fmt(mean)} ± {_fmt(std)} | {len(vals)} | {seeds} | "
-        f"{_fmt(paper) if paper is not None else 'n/a'} | {wall:.0f} |"
+        f"| {m} | {format_value(mean)} ± {format_value(std)} | {len(vals)} | {seeds} | "
+        f"{format_value(paper) if paper is not None else 'n/a'} | {wall:.0f} |"
       )
     lines.append("")
   return lines
@@ -64,12 +65,12 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
   ]
   for a in present:
     diffs = stats.differences(
-      _per_seed(found, claim.headline, metric),
-      _per_seed(found, a, metric),
+      per_seed(found, claim.headline, metric),
+      per_seed(found, a, metric),
       metric in LOWER_IS_BETTER,
     )
     p = stats.paired(diffs)
-    lines.append(f"| {a} | {claim.ablations[a].note} | {_paired_cells(p)} | {stats.verdict(p)} |")
+    lines.append(f"| {a} | {claim.ablations[a].note} | {paired_cells(p)} | {stats.verdict(p)} |")
   lines.append("")
   # A headline ablation in the headline's place against the claimed losers: labelled, no verdict.
   variants = [a for a in present if claim.ablations[a].base == claim.headline]
@@ -77,13 +78,13 @@ def ablation_table(claim: Claim, found: dict) -> list[str]:
   for a in variants:
     for o in claim.orderings:
       diffs = stats.differences(
-        _per_seed(found, a, o.metric),
-        _per_seed(found, o.worse, o.metric),
+        per_seed(found, a, o.metric),
+        per_seed(found, o.worse, o.metric),
         o.metric in LOWER_IS_BETTER,
       )
       if diffs:
         p = stats.paired(diffs)
-        rows.append(f"| {a} > {o.worse} | {o.metric} | {_paired_cells(p)} | {stats.verdict(p)} |")
+        rows.append(f"| {a} > {o.worse} | {o.metric} | {paired_cells(p)} | {stats.verdict(p)} |")
   if rows:
     lines += [
       f"Ablations of {claim.headline} in its place (labelled ablations, not verdicts; interval "
@@ -153,7 +154,7 @@ def exploratory_table(claim: Claim, found: dict, budget: str) -> list[str]:
     "|---|---|---|---|---|---|---|---|",
   ]
   for better, worse, metric, p, v in paired_rows(claim, found):
-    lines.append(f"| {better} > {worse} | {metric} | {_paired_cells(p)} | {v} |")
+    lines.append(f"| {better} > {worse} | {metric} | {paired_cells(p)} | {v} |")
   return lines + [""]
 
 
@@ -193,8 +194,8 @@ def _glance_mean(r: dict) -> str:
   if r["mean"] is None:
     return "—"
   if r["low"] is None or r["high"] is None:
-    return _fmt(r["mean"])
-  return f"{_fmt(r['mean'])} [{_fmt(r['low'])}, {_fmt(r['high'])}]"
+    return format_value(r["mean"])
+  return f"{format_value(r['mean'])} [{format_value(r['low'])}, {format_value(r['high'])}]"
 
 
 def glance_table(results: Path) -> list[str]:
@@ -215,7 +216,7 @@ def glance_table(results: Path) -> list[str]:
         records += [{**r, "protocol": "v2", "verdict": "incomplete: no runs yet"} for r in owed]
       for r in sorted(records, key=lambda r: r.get("protocol", "v1")):  # v1, then v2
         gap = "—" if r["paper_gap"] is None else f"{r['paper_gap']:+.2f}"
-        p = "—" if r["p_holm"] is None else _p(r["p_holm"])
+        p = "—" if r["p_holm"] is None else format_p(r["p_holm"])
         # From the record's own numbers, so a verdicts.json written before it held the magnitude
         # reads the same.
         size = magnitude_cells(

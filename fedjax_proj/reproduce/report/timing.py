@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedjax_proj.reproduce import protocol, run
-from fedjax_proj.reproduce.claims import Claim, Replication
-from fedjax_proj.reproduce.report.results import _seed_ranges, backend_of
+from fedjax_proj.reproduce import protocol, records
+from fedjax_proj.reproduce.claims.common import Claim, Replication
+from fedjax_proj.reproduce.report.results import backend_of, seed_ranges
 from fedjax_proj.reproduce.runners import STEP_TIMERS
 
 
@@ -17,7 +17,7 @@ def recorded_seconds(directory: Path, backend: str | None = None) -> dict[str, l
   ``backend``, only results that ran on it (a GPU run's seconds say nothing of a CPU's)."""
   out: dict[str, list[float]] = {}
   for path in sorted(directory.glob("*-seed*.json")) if directory.is_dir() else ():
-    result, _ = run.read_result(path)
+    result, _ = records.read_result(path)
     if result is not None and backend is not None and backend_of(result) != backend:
       continue
     if result is not None and isinstance(result.get("wall_seconds"), int | float):
@@ -118,7 +118,7 @@ def completion_lines(
   }
   queue = [m for m, seeds in missing.items() for _ in seeds]
   first = min(s for seeds in missing.values() for s in seeds)
-  runs = "; ".join(f"{m} {_seed_ranges(s)}" for m, s in missing.items())
+  runs = "; ".join(f"{m} {seed_ranges(s)}" for m, s in missing.items())
   v2 = " --protocol=v2" if b.first_seed >= protocol.V2_FIRST_SEED else ""
   command = f"python -m fedjax_proj.reproduce {claim.name} --budget={budget}{v2}"
   if replication is not None:  # its command where it is declared to run, not on this machine

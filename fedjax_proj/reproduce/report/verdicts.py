@@ -9,13 +9,13 @@ import math
 from typing import NamedTuple
 
 from fedjax_proj.reproduce import protocol, stats
-from fedjax_proj.reproduce.claims import LOWER_IS_BETTER, Claim
+from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER, Claim
 from fedjax_proj.reproduce.report.results import (
-  _fmt,
-  _per_seed,
-  _seed_ranges,
   computation,
+  format_value,
+  per_seed,
   same_code,
+  seed_ranges,
 )
 
 
@@ -25,8 +25,8 @@ def paired_rows(claim: Claim, found: dict) -> list[tuple]:
   rows = []
   for o in claim.orderings:
     diffs = stats.differences(
-      _per_seed(found, o.better, o.metric),
-      _per_seed(found, o.worse, o.metric),
+      per_seed(found, o.better, o.metric),
+      per_seed(found, o.worse, o.metric),
       o.metric in LOWER_IS_BETTER,
     )
     p = stats.paired(diffs)
@@ -45,7 +45,7 @@ def measured_sd(claim: Claim, found: dict) -> dict[str, float]:
       for b in found:
         if b == a:
           continue
-        diffs = stats.differences(_per_seed(found, a, metric), _per_seed(found, b, metric))
+        diffs = stats.differences(per_seed(found, a, metric), per_seed(found, b, metric))
         if len(diffs) >= stats.MIN_SEEDS:
           out[metric] = round(max(out.get(metric, 0.0), stats.mean_std(diffs)[1]), 2)
   return out
@@ -136,8 +136,8 @@ def confirmatory_rows(
     claim = claim.at(budget)  # the budget's orderings are its Holm family
   parts = []
   for o in claim.orderings:
-    a = protocol.confirmatory(_per_seed(found, o.better, o.metric), seeds)
-    b = protocol.confirmatory(_per_seed(found, o.worse, o.metric), seeds)
+    a = protocol.confirmatory(per_seed(found, o.better, o.metric), seeds)
+    b = protocol.confirmatory(per_seed(found, o.worse, o.metric), seeds)
     refused, unknown, mismatched = [], 0, []
     for seed in sorted(set(a) & set(b)):
       ra, rb = found[o.better][seed], found[o.worse][seed]
@@ -178,14 +178,13 @@ def confirmatory_rows(
   ]
 
 
-def _paired_cells(p: stats.Paired) -> str:
+def paired_cells(p: stats.Paired) -> str:
   """The shared cells of a paired row: seeds, mean, std, seeds favouring, 95% interval."""
-  return (
-    f"{p.n} | {_fmt(p.mean)} | {_fmt(p.std)} | {p.wins}/{p.n} | [{_fmt(p.low)}, {_fmt(p.high)}]"
-  )
+  interval = f"[{format_value(p.low)}, {format_value(p.high)}]"
+  return f"{p.n} | {format_value(p.mean)} | {format_value(p.std)} | {p.wins}/{p.n} | {interval}"
 
 
-def _p(x: float) -> str:
+def format_p(x: float) -> str:
   return "—" if math.isnan(x) else (f"{x:.4f}" if x >= 1e-4 else f"{x:.1e}")
 
 
@@ -201,7 +200,7 @@ def verdict_text(r: Confirmatory, diverged: dict | None) -> str:
   lost = {m: s for m, s in lost.items() if s}
   if lost and r.paired.n < r.declared:  # the pre-registered test cannot be computed
     return "not computable: " + "; ".join(
-      f"{m} diverged on {_seed_ranges(s)}" for m, s in lost.items()
+      f"{m} diverged on {seed_ranges(s)}" for m, s in lost.items()
     )
   return r.verdict
 
@@ -265,8 +264,8 @@ def verdict_table(
     gap = protocol.paper_effect(claim, r.better, r.worse, r.metric, r.metric in LOWER_IS_BETTER)
     m = magnitude(gap, r.paired.mean, r.paired.low, r.paired.high)
     lines.append(
-      f"| {r.better} > {r.worse} | {r.metric} | {_paired_cells(r.paired)} | {_gap(gap)} | "
-      f"{magnitude_cells(m, gap, r.paired.mean)} | {_p(r.p)} | {_p(r.p_holm)} | "
+      f"| {r.better} > {r.worse} | {r.metric} | {paired_cells(r.paired)} | {_gap(gap)} | "
+      f"{magnitude_cells(m, gap, r.paired.mean)} | {format_p(r.p)} | {format_p(r.p_holm)} | "
       f"{verdict_text(r, diverged)} |"
     )
   refused = [f"{r.better} > {r.worse} seeds {list(r.refused)}" for r in rows if r.refused]

@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 
 from fedjax_proj.reproduce import protocol
-from fedjax_proj.reproduce.claims import BUDGET_ORDER, CLAIMS, Claim
+from fedjax_proj.reproduce.claims import CLAIMS
+from fedjax_proj.reproduce.claims.common import BUDGETS, Claim
 from fedjax_proj.reproduce.report.figures import plot_curves
 from fedjax_proj.reproduce.report.results import (
   VERDICTS_FILE,
-  _load_equivalence,
   code_of,
   diverged_lines,
+  load_equivalence,
   load_results,
   machines,
   split_diverged,
@@ -160,7 +161,7 @@ def write_report(
   found, stale, corrupt = load_results(directory, expected)
   plotted = split_diverged(split_protocols(found)[0])[0]  # the figures are v1's
   figures = plot_curves(claim, plotted, directory) if directory.is_dir() else []
-  equivalent = _load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
+  equivalent = load_equivalence(directory.parents[1] if len(directory.parents) > 1 else None)
   text = render(claim, budget, found, stale, figures, corrupt, equivalent, command)
   if directory.is_dir():
     (directory / "report.md").write_text(text)
@@ -188,7 +189,7 @@ def update_docs(doc: Path, results: Path) -> str:
   ``results`` (``<claim>/<budget>/report.md``); the markers go after "## Results" if absent."""
   sections = []
   for name in CLAIMS:
-    for budget in BUDGET_ORDER:
+    for budget in BUDGETS:
       report = results / name / budget / "report.md"
       if budget != "smoke" and report.is_file():
         # Figure links relative to the doc, so they render from docs/.
