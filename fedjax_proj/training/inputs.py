@@ -12,7 +12,6 @@ import numpy as np
 
 from fedjax_proj.algorithms import registry
 from fedjax_proj.data.sources import expected_format, load_dataset
-from fedjax_proj.training.fields import value_of
 
 
 def check_dataset(ds, name: str, where: str) -> None:
@@ -106,7 +105,7 @@ def public_inputs(
       "--public_data=../shared/data/cifar100/public_20k.npz"
     )
   # The docs call the public set unlabelled: an npz without "label" is accepted.
-  public = load(c.public_data, value_of(c, "public_split"), labelled=False)
+  public = load(c.public_data, c.public_split, labelled=False)
   if c.public_size > len(public.labels):
     # Capped (a preset's public_size may exceed a small set) and recorded as used: the config,
     # and so summary.json and the checkpoint fingerprint, say what the run read.
@@ -148,7 +147,7 @@ def public_normalizer(c, public_images: np.ndarray | None):
 
   from fedjax_proj.data import pipeline
 
-  if value_of(c, "normalization") != "code" or public_images is None:
+  if c.normalization != "code" or public_images is None:
     return None
   known = set(pipeline.CODE_CHANNEL_STATS) | set(pipeline.CHANNEL_STATS)
   path = PurePath(c.public_data)
