@@ -23,6 +23,7 @@ from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import BatchFn, can_shard, choose_strategy
 from fedjax_proj.core.executor import Executor
+from fedjax_proj.training import fields
 
 
 def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
@@ -144,7 +145,8 @@ def plan_execution(
   ``client_chunk``), decided once.
 
   Args:
-    c: the run's config.
+    c: the run's resolved config (:func:`fedjax_proj.training.fields.resolve`), or a config to
+      resolve.
     batch_fn: the run's batch builder (:func:`fedjax_proj.data.pipeline.make_batch_fn`).
     has_conv: the model has a convolution (the ``auto`` strategy table's model kind).
     variables: the model's variables (the ``auto`` chunk's memory per client).
@@ -152,6 +154,7 @@ def plan_execution(
     shard: whether this run may shard its clients over devices (the continual task driver does
       not place its rounds' inputs, so it passes False).
   """
+  c = fields.resolve(c)  # the run's resolved config as it is; a ConfigDict resolved here
   sharded = shard and c.shard_clients and jax.local_device_count() > 1
   strategy = choose_strategy(
     c.strategy,
