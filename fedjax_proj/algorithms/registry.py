@@ -144,7 +144,6 @@ HPARAM_RANGES: dict[str, ranges.Interval] = {
   "conv_sketch_multiplier": ranges.POSITIVE,
   **dict.fromkeys(
     (
-      "memory_size",
       "memory_batch_size",
       "distill_batch_size",
       "validation_batch_size",
@@ -460,7 +459,9 @@ def build_algorithm(name: str, ctx: BuildContext, **hparams: Any):
     TypeError: the build returned something that does not meet the spec's family.
   """
   s = spec(name)
-  check_hparams(name, hparams)
+  # The config fields a method reads (FedProj's memory size) were checked as fields, against
+  # their one declared default and range (training/fields.py).
+  check_hparams(name, {k: v for k, v in hparams.items() if k not in s.config_kwargs})
   missing = [f for f in s.requires if getattr(ctx, f) is None]
   if missing:
     raise ValueError(

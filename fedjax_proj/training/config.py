@@ -14,6 +14,7 @@ from pathlib import Path
 import ml_collections
 
 from fedjax_proj.algorithms import registry
+from fedjax_proj.algorithms.distillation.fedproj import check_memory
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.data.partition import parse_partition
 from fedjax_proj.data.sources import KNOWN_NUM_CLASSES, canonical_name, looks_like_path
@@ -86,17 +87,10 @@ def validate_config(
         f"--{field}={c[field]} and --method_kwargs {field}={c.method_kwargs[field]} disagree; "
         f"pass it once, as --{field}."
       )
-  memory_size = c.memory_size
-  if (
-    c.public_data
-    and c.public_size
-    and "memory_size" in registry.config_kwargs(c.method)
-    and memory_size > c.public_size
-  ):
-    raise ValueError(
-      f"--memory_size={memory_size} exceeds --public_size={c.public_size}; lower --memory_size "
-      "or raise --public_size (0 uses the whole public set)."
-    )
+  if c.public_data and c.public_size and "memory_size" in registry.config_kwargs(c.method):
+    # FedProj's memory against a given public subset, before its data is loaded (the factory
+    # checks it again against the set as loaded: a smaller set caps --public_size).
+    check_memory(c.memory_size, c.public_size, f"--public_size={c.public_size}")
   validate_processes(s)
   if s.tensorboard:
     from fedjax_proj.training.tensorboard import require_tensorboardx

@@ -7,7 +7,7 @@ settings before any data is loaded), :mod:`~fedjax_proj.training.processes` (mul
 start-up), :mod:`~fedjax_proj.training.optimizers`, :mod:`~fedjax_proj.training.inputs` (subsets,
 held-out and public data), :mod:`~fedjax_proj.training.placement` (the run's executor: strategy,
 sharding and chunking) and :mod:`~fedjax_proj.training.estimate` (the time estimate). Data-dependent
-checks (the partition, the public set against ``memory_size``) run before the model is built or
+checks (the partition, FedProj's memory against the public set) run before the model is built or
 anything is compiled.
 
 Each run's ``output_dir`` holds ``metrics.jsonl``, ``summary.json``, ``final_variables.npz``,

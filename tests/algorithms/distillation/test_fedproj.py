@@ -420,7 +420,7 @@ def test_memory_order_shuffle_covers_each_row_once_per_pass_per_client():
   assert sorted(c[:10]) == list(range(10)) and sorted(c[10:20]) == list(range(10))
   with pytest.raises(ValueError, match="memory_order"):
     fedproj.fedproj(helpers.tiny_model(), optax.sgd(0.1), lambda z: z, public_size=8,
-                    memory_order="random")  # fmt: skip
+                    memory_size=8, memory_order="random")  # fmt: skip
 
 
 def test_int_cast_memory_truncates_images_and_logits(fp_setup):
