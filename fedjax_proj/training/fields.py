@@ -4,7 +4,8 @@ and what it means for the fingerprints and for ``--resume``.
 A :class:`Field` states all of that in one typed entry, and everything else reads it:
 :func:`fedjax_proj.training.config.base_config` (the defaults), the entry points' flags and
 ``--help`` (:mod:`fedjax_proj.configs.common`, :mod:`fedjax_proj.configs.pmnist`),
-:func:`check_fields` (ranges and choices, before any data is loaded), the checkpoint's config
+:func:`check_fields` (ranges, choices and parse hooks, before any data is loaded), :func:`resolve`
+(the frozen :class:`Config` a run reads, every field filled in once), the checkpoint's config
 fingerprint (:data:`fedjax_proj.training.checkpoint.NON_SEMANTIC_FIELDS`: the fields a resumed run
 may change) and a claim result's fingerprint (:mod:`fedjax_proj.reproduce.run`: which fields it
 leaves out, and the value of a field added after results were recorded). docs/design.md,
