@@ -211,10 +211,15 @@ class Config(Mapping):
     object.__setattr__(self, "_values", MappingProxyType(dict(values)))
 
   def __getattr__(self, name: str) -> Any:
+    if name.startswith("__") or name == "_values":  # copy/pickle probe a bare instance first
+      raise AttributeError(name)
     try:
       return self._values[name]
     except KeyError:
       raise AttributeError(f"The config has no field {name!r}.") from None
+
+  def __reduce__(self):
+    return Config, (dict(self._values),)
 
   def __setattr__(self, name: str, value: Any) -> None:
     raise AttributeError(

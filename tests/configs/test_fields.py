@@ -14,7 +14,9 @@ the fingerprints read it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
+import pickle
 import re
 
 import ml_collections
@@ -250,3 +252,4 @@ def test_a_resolved_config_is_frozen():
   with pytest.raises(AttributeError, match="no field 'nope'"):
     _ = s.nope
   assert s.lr == 0.1 and s.memory_size == fields.FL_FIELDS["memory_size"].default
+  assert copy.deepcopy(s) == s and pickle.loads(pickle.dumps(s)) == s
