@@ -144,7 +144,6 @@ HPARAM_RANGES: dict[str, ranges.Interval] = {
   "conv_sketch_multiplier": ranges.POSITIVE,
   **dict.fromkeys(
     (
-      "memory_size",
       "memory_batch_size",
       "distill_batch_size",
       "validation_batch_size",
@@ -456,11 +455,21 @@ def build_algorithm(name: str, ctx: BuildContext, **hparams: Any):
   Raises:
     ValueError: an unknown name (the error lists the valid ones), a hyperparameter the method does
       not declare or of the wrong type (:func:`check_hparams`), a context without a field the
-      spec ``requires``, or a method that needs a public set and a context without one.
+      spec ``requires``, a config field the spec reads (``config_kwargs``) that is neither given
+      nor defaulted by its factory, or a method that needs a public set and a context without
+      one.
     TypeError: the build returned something that does not meet the spec's family.
   """
   s = spec(name)
-  check_hparams(name, hparams)
+  # The config fields a method reads (FedProj's memory size) were checked as fields, against
+  # their one declared default and range (training/fields.py).
+  check_hparams(name, {k: v for k, v in hparams.items() if k not in s.config_kwargs})
+  unset = [f for f in s.config_kwargs if f not in hparams and f not in (s.hparams or {})]
+  if unset:
+    raise ValueError(
+      f"Method {name!r} reads the config field(s) {', '.join(unset)}; pass them (a run passes "
+      "its config's, training/experiment.py)."
+    )
   missing = [f for f in s.requires if getattr(ctx, f) is None]
   if missing:
     raise ValueError(

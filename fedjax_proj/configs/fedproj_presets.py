@@ -11,7 +11,6 @@ import ml_collections
 
 from fedjax_proj.configs import common
 from fedjax_proj.training import fields
-from fedjax_proj.training.fields import value_of
 
 # Paper 001, Table 3 (= 000, Table 3b): the α of Table 1's FedProj row per dataset and Dirichlet β
 # (the best row of each column; "w/o" = 0). β values the table lacks get 0, the papers' default.
@@ -130,9 +129,9 @@ def apply_paper_code(
 
 def prepare(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Re-reads the paper's α for the final --partition (flags apply after the preset)."""
-  defaults = config.get("method_defaults", {})
-  if value_of(config, "fedproj_alpha_by_beta") and "fedproj" in defaults:
+  defaults, s = config.get("method_defaults", {}), fields.resolve(config)
+  if s.fedproj_alpha_by_beta and "fedproj" in defaults:
     config.method_defaults.fedproj.alpha = paper_alpha(config.dataset, config.partition)
-  if value_of(config, "fedproj_code_alpha_by_beta") and "fedproj" in defaults:
+  if s.fedproj_code_alpha_by_beta and "fedproj" in defaults:
     config.method_defaults.fedproj.alpha = code_alpha(config.dataset, config.partition)
   return config

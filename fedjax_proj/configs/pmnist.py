@@ -43,7 +43,6 @@ from fedjax_proj.algorithms.registry import check_hparams, describe_hparams, met
 from fedjax_proj.configs import common
 from fedjax_proj.core import ranges
 from fedjax_proj.training import fields as fields_lib
-from fedjax_proj.training.config import check_client_chunk_flag
 from fedjax_proj.training.fields import Field
 
 PRESETS = ("paper", "paper_code", "cpu", "smoke")
@@ -296,9 +295,9 @@ def resolve(
   (fedjax_proj/reproduce/resolve.py) both resolve through it."""
   c = common.set_fields((get_config_fn or get_config)(preset), fields)
   c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
-  # Every number finite and in range, every choice known, before any data is loaded.
+  # Every number finite and in range, every choice known (--client_chunk's parse hook), before
+  # any data is loaded.
   fields_lib.check_fields(c, FIELDS if table is None else table)
-  check_client_chunk_flag(c)
   check_hparams(c.method, c.method_kwargs, flag="--method_kwargs")
   return c
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_proj.reproduce.resolve import substitute_data
-from fedjax_proj.training.fields import value_of
+from fedjax_proj.training import fields
 
 
 def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
@@ -41,8 +41,9 @@ def missing_text_data(config: dict[str, Any], data_root: Path) -> list[str]:
         "it (offline): prepare it on a machine with internet and point $TFDS_DATA_DIR at it"
       )
 
-  check(c["dataset"], value_of(c, "data_dir"), ("train", "test"), "private set")
-  public = value_of(c, "public_data")
+  resolved = fields.resolve(c)  # a recorded config may predate a field: its default
+  check(resolved.dataset, resolved.data_dir, ("train", "test"), "private set")
+  public = resolved.public_data
   if public and needs_public(c["method"]):
     if looks_like_path(public) or public.endswith(text.TEXT_SUFFIXES):
       if not Path(public).is_file():
@@ -83,7 +84,8 @@ def public_fallback(
   (``{data}`` placeholder kept) with the memory capped at its size, so the run goes on and the
   report states the deviation instead of the run failing on ``memory_size > public set``.
   """
-  name, split = value_of(config, "public_data"), value_of(config, "public_split")
+  s = fields.resolve(config)
+  name, split = s.public_data, s.public_split
   if not name or split == "train" or "/" in name or tfds_has(name):
     return config, []
   size = _dataset_size(fallback.replace("{data}", str(data_root)))

@@ -14,12 +14,12 @@ from pathlib import Path
 import ml_collections
 
 from fedjax_proj.algorithms import registry
+from fedjax_proj.algorithms.distillation.fedproj import check_memory
 from fedjax_proj.core import engine as engine_lib
 from fedjax_proj.data.partition import parse_partition
 from fedjax_proj.data.sources import KNOWN_NUM_CLASSES, canonical_name, looks_like_path
 from fedjax_proj.data.sources.text import TEXT_DATASETS
 from fedjax_proj.training import fields
-from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.optimizers import lr_step_epochs
 from fedjax_proj.training.processes import validate_processes
 
@@ -32,19 +32,12 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def check_client_chunk_flag(c) -> None:
-  """``--client_chunk`` is auto, none or a positive integer (every entry point's runs read it,
-  :func:`fedjax_proj.training.placement.plan_execution`)."""
-  chunk = str(value_of(c, "client_chunk")).lower()
-  if chunk not in ("auto", "none") and not (chunk.isdigit() and int(chunk) >= 1):
-    raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {chunk!r}.")
-
-
 def validate_config(
   c: ml_collections.ConfigDict, table: Mapping[str, fields.Field] = fields.FL_FIELDS
 ) -> None:
   """Rejects invalid settings with an error naming the fix, before any compute; ``table`` is the
-  entry point's field table (:mod:`fedjax_proj.training.fields`: ranges and choices)."""
+  entry point's field table (:mod:`fedjax_proj.training.fields`: ranges, choices and parse hooks,
+  e.g. ``--client_chunk``'s)."""
   if c.method not in registry.methods():
     raise ValueError(
       f"Unknown method {c.method!r}. Valid methods: {', '.join(registry.methods())}."
@@ -52,26 +45,26 @@ def validate_config(
   engine_lib.validate_strategy(c.strategy)
   parse_partition(c.partition)
   _validate_dataset_name(c.dataset)
-  # Ranges and choices (--optimizer, --normalization, --lr_schedule, --server_optimizer...).
+  # Ranges, choices and parse hooks (--optimizer, --normalization, --client_chunk...).
   fields.check_fields(c, table)
+  s = fields.resolve(c, table)
   if c.clients_per_round > c.num_clients:
     raise ValueError(
       f"--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}; "
       "lower clients_per_round or raise num_clients."
     )
-  if value_of(c, "lr_schedule") == "step" and lr_step_epochs(c) < 1:
+  if s.lr_schedule == "step" and lr_step_epochs(s) < 1:
     raise ValueError(
       f"--lr_schedule=step needs --lr_step_epochs >= 1 (0 means local_epochs // 2 = "
       f"{c.local_epochs // 2}); set --lr_step_epochs or use --local_epochs >= 2."
     )
-  if value_of(c, "lr_schedule") == "step" and c.method == "fednova":
+  if s.lr_schedule == "step" and c.method == "fednova":
     # FedNova's a_k probes the optimiser with one step table for every client (fednova.py); a
     # per-client epoch schedule would need a table per client size.
     raise ValueError(
       "--method=fednova derives its normalisation from a constant-lr client optimiser; drop "
       "--lr_schedule=step (use --lr_schedule=constant)."
     )
-  check_client_chunk_flag(c)
   if c.public_data and looks_like_path(c.public_data) and not Path(c.public_data).exists():
     raise ValueError(
       f"--public_data={c.public_data} does not exist; pass an existing npz file or image folder, "
@@ -83,7 +76,7 @@ def validate_config(
       f"{c.method} with vote_validation=server needs held-out validation data, but "
       "--train_subset=0 trains on the whole training set; " + no_validation_fix(c.method) + "."
     )
-  if value_of(c, "resume") and not c.output_dir:
+  if s.resume and not c.output_dir:
     raise ValueError("--resume needs --output_dir=<the interrupted run's directory>.")
   for field in registry.config_kwargs(c.method):
     # One source for a value that is both a flag and a hyperparameter: the flag. Entry points move
@@ -94,19 +87,12 @@ def validate_config(
         f"--{field}={c[field]} and --method_kwargs {field}={c.method_kwargs[field]} disagree; "
         f"pass it once, as --{field}."
       )
-  memory_size = c.memory_size
-  if (
-    c.public_data
-    and c.public_size
-    and "memory_size" in registry.config_kwargs(c.method)
-    and memory_size > c.public_size
-  ):
-    raise ValueError(
-      f"--memory_size={memory_size} exceeds --public_size={c.public_size}; lower --memory_size "
-      "or raise --public_size (0 uses the whole public set)."
-    )
-  validate_processes(c)
-  if value_of(c, "tensorboard"):
+  if c.public_data and c.public_size and "memory_size" in registry.config_kwargs(c.method):
+    # FedProj's memory against a given public subset, before its data is loaded (the factory
+    # checks it again against the set as loaded: a smaller set caps --public_size).
+    check_memory(c.memory_size, c.public_size, f"--public_size={c.public_size}")
+  validate_processes(s)
+  if s.tensorboard:
     from fedjax_proj.training.tensorboard import require_tensorboardx
 
     try:

@@ -25,6 +25,7 @@ from fedjax_proj.core import random as random_lib
 from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model
 from fedjax_proj.data.continual import ContinualBenchmark, heterogeneous_num_clients
+from fedjax_proj.training import fields as fields_lib
 from fedjax_proj.training import setup
 from fedjax_proj.training.loop import run_rounds
 from fedjax_proj.training.session import RunIO, finish, open_session, run_io
@@ -196,14 +197,19 @@ def run_continual_experiment(
   (:func:`fedjax_proj.training.rundir.held`): a directory that already holds a run is refused
   unless ``c.overwrite`` (replace it) or ``c.resume`` (continue it from its newest checkpoint).
   """
+  # Resolved once: what the run reads (the shared fields a continual config lacks at their
+  # defaults, every field parsed); ``c`` stays what it records.
+  s = fields_lib.resolve(c)
   if not c.output_dir:
-    return _run_continual(c, bench, model, log, shared_head)
+    return _run_continual(c, s, bench, model, log, shared_head)
   # A continual run's tasks are fixed by its config: a finished one cannot be extended.
-  with setup.held(c, c.output_dir, extend=None):
-    return _run_continual(c, bench, model, log, shared_head)
+  with setup.held(s, c.output_dir, extend=None):
+    return _run_continual(c, s, bench, model, log, shared_head)
 
 
-def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head: bool) -> dict:
+def _run_continual(
+  c, s: fields_lib.Config, bench: ContinualBenchmark, model: Model, log, shared_head: bool
+) -> dict:
   from fedjax_proj.data import pipeline
   from fedjax_proj.data.continual import input_transform, task_model
   from fedjax_proj.training.optimizers import make_optimizer
@@ -214,7 +220,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
   batch_fn = pipeline.make_batch_fn(normalize, augment=False)
   sample = normalize(jnp.asarray(bench.images[:2]))
   # The task driver does not place its rounds' inputs on devices: no sharding.
-  variables, executor = setup.init_and_plan(c, model, sample, batch_fn, log, shard=False)
+  variables, executor = setup.init_and_plan(s, model, sample, batch_fn, log, shard=False)
   # SGD with L2 weight decay added to the gradient, as torch's SGD (the authors' trainers).
   optimizer = make_optimizer("sgd", c.lr, c.momentum, c.get("weight_decay", 0.0))
   num_tasks = c.num_tasks or bench.num_tasks
@@ -271,7 +277,7 @@ def _run_continual(c, bench: ContinualBenchmark, model: Model, log, shared_head:
     seed=c.seed,
     eval_every=c.eval_every,
     summary_extra=setup.summary_extra(c, executor, acc_matrix_layout=matrix_layout),
-    run=run_io(c, c.output_dir or None),
+    run=run_io(c, c.output_dir or None, s),
     fresh_variables=(lambda t: model.init(single_task_key(c.seed, t), sample))
     if single_task
     else None,

@@ -7,7 +7,7 @@ settings before any data is loaded), :mod:`~fedjax_proj.training.processes` (mul
 start-up), :mod:`~fedjax_proj.training.optimizers`, :mod:`~fedjax_proj.training.inputs` (subsets,
 held-out and public data), :mod:`~fedjax_proj.training.placement` (the run's executor: strategy,
 sharding and chunking) and :mod:`~fedjax_proj.training.estimate` (the time estimate). Data-dependent
-checks (the partition, the public set against ``memory_size``) run before the model is built or
+checks (the partition, FedProj's memory against the public set) run before the model is built or
 anything is compiled.
 
 Each run's ``output_dir`` holds ``metrics.jsonl``, ``summary.json``, ``final_variables.npz``,
@@ -37,7 +37,7 @@ from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import partition
 from fedjax_proj.data.sources import load_dataset
 from fedjax_proj.models import CONV_MODELS, get_model
-from fedjax_proj.training import setup
+from fedjax_proj.training import fields, setup
 from fedjax_proj.training.config import no_validation_fix, resolved_hparams, validate_config
 from fedjax_proj.training.estimate import (
   ETA_PROBE_MIN_STEPS,
@@ -48,7 +48,6 @@ from fedjax_proj.training.estimate import (
   time_client_step,
 )
 from fedjax_proj.training.evaluate import make_evaluator
-from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.inputs import (
   check_dataset,
   held_out,
@@ -90,13 +89,15 @@ def run_experiment(c: ml_collections.ConfigDict, log=print) -> dict:
   and only process 0 logs and writes outputs; every process returns the same summary.
   """
   validate_config(c)
-  if init_processes(c) and jax.process_index() != 0:
+  # Resolved once: what the run reads (every field, parsed); ``c`` stays what it records.
+  s = fields.resolve(c)
+  if init_processes(s) and jax.process_index() != 0:
     log = lambda *args, **kwargs: None  # process 0 reports for the whole job
   output_dir = c.output_dir or default_output_dir(c.method)
   # Before any data is loaded: the directory is ours alone and holds nothing a new run would
   # silently replace (training/rundir.py); process 0 holds it for the job.
-  with setup.held(c, output_dir, writer=jax.process_index() == 0):
-    return _run(c, output_dir, log)
+  with setup.held(s, output_dir, writer=jax.process_index() == 0):
+    return _run(c, s, output_dir, log)
 
 
 class _Prepared(NamedTuple):
@@ -113,8 +114,9 @@ class _Prepared(NamedTuple):
   normalize: Any
 
 
-def _prepare(c: ml_collections.ConfigDict, output_dir: str, log) -> _Prepared:
-  """Loads the data and builds the model, algorithm and executor of ``c``; compiles nothing."""
+def _prepare(c: ml_collections.ConfigDict, s: fields.Config, output_dir: str, log) -> _Prepared:
+  """Loads the data and builds the model, algorithm and executor of ``c`` (its resolved fields
+  ``s``); compiles nothing."""
   data_dir = c.data_dir or None
   text_run = is_text_run(c)
   # Text runs tokenise their splits (docs/nlp.md); the arrays they give are used as images are.
@@ -156,21 +158,19 @@ def _prepare(c: ml_collections.ConfigDict, output_dir: str, log) -> _Prepared:
   model = get_model(c.model, train_ds.num_classes, **model_kwargs)
   sample = pipeline.normalizer(0.0, 1.0)(np.asarray(train_x[:2], np.float32))
   normalize = (
-    token_ids
-    if text_run
-    else pipeline.normalizer_for(c.dataset, train_x, value_of(c, "normalization"))
+    token_ids if text_run else pipeline.normalizer_for(c.dataset, train_x, s.normalization)
   )
-  public_normalize = public_normalizer(c, round_inputs.get("public_images"))
+  public_normalize = public_normalizer(s, round_inputs.get("public_images"))
   batch_fn = pipeline.make_batch_fn(normalize, augment=c.augment)
   if model_kwargs.get("checkpoint"):  # which pretrained weights this run starts from, on record
     from fedjax_proj.models.hf_checkpoint import describe  # noqa: PLC0415
 
     log(f"checkpoint: loaded {describe(model_kwargs['checkpoint'])}")
-  variables, executor = setup.init_and_plan(c, model, sample, batch_fn, log)
+  variables, executor = setup.init_and_plan(s, model, sample, batch_fn, log)
 
   ctx = registry.BuildContext(
     model=model,
-    client_optimizer=client_optimizer(c),
+    client_optimizer=client_optimizer(s),
     executor=executor,
     normalize=normalize,
     num_clients=c.num_clients,
@@ -241,16 +241,16 @@ def time_step_estimate(c: ml_collections.ConfigDict, log=print) -> dict:
   first compile come on top, as in the entry points' estimate line.
   """
   validate_config(c)
-  p = _prepare(c, c.get("output_dir") or default_output_dir(c.method), log)
+  p = _prepare(c, fields.resolve(c), c.output_dir or default_output_dir(c.method), log)
   step = _step_seconds(p, c)
   steps = run_steps(c, p.fed, padded=p.executor.one_program)
   return {"step_seconds": step, "steps": steps, "seconds": step * steps}
 
 
-def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
+def _run(c: ml_collections.ConfigDict, s: fields.Config, output_dir: str, log) -> dict:
   """The body of :func:`run_experiment` once the output directory is held."""
-  p = _prepare(c, output_dir, log)
-  if run_steps(c, p.fed) >= ETA_PROBE_MIN_STEPS and not c.get("resume", False):
+  p = _prepare(c, s, output_dir, log)
+  if run_steps(c, p.fed) >= ETA_PROBE_MIN_STEPS and not s.resume:
     # Compiling and timing a large model's step is silent for up to minutes on a CPU: say so.
     log("timing one local step for the time estimate (compiles the client step first) ...")
     log(estimate_run(c, p.fed, _step_seconds(p, c), padded=p.executor.one_program))
@@ -270,7 +270,7 @@ def _run(c: ml_collections.ConfigDict, output_dir: str, log) -> dict:
     eval_every=c.eval_every,
     round_inputs=p.round_inputs,
     summary_extra=setup.summary_extra(c, p.executor, output_dir=output_dir),
-    run=run_io(c, output_dir),
+    run=run_io(c, output_dir, s),
   )
   log(
     f"final_test_accuracy={summary['final_test_accuracy']:.4f} "

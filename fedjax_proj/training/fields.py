@@ -4,7 +4,8 @@ and what it means for the fingerprints and for ``--resume``.
 A :class:`Field` states all of that in one typed entry, and everything else reads it:
 :func:`fedjax_proj.training.config.base_config` (the defaults), the entry points' flags and
 ``--help`` (:mod:`fedjax_proj.configs.common`, :mod:`fedjax_proj.configs.pmnist`),
-:func:`check_fields` (ranges and choices, before any data is loaded), the checkpoint's config
+:func:`check_fields` (ranges, choices and parse hooks, before any data is loaded), :func:`resolve`
+(the frozen :class:`Config` a run reads, every field filled in once), the checkpoint's config
 fingerprint (:data:`fedjax_proj.training.checkpoint.NON_SEMANTIC_FIELDS`: the fields a resumed run
 may change) and a claim result's fingerprint (:mod:`fedjax_proj.reproduce.run`: which fields it
 leaves out, and the value of a field added after results were recorded). docs/design.md,
@@ -24,7 +25,8 @@ their method (:mod:`fedjax_proj.algorithms.registry`). The nested blocks (``meth
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import ml_collections
@@ -67,6 +69,9 @@ class Field(NamedTuple):
       field out, so adding an option turns no committed result stale.
     added_family: the method family (registry name) the field was added to later, where the other
       families had it all along; empty: ``added`` holds for every family.
+    parse: the one function that both checks the config's value and turns it into what a run
+      reads (:func:`resolve`), raising a ValueError that names the fix (:func:`check_fields`
+      calls it, so the value is refused before any data is loaded); None: the value as it is.
   """
 
   name: str
@@ -80,6 +85,7 @@ class Field(NamedTuple):
   run_management: bool = False
   added: Any = UNSET
   added_family: str = ""
+  parse: Callable[[Any], Any] | None = None
 
   @property
   def type(self) -> type:
@@ -190,11 +196,70 @@ def parse_checked(
   return args
 
 
-def value_of(c, name: str):
-  """``c[name]``, or the field's default (:data:`FL_FIELDS`) where ``c`` lacks it: a config of a
-  family without the field (the continual configs have no ``normalization``), or one recorded
-  before the field existed."""
-  return c.get(name, FL_FIELDS[name].default)
+class Config(Mapping):
+  """A config resolved once (:func:`resolve`): frozen, every field of its table present (the
+  config's value, or the field's default where the config lacks it) and parsed by the field's
+  :attr:`Field.parse`; read as attributes (``s.client_chunk``) or by key.
+
+  It is what a run computes with, never what it records: summary.json and the fingerprints keep
+  hashing the config as given (a config recorded before a field existed fingerprints the same).
+  """
+
+  __slots__ = ("_values",)
+
+  def __init__(self, values: Mapping[str, Any]):
+    object.__setattr__(self, "_values", MappingProxyType(dict(values)))
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith("__") or name == "_values":  # copy/pickle probe a bare instance first
+      raise AttributeError(name)
+    try:
+      return self._values[name]
+    except KeyError:
+      raise AttributeError(f"The config has no field {name!r}.") from None
+
+  def __reduce__(self):
+    return Config, (dict(self._values),)
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    raise AttributeError(
+      f"A resolved config is frozen: set {name} on the config before resolving it."
+    )
+
+  def __getitem__(self, name: str) -> Any:
+    return self._values[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._values)
+
+  def __len__(self) -> int:
+    return len(self._values)
+
+  def __repr__(self) -> str:
+    return f"Config({dict(self._values)!r})"
+
+
+def resolve(c: Mapping[str, Any], table: Mapping[str, Field] | None = None) -> Config:
+  """``c`` (a ConfigDict or a recorded config's dict) as the frozen :class:`Config` a run reads.
+
+  Every field of :data:`FL_FIELDS` and of ``table`` (a family's own) is filled in once here: a
+  family's config that lacks a shared field (the continual configs have no ``normalization``),
+  or a config recorded before a field existed, reads its default, the value such runs computed
+  with (:attr:`Field.added`). A field with a :attr:`Field.parse` hook holds the parsed value.
+  The other entries of ``c`` (``method_kwargs``...) are kept as they are.
+
+  Raises:
+    ValueError: a value its field's parse hook refuses (the message names the fix).
+  """
+  if isinstance(c, Config):
+    return c
+  fields = {**FL_FIELDS, **(table or {})}
+  given = dict(c.items())
+  values = {name: given.get(name, f.default) for name, f in fields.items()}
+  for name, f in fields.items():
+    if f.parse is not None:
+      values[name] = f.parse(values[name])
+  return Config({**given, **values})
 
 
 def check_fields(c, fields: Mapping[str, Field]) -> None:
@@ -207,6 +272,8 @@ def check_fields(c, fields: Mapping[str, Field]) -> None:
   """
   for name, value in c.items():
     f = fields.get(name)
+    if f is not None and f.parse is not None:
+      f.parse(value)
     interval = ranges.ANY if f is None or f.range is None else f.range
     if ranges.is_number(value):
       ranges.check_number(f"--{name}", value, interval, f.fix if f else "")
@@ -221,6 +288,17 @@ def check_fields(c, fields: Mapping[str, Field]) -> None:
             f"--{name}={value!r}: {part!r} is not a number; pass comma-separated numbers."
           ) from None
         ranges.check_number(f"--{name}", number, interval)
+
+
+def parse_client_chunk(value) -> int | str | None:
+  """``--client_chunk``: ``"auto"`` (the run decides, training/placement.py), None (``none``: all
+  of a round's clients at once) or the clients per chunk, a positive integer."""
+  text = str(value).lower()
+  if text in ("auto", "none"):
+    return None if text == "none" else "auto"
+  if not (text.isdigit() and int(text) >= 1):
+    raise ValueError(f"--client_chunk must be auto, none or a positive integer, got {text!r}.")
+  return int(text)
 
 
 # The fix named next to a subset size's range error.
@@ -366,6 +444,7 @@ FIELDS: dict[str, Field] = table(
     "clients per chunk with streaming aggregation: auto, none or an integer",
     added="auto",
     added_family="continual",
+    parse=parse_client_chunk,
   ),
   # The process layout changes no state: process_id differs between the processes of one job
   # (which must agree on the checkpoint's fingerprint), a relaunched job may get another

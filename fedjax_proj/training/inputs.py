@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from fedjax_proj.algorithms import registry
+from fedjax_proj.algorithms.distillation.fedproj import check_memory
 from fedjax_proj.data.sources import expected_format, load_dataset
-from fedjax_proj.training.fields import value_of
 
 
 def check_dataset(ds, name: str, where: str) -> None:
@@ -106,7 +106,7 @@ def public_inputs(
       "--public_data=../shared/data/cifar100/public_20k.npz"
     )
   # The docs call the public set unlabelled: an npz without "label" is accepted.
-  public = load(c.public_data, value_of(c, "public_split"), labelled=False)
+  public = load(c.public_data, c.public_split, labelled=False)
   if c.public_size > len(public.labels):
     # Capped (a preset's public_size may exceed a small set) and recorded as used: the config,
     # and so summary.json and the checkpoint fingerprint, say what the run read.
@@ -123,12 +123,8 @@ def public_inputs(
       f"Public data {c.public_data!r} has examples {images.shape[1:]} {images.dtype} but the "
       f"private data has {train_x.shape[1:]} {train_x.dtype}; use a public set of the same format."
     )
-  memory_size = c.method_kwargs.get("memory_size", c.memory_size)
-  if "memory_size" in registry.config_kwargs(c.method) and memory_size > len(labels):
-    raise ValueError(
-      f"--memory_size={memory_size} exceeds the public set ({len(labels)} examples); lower "
-      "--memory_size or use more public data (--public_size=0 uses all of it)."
-    )
+  if "memory_size" in registry.config_kwargs(c.method):  # before the model is built
+    check_memory(c.memory_size, len(labels))
   inputs = {"public_images": jax.device_put(images)}
   # FedProj's round-0 CE (001, Algorithm 1, line 16) reads public labels as private ones.
   if public.num_classes == num_classes and same_label_space(public.name, private_name):
@@ -148,7 +144,7 @@ def public_normalizer(c, public_images: np.ndarray | None):
 
   from fedjax_proj.data import pipeline
 
-  if value_of(c, "normalization") != "code" or public_images is None:
+  if c.normalization != "code" or public_images is None:
     return None
   known = set(pipeline.CODE_CHANNEL_STATS) | set(pipeline.CHANNEL_STATS)
   path = PurePath(c.public_data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_collections
 import optax
 
-from fedjax_proj.training.fields import FIELDS, value_of
+from fedjax_proj.training.fields import FIELDS
 
 # The names each factory takes: the choices its config field declares (training/fields.py).
 OPTIMIZERS = FIELDS["optimizer"].choices
@@ -15,7 +15,7 @@ SERVER_OPTIMIZERS = FIELDS["server_optimizer"].choices
 
 def lr_step_epochs(c: ml_collections.ConfigDict) -> int:
   """Epochs between local lr decays: ``lr_step_epochs``, or local_epochs // 2 when it is 0."""
-  return int(value_of(c, "lr_step_epochs")) or int(c.local_epochs) // 2
+  return int(c.lr_step_epochs) or int(c.local_epochs) // 2
 
 
 def make_optimizer(
@@ -49,10 +49,10 @@ def client_optimizer(c: ml_collections.ConfigDict):
     c.lr,
     c.momentum,
     c.weight_decay,
-    schedule=value_of(c, "lr_schedule"),
+    schedule=c.lr_schedule,
     local_epochs=c.local_epochs,
     step_epochs=lr_step_epochs(c),
-    gamma=value_of(c, "lr_step_gamma"),
+    gamma=c.lr_step_gamma,
   )
 
 

@@ -23,7 +23,7 @@ from fedjax_proj.core import distributed, sharding
 from fedjax_proj.core.chunked import auto_client_chunk, tree_bytes
 from fedjax_proj.core.engine import BatchFn, can_shard, choose_strategy
 from fedjax_proj.core.executor import Executor
-from fedjax_proj.training.fields import value_of
+from fedjax_proj.training import fields
 
 
 def conv_impl_choice(backend: str | None = None) -> tuple[str, str | None]:
@@ -106,7 +106,7 @@ def client_mesh_for(c, strategy: str, log):
     )
     return distributed.global_client_mesh()
   devices = jax.local_device_count()
-  if not value_of(c, "shard_clients") or devices == 1 or not can_shard(strategy):
+  if not c.shard_clients or devices == 1 or not can_shard(strategy):
     return None
   if c.clients_per_round % devices:
     log(
@@ -124,13 +124,13 @@ def _client_chunk(c, shards: int, variables) -> tuple[int | None, bool]:
   ``auto`` chunks only a cohort whose clients do not fit the memory budget together, and budgets
   one device's share of it when the client axis is sharded over ``shards`` devices.
   """
-  chunk = str(value_of(c, "client_chunk")).lower()
-  if chunk == "none":
+  chunk = c.client_chunk  # parsed: "auto", None or an int (fields.parse_client_chunk)
+  if chunk is None:
     return None, False
   if chunk != "auto":
     # A chunk larger than the round's cohort runs the cohort as one chunk: that is what the run
     # computes and logs (--client_chunk=50 with 2 clients a round is chunks of 2).
-    return min(int(chunk), c.clients_per_round), False
+    return min(chunk, c.clients_per_round), False
   local = c.clients_per_round // shards
   size = auto_client_chunk(local, tree_bytes(variables))
   if size >= local:  # the whole cohort fits: the ordinary round
@@ -145,7 +145,8 @@ def plan_execution(
   ``client_chunk``), decided once.
 
   Args:
-    c: the run's config.
+    c: the run's resolved config (:func:`fedjax_proj.training.fields.resolve`), or a config to
+      resolve.
     batch_fn: the run's batch builder (:func:`fedjax_proj.data.pipeline.make_batch_fn`).
     has_conv: the model has a convolution (the ``auto`` strategy table's model kind).
     variables: the model's variables (the ``auto`` chunk's memory per client).
@@ -153,7 +154,8 @@ def plan_execution(
     shard: whether this run may shard its clients over devices (the continual task driver does
       not place its rounds' inputs, so it passes False).
   """
-  sharded = shard and value_of(c, "shard_clients") and jax.local_device_count() > 1
+  c = fields.resolve(c)  # the run's resolved config as it is; a ConfigDict resolved here
+  sharded = shard and c.shard_clients and jax.local_device_count() > 1
   strategy = choose_strategy(
     c.strategy,
     has_conv=has_conv,

@@ -12,17 +12,14 @@ import ml_collections
 
 from fedjax_proj.core import distributed
 from fedjax_proj.core import engine as engine_lib
-from fedjax_proj.training.fields import value_of
 
 CPU_COLLECTIVES = ("", "gloo", "mpi")
 
 
 def validate_processes(c: ml_collections.ConfigDict) -> None:
   """Checks the process-layout flags (device-count checks run after jax.distributed starts)."""
-  n = int(value_of(c, "num_processes"))
-  pid = int(value_of(c, "process_id"))
-  address = value_of(c, "coordinator_address")
-  if value_of(c, "cpu_collectives") not in CPU_COLLECTIVES:
+  n, pid, address = int(c.num_processes), int(c.process_id), c.coordinator_address
+  if c.cpu_collectives not in CPU_COLLECTIVES:
     raise ValueError(
       f"--cpu_collectives must be one of {CPU_COLLECTIVES} ('' = JAX's default), got "
       f"{c.cpu_collectives!r}."
@@ -54,7 +51,7 @@ def validate_processes(c: ml_collections.ConfigDict) -> None:
       "A multi-process run needs an explicit --output_dir on a filesystem every process sees "
       "(the default name is timestamped per process)."
     )
-  if not value_of(c, "shard_clients"):
+  if not c.shard_clients:
     raise ValueError(
       "--num_processes > 1 shards the clients over all processes' devices; drop "
       "--shard_clients=false."
@@ -70,13 +67,13 @@ def init_processes(c: ml_collections.ConfigDict) -> bool:
 
   Must run before any JAX computation. Returns True when several processes run.
   """
-  n = int(value_of(c, "num_processes"))
+  n = int(c.num_processes)
   if n == 1:
     return False
   distributed.initialize(
     c.coordinator_address or None,
     n or None,
     int(c.process_id) if n else None,
-    cpu_collectives=value_of(c, "cpu_collectives") or None,
+    cpu_collectives=c.cpu_collectives or None,
   )
   return jax.process_count() > 1

@@ -23,6 +23,7 @@ import jax
 from tqdm.auto import tqdm
 
 from fedjax_proj.core import distributed
+from fedjax_proj.training import fields
 from fedjax_proj.training.checkpoint import (
   Checkpointer,
   CheckpointError,
@@ -32,7 +33,6 @@ from fedjax_proj.training.checkpoint import (
   truncate_metrics,
   unrecorded,
 )
-from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.metrics import MetricsWriter, write_json
 
 FINAL_VARIABLES = "final_variables.npz"
@@ -66,22 +66,23 @@ class RunIO(NamedTuple):
   handle_signals: bool = True
 
 
-def run_io(c, output_dir: str | Path | None) -> RunIO:
+def run_io(c, output_dir: str | Path | None, s: fields.Config | None = None) -> RunIO:
   """The run management an entry point's config ``c`` asks for (its ``resume``, ``overwrite``,
-  ``checkpoint_every``, ``keep_checkpoints``, ``tensorboard`` and ``progress`` fields), writing to
-  ``output_dir`` with checkpoints fingerprinted by the config (None: no files)."""
-  progress = value_of(c, "progress")
+  ``checkpoint_every``, ``keep_checkpoints``, ``tensorboard`` and ``progress`` fields, read from
+  ``s``, the run's resolved config, default :func:`fields.resolve` of ``c``), writing to
+  ``output_dir`` with checkpoints fingerprinted by the config as given (None: no files)."""
+  s = fields.resolve(c) if s is None else s
   if output_dir is None:
-    return RunIO(progress=progress)
+    return RunIO(progress=s.progress)
   out, fingerprint = Path(output_dir), config_fingerprint(c.to_dict())
   return RunIO(
     output_dir=out,
-    checkpointer=Checkpointer(out / "checkpoints", fingerprint, value_of(c, "keep_checkpoints")),
-    checkpoint_every=c.get("checkpoint_every", 0),
-    resume=value_of(c, "resume"),
-    overwrite=value_of(c, "overwrite"),
-    tensorboard_dir=out / "tensorboard" if value_of(c, "tensorboard") else None,
-    progress=progress,
+    checkpointer=Checkpointer(out / "checkpoints", fingerprint, s.keep_checkpoints),
+    checkpoint_every=s.checkpoint_every,
+    resume=s.resume,
+    overwrite=s.overwrite,
+    tensorboard_dir=out / "tensorboard" if s.tensorboard else None,
+    progress=s.progress,
   )
 
 

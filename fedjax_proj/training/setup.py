@@ -18,15 +18,13 @@ from fedjax_proj.core.executor import Executor
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.base import count_params
 from fedjax_proj.training import rundir
-from fedjax_proj.training.fields import value_of
 from fedjax_proj.training.placement import plan_execution
 
 
 def held(c, output_dir: str, **kwargs):
   """:func:`~fedjax_proj.training.rundir.held` on ``output_dir`` with the config's ``resume``
   and ``overwrite``: a directory holding a run is refused unless one of them is set."""
-  resume, overwrite = value_of(c, "resume"), value_of(c, "overwrite")
-  return rundir.held(output_dir, resume=resume, overwrite=overwrite, **kwargs)
+  return rundir.held(output_dir, resume=c.resume, overwrite=c.overwrite, **kwargs)
 
 
 def init_and_plan(c, model: Model, sample, batch_fn, log, *, shard: bool = True):

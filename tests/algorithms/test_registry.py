@@ -88,8 +88,15 @@ def test_every_declared_hyperparameter_is_accepted_by_the_build(name):
   if registry.spec(name).family == "continual":
     model = multi_head("mlp", num_tasks=2, classes_per_task=3, hidden=(8,))
     ctx = ctx._replace(model=model, variables=model.init(jax.random.key(0), ctx.sample_x))
-  built = registry.build_algorithm(name, ctx, **declared)
+  # The config fields a method reads without a default of its own (FedProj's memory size) come
+  # from the run's config.
+  config = {"memory_size": ctx.public_size}
+  unset = {k: config[k] for k in registry.config_kwargs(name) if k not in declared}
+  built = registry.build_algorithm(name, ctx, **declared, **unset)
   assert built is not None
+  if unset:
+    with pytest.raises(ValueError, match=f"reads the config field.s. {', '.join(unset)}; pass"):
+      registry.build_algorithm(name, ctx, **declared)
 
 
 def test_hyperparameters_come_from_the_factory_signature_minus_the_context():

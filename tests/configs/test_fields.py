@@ -14,7 +14,9 @@ the fingerprints read it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
+import pickle
 import re
 
 import ml_collections
@@ -204,3 +206,50 @@ def test_the_table_is_what_validation_reads(monkeypatch):
   monkeypatch.setitem(pmnist.FIELDS, "num_tasks", tighter)
   with pytest.raises(ValueError, match=r"--num_tasks must be >= 3 \(a whole number\), got 2"):
     pmnist.resolve("smoke", {"num_tasks": 2})
+
+
+@pytest.mark.parametrize(
+  ("given", "parsed"), [("auto", "auto"), ("AUTO", "auto"), ("none", None), ("4", 4), (4, 4)]
+)
+def test_client_chunk_is_checked_and_parsed_by_its_fields_hook(given, parsed):
+  """--client_chunk's parse hook is both its check (check_fields) and its parser (resolve)."""
+  assert fields.FL_FIELDS["client_chunk"].parse is fields.parse_client_chunk
+  fields.check_fields({"client_chunk": given}, fields.FL_FIELDS)
+  assert fields.resolve({"client_chunk": given}).client_chunk == parsed
+  # Parsing what the hook gave back gives it again (a resolved value resolves to itself).
+  assert fields.parse_client_chunk(parsed) == parsed
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "four", "2.5", ""])
+def test_a_bad_client_chunk_is_refused_by_the_same_hook(bad):
+  message = "--client_chunk must be auto, none or a positive integer"
+  with pytest.raises(ValueError, match=message):
+    fields.check_fields({"client_chunk": bad}, fields.FL_FIELDS)
+  with pytest.raises(ValueError, match=message):
+    fields.resolve({"client_chunk": bad})
+
+
+def test_resolve_fills_missing_fields_once_and_leaves_the_record_alone():
+  """A continual config lacks the image fields (normalization...): resolve gives their defaults,
+  the value such runs computed with, without touching what the run records or fingerprints."""
+  c = pmnist.resolve("smoke", {})
+  assert "normalization" not in c and "shard_clients" not in c
+  before = checkpoint.config_fingerprint(c.to_dict())
+  s = fields.resolve(c, pmnist.FIELDS)
+  assert (s.normalization, s.shard_clients) == ("dataset", True)
+  assert s.num_tasks == c.num_tasks and s.client_chunk == "auto"  # the family's own fields too
+  assert dict(s.method_kwargs) == dict(c.method_kwargs)  # entries that are not fields, as given
+  assert "normalization" not in c and checkpoint.config_fingerprint(c.to_dict()) == before
+  assert fields.resolve(s) is s
+
+
+def test_a_resolved_config_is_frozen():
+  s = fields.resolve({"lr": 0.1})
+  with pytest.raises(AttributeError, match="frozen"):
+    s.lr = 0.2
+  with pytest.raises(TypeError):
+    s["lr"] = 0.2  # type: ignore[index]
+  with pytest.raises(AttributeError, match="no field 'nope'"):
+    _ = s.nope
+  assert s.lr == 0.1 and s.memory_size == fields.FL_FIELDS["memory_size"].default
+  assert copy.deepcopy(s) == s and pickle.loads(pickle.dumps(s)) == s

@@ -137,7 +137,7 @@ def small_public(tmp_path) -> Path:
     ({"partition": "dirichlet:0.5:500"}, PartitionError, "min_size"),
     ({"method": "fedproj"}, ValueError, "needs public data: pass --public_data"),
     ({"method": "fedproj", "public_size": 40, "memory_size": 41}, ValueError, "--public_size=40"),
-    ({"method": "fedproj", "memory_size": 51}, ValueError, "exceeds the public set (50 examples)"),
+    ({"method": "fedproj", "memory_size": 51}, ValueError, "size of the public set (50 examples)"),
     ({"resume": True, "output_dir": ""}, ValueError, "--resume needs --output_dir"),
     ({"checkpoint_every": -1}, ValueError, "--checkpoint_every must be >= 0"),
     ({"keep_checkpoints": 0}, ValueError, "--keep_checkpoints must be >= 1"),

@@ -20,6 +20,7 @@ clients (001, C.1).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -80,7 +81,7 @@ def distillation_server(
     cfg: distillation settings (``cfg.epochs == 0`` turns server distillation off).
     public_size: number of public examples P in ``RoundData.extra["public_images"]``.
     teacher: ``"mean"`` (FedDF, FedProj) or ``"uncertainty"`` (FedET).
-    memory_size: FedProj's M (0 = no memory buffer, FedDF/FedET); clipped to P.
+    memory_size: FedProj's M, at most P (fedproj.check_memory); 0 = no memory buffer (FedDF/FedET).
     lmem_metric: log ``lmem_global``, the L_mem drift metric (module docstring, step 4), which
       costs a forward pass of the new global model on the M memory examples per round.
   """
@@ -93,17 +94,18 @@ def distillation_server(
   if cfg.anchor not in distill.ANCHORS:
     raise ValueError(f"Unknown divergence anchor {cfg.anchor!r}; choose one of {distill.ANCHORS}.")
   combine = distill.TEACHER_COMBINERS[teacher]
-  memory_size = min(memory_size, public_size)
   host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
   host_distill = distill.HostDistiller(model, normalize, cfg)
-  sample_memory = jax.jit(lambda k: _sample_memory(k, public_size, memory_size))
+  # M of the P public indices: drawn in init, in the traced step, and jitted for the host loop.
+  sample = functools.partial(_sample_memory, public_size=public_size, memory_size=memory_size)
+  sample_memory = jax.jit(sample)
 
   def init(variables, key):
     num_classes = model.num_classes
     return DistillServerState(
       jnp.zeros((), jnp.int32),
       tree_lib.tree_copy(variables),
-      _sample_memory(key, public_size, memory_size),
+      sample(key),
       jnp.zeros((memory_size, num_classes), jnp.float32),
       jnp.zeros((), bool),
     )
@@ -167,7 +169,7 @@ def distillation_server(
       key,
       lambda v, x: distill.client_logits_scan(model, v, normalize, x, cfg.teacher_batch_size),
       lambda s, t, x, k, a, w: distill.distill_scan(model, s, t, x, normalize, k, cfg, a, w),
-      lambda k: _sample_memory(k, public_size, memory_size),
+      sample,
     )
 
   def host(state, rd, outputs, key):

@@ -246,13 +246,26 @@ def _select(pred: Array, true_fn, false_fn, operand):
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), true_fn(operand), false_fn(operand))
 
 
+def check_memory(size: int, public_size: int, source: str = "the public set") -> None:
+  """The one check of FedProj's memory size M (001, Algorithm 1: M examples drawn from the P
+  public ones ``source`` holds) against its public set: 1 <= M <= P, or a ValueError naming the
+  fix. The run checks a given ``--public_size`` with it before any data is loaded
+  (training/config.py), and the factory the set it is built with; M's default and range are its
+  config field's (training/fields.py)."""
+  if not 1 <= size <= public_size:
+    raise ValueError(
+      f"--memory_size={size} must be from 1 to the size of {source} ({public_size} examples); "
+      "lower --memory_size or use more public data (--public_size=0 uses all of it)."
+    )
+
+
 def fedproj(
   model: Model,
   client_optimizer: optax.GradientTransformation,
   normalize,
   *,
   public_size: int,
-  memory_size: int = 10_000,
+  memory_size: int,
   memory_batch_size: int = 256,
   temperature: float = 1.0,
   tau: float = 1e-6,
@@ -273,6 +286,9 @@ def fedproj(
   memory_cond: bool | None = None,
 ) -> FederatedAlgorithm:
   """Builds FedProj. ``distill_epochs=0`` turns server distillation off.
+
+  The memory size M has no default here: a run passes its config field, whose default and range
+  are declared once (training/fields.py); :func:`check_memory` holds it to the public set.
 
   The memory loss defaults to the papers' plain KL (``temperature=1``, no T²); the divergence
   term α anchors on the previous global model (Algorithm 1; ``divergence_anchor`` picks another
@@ -299,8 +315,9 @@ def fedproj(
     raise ValueError(f"temperature must be > 0, got {temperature}.")
   if round0 not in ROUND0_MODES:
     raise ValueError(f"round0 must be one of {ROUND0_MODES}, got {round0!r}.")
-  if memory_size < 1 or memory_batch_size < 1:
-    raise ValueError("memory_size and memory_batch_size must be >= 1.")
+  check_memory(memory_size, public_size)
+  if memory_batch_size < 1:
+    raise ValueError(f"memory_batch_size must be >= 1, got {memory_batch_size}.")
   if not 0.0 <= projection_prob <= 1.0:
     raise ValueError(f"projection_prob must be in [0, 1], got {projection_prob}.")
   if memory_order not in MEMORY_ORDERS:
@@ -328,7 +345,7 @@ def fedproj(
     normalize,
     temperature=temperature,
     tau=tau,
-    memory_batch_size=min(memory_batch_size, memory_size, public_size),
+    memory_batch_size=min(memory_batch_size, memory_size),
     temperature_squared=temperature_squared,
     projection_prob=projection_prob,
     max_coef=max_coef,

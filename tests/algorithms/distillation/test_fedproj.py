@@ -420,7 +420,7 @@ def test_memory_order_shuffle_covers_each_row_once_per_pass_per_client():
   assert sorted(c[:10]) == list(range(10)) and sorted(c[10:20]) == list(range(10))
   with pytest.raises(ValueError, match="memory_order"):
     fedproj.fedproj(helpers.tiny_model(), optax.sgd(0.1), lambda z: z, public_size=8,
-                    memory_order="random")  # fmt: skip
+                    memory_size=8, memory_order="random")  # fmt: skip
 
 
 def test_int_cast_memory_truncates_images_and_logits(fp_setup):
@@ -677,3 +677,16 @@ def test_lmem_global_is_logged_only_when_asked_and_changes_nothing_else(fp_setup
   assert all("lmem_global" not in m for m in got_m)
   np.testing.assert_allclose(T.tree_ravel(got.variables), T.tree_ravel(ref.variables), atol=1e-7)
   np.testing.assert_allclose(got.memory_logits, ref.memory_logits, atol=1e-7)
+
+
+@pytest.mark.parametrize("size", [0, 9])
+def test_the_memory_is_one_to_the_public_sets_size(size):
+  """One check of M against the public set (001, Algorithm 1), in the factory as in a run's
+  config (training/config.py) and loaded public set (training/inputs.py): no silent clip."""
+  with pytest.raises(ValueError, match=rf"--memory_size={size} must be from 1 to the size of"):
+    fedproj.fedproj(
+      helpers.tiny_model(), optax.sgd(0.1), lambda z: z, public_size=8, memory_size=size
+    )
+  with pytest.raises(ValueError, match=r"--public_size=8 \(8 examples\)"):
+    fedproj.check_memory(size, 8, "--public_size=8")
+  fedproj.check_memory(8, 8)  # the whole public set is a valid memory
