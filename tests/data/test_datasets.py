@@ -1,4 +1,4 @@
-"""The dataset registry (fedjax_proj/data/datasets.py) is the one table the name-keyed views read."""
+"""The dataset registry (fedjax_proj/data/datasets.py): the one table the name views read."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fedjax_proj.data.sources import common, tfds_source
 
 
 def test_every_view_is_the_registry():
-  assert common.KNOWN_NUM_CLASSES == {k: d.num_classes for k, d in DATASETS.items()}
-  assert common.KNOWN_SHAPES == {k: d.shape for k, d in DATASETS.items()}
+  assert {k: d.num_classes for k, d in DATASETS.items()} == common.KNOWN_NUM_CLASSES
+  assert {k: d.shape for k, d in DATASETS.items()} == common.KNOWN_SHAPES
   assert set(pipeline.CHANNEL_STATS) == {k for k, d in DATASETS.items() if d.channel_stats}
   assert set(tfds_source.TFDS_DATASETS) == {k for k, d in DATASETS.items() if d.tfds_keys}
   assert pipeline.CODE_CHANNEL_STATS["cifar10"][1] == (0.2023, 0.1994, 0.2010)
