@@ -4,7 +4,7 @@ Every name-keyed view the loaders and the input pipeline read is derived from th
 the class counts and example shapes (:mod:`fedjax_proj.data.sources.common`), the per-channel
 statistics (:mod:`fedjax_proj.data.pipeline`) and the TFDS feature keys
 (:mod:`fedjax_proj.data.sources.tfds_source`). A new dataset is one entry here (docs/design.md,
-"Extending it").
+"Layout").
 """
 
 from __future__ import annotations
