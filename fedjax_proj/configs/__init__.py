@@ -12,6 +12,7 @@ dataset; :mod:`.common` holds the flag parsing the families share and the exit c
 (docs/design.md, "The package and the checkout"). Each family's ``FIELDS`` is the table of its
 config's fields (fedjax_proj/training/fields.py; docs/design.md, "Config fields").
 """
+
 from __future__ import annotations
 
 import importlib
