@@ -1,4 +1,4 @@
-"""The pilot study of FedProj (paper 000, Section 3; partition from paper 001, C.5): its flags.
+"""The pilot study of FedProj (paper 000, Section 3; partition from paper 001, C.5).
 
     python experiments/pilot_iris.py [--output_dir runs/pilot_iris] [--rounds 20]
 

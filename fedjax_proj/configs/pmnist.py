@@ -359,11 +359,7 @@ def parse(
   fields, kwargs = common.flag_values(parser, args)
   try:
     c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn, table)
-  except ValueError as e:
-    parser.error(str(e))
-  try:
-    check_run(c)
-  except ValueError as e:
+  except ValueError as e:  # resolve's checks, prepare's (check_run) last
     parser.error(str(e))
   if not c.output_dir:
     c.output_dir = str(
