@@ -1,6 +1,7 @@
 """The pilot study of FedProj (paper 000, Section 3; partition from paper 001, C.5).
 
-Presets, flags and run: fedjax_proj/configs/pilot_iris.py (``--help`` lists the flags).
+Presets and flags: fedjax_proj/configs/pilot_iris.py (``--help`` lists the flags); what it trains:
+fedjax_proj/training/pilot.py.
 """
 
 import sys

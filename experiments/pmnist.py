@@ -1,6 +1,7 @@
 """Permuted MNIST, task-incremental continual FL: FOT and its baselines (FOT paper, Table 1).
 
-Presets, flags and run: fedjax_proj/configs/pmnist.py (``--help`` lists the flags).
+Presets and flags: fedjax_proj/configs/pmnist.py (``--help`` lists the flags); what it trains:
+fedjax_proj/training/continual_tasks.py.
 """
 
 import sys

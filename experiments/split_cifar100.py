@@ -1,6 +1,7 @@
 """Split-CIFAR100 (10 tasks x 10 classes), task-incremental continual FL: FOT and its baselines.
 
-Presets, flags and run: fedjax_proj/configs/split_cifar100.py (``--help`` lists the flags).
+Presets and flags: fedjax_proj/configs/split_cifar100.py (``--help`` lists the flags); what it
+trains: fedjax_proj/training/continual_tasks.py.
 """
 
 import sys

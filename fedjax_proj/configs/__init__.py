@@ -1,10 +1,14 @@
 """The experiments' presets and how flags resolve into a config, one module per experiment family.
 
-As big_vision keeps ``configs/`` beside its trainer, each module here owns a family's
-``get_config(preset)``, the preset rules applied after the flags (``prepare``) and ``resolve``, the
-one function the flags, the claim runner (:mod:`fedjax_proj.reproduce`) and the notebook turn a
-preset plus overrides into a config through; and ``main(argv)``, what ``experiments/<family>.py``
-runs. :mod:`.common` holds the flag parsing they share and the exit codes of a run
+As big_vision keeps ``configs/`` beside its trainer, each module here holds a family's presets and
+the one protocol every family has: ``get_config(preset)``; ``prepare(config)``, the preset rules
+applied after the flags; ``resolve(preset, fields, method_kwargs)``, the one function the flags,
+the claim runner (:mod:`fedjax_proj.reproduce`) and the notebook turn a preset plus overrides into
+a config through; and ``main(argv)``, what ``experiments/<family>.py`` runs. Nothing here trains:
+the runs are :mod:`fedjax_proj.training`'s (the Iris pilot's trainer ``training/pilot.py``, the
+continual benchmarks' builders ``training/continual_tasks.py``). :mod:`.image` is the one image
+family (CIFAR-10, CIFAR-100, CINIC-10) keyed by dataset, whose entry points' modules fix the
+dataset; :mod:`.common` holds the flag parsing the families share and the exit codes of a run
 (docs/design.md, "The package and the checkout"). Each family's ``FIELDS`` is the table of its
 config's fields (fedjax_proj/training/fields.py; docs/design.md, "Config fields").
 """

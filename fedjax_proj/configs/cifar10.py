@@ -29,113 +29,31 @@ settings they do not learn (docs/sfedkd.md, "Entry points"); run them with
 
 from __future__ import annotations
 
-import ml_collections
+from fedjax_proj.configs import common, image
 
-from fedjax_proj.configs import common, fedproj_presets
-from fedjax_proj.core.engine import STRATEGIES
-from fedjax_proj.models import MODELS
-from fedjax_proj.training.config import base_config
-
-# The config's fields (training/fields.py): base_config's and the FedProj presets' switches.
-FIELDS = fedproj_presets.FIELDS
-
-PRESETS = ("paper", "paper_code", "fedgkd_paper", "cpu", "smoke")
-# MOON (Li, He and Song, CVPR 2021), Sec. 4.1: μ = 5 on CIFAR-10.
-MOON_CIFAR10_MU = 5.0
-
-
-def get_config(preset: str = "paper"):
-  c = base_config()
-  if preset in ("paper", "paper_code"):
-    c.model = "resnet10"
-    apply = fedproj_presets.apply_paper if preset == "paper" else fedproj_presets.apply_paper_code
-    apply(c, distill_epochs=1)
-    c.method_defaults.moon = ml_collections.ConfigDict({"mu": MOON_CIFAR10_MU})
-    return c
-  if preset == "fedgkd_paper":
-    return fedgkd_paper(c)
-  if preset == "cpu":
-    # 20 rounds x 10 clients x ~500 examples x 2 epochs = 200k example-steps: ~12 min for
-    # ResNet-8 at the ~290 samples/s benchmarks/perf/strategies.py measured on a loaded 2-core CPU.
-    c.rounds = 20
-    c.local_epochs = 2
-    c.eval_every = 5
-    return c
-  if preset == "smoke":
-    c.partition = "dirichlet:0.5"
-    return common.apply_smoke(c)
-  raise ValueError(f"Unknown preset {preset!r}; choose one of {PRESETS}.")
-
-
-def fedgkd_paper(c):
-  """FedGKD's CIFAR-10 setting (paper 002, Sec. 5, "Implementation Details")."""
-  c.method = "fedgkd"
-  c.num_clients = 20
-  c.clients_per_round = 4  # C = 0.2
-  c.rounds = 100
-  c.local_epochs = 20
-  c.batch_size = 64
-  c.train_subset = 45_000  # "we use 90% of the data as the training dataset"
-  c.partition = "dirichlet:0.1"  # Table 1 columns α = 0.1 / 0.5 / 1: --partition for the others
-  c.optimizer = "sgd"
-  c.lr = 0.05
-  c.momentum = 0.9
-  c.weight_decay = 1e-5
-  c.model = "resnet8"
-  # GroupNorm with 16 channels per group ("we set the channels of each group as 16").
-  c.model_kwargs = ml_collections.ConfigDict({"norm": "group", "group_size": 16})
-  c.method_defaults = ml_collections.ConfigDict(
-    {
-      "fedgkd": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
-      # L_m: each buffered model's validation loss on the 5,000 examples train_subset leaves out.
-      "fedgkd_vote": {
-        "buffer_size": 5,
-        "lam": 0.1,
-        "temperature": 1.0,
-        "vote_validation": "server",
-      },
-      "moon": {"mu": MOON_CIFAR10_MU},
-      # FedGKD+ is FedGKD on MOON's head (002 Evaluation Methods): FedGKD's γ, M and T.
-      "fedgkd_plus": {"buffer_size": 5, "gamma": 0.2, "temperature": 1.0},
-      # 002 Parameter Setting: "for the distillation coefficient, we set it as 0.1"; its
-      # temperature value is missing there, and the authors' --temperature defaults to 1.
-      "feddistill_plus": {"beta": 0.1, "temperature": 1.0},
-      # 002 Parameter Setting: a 2-layer MLP generator of hidden width 512 for ResNet-8; the local
-      # coefficient is "tuned from {0.1, 1, 10}" without the chosen value: the library's 1.
-      "fedgen": {"hidden_dim": 512},
-    }
-  )
-  return c
-
-
+# The image family's protocol (fedjax_proj/configs/image.py) with the dataset fixed.
+DATASET = "cifar10"
+FIELDS = image.FIELDS
+PRESETS = image.DATASETS[DATASET]
+# The methods this entry point offers: the registry's parallel-FL ones.
 METHODS = common.parallel_methods()
 
 
-def prepare(c):
-  """Preset rules applied after the flags.
+def get_config(preset: str = "paper"):
+  """The preset ``preset`` (image.get_config)."""
+  return image.get_config(preset, DATASET)
 
-  Refuses the sequential methods with a pointer to their entry point, then sets FedProj's α from
-  the final ``--partition`` (fedproj_presets.prepare).
-  """
-  common.refuse_sequential(c)
-  return fedproj_presets.prepare(c)
+
+def prepare(c):
+  """Preset rules applied after the flags (image.prepare)."""
+  return image.prepare(c, DATASET)
 
 
 def resolve(preset: str, fields=None, method_kwargs=None):
-  """The config ``--preset=<preset>`` with these flags runs (common.resolve, then prepare); the
-  claim runner (fedjax_proj/reproduce/resolve.py) and experiments/quickstart.ipynb resolve
-  through it too."""
-  return common.resolve(get_config, preset, fields, method_kwargs, prepare)
+  """The config ``--preset=<preset>`` with these flags runs (image.resolve)."""
+  return image.resolve(preset, fields, method_kwargs, DATASET)
 
 
 def main(argv) -> int:
-  """``python experiments/cifar10.py``: the flags, then the run (common.main)."""
-  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
-  return common.main(
-    argv,
-    __doc__.splitlines()[0],
-    get_config,
-    choices,
-    prepare=prepare,
-    presets=PRESETS,
-  )
+  """``python experiments/cifar10.py``: the flags, then the run (image.main)."""
+  return image.main(argv, DATASET, __doc__.splitlines()[0])

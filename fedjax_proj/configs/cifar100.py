@@ -30,75 +30,28 @@ parallel-FL settings they do not learn (docs/sfedkd.md, "Entry points"); run the
 
 from __future__ import annotations
 
-from fedjax_proj.algorithms import registry
-from fedjax_proj.configs import common, fedproj_presets
-from fedjax_proj.core.engine import STRATEGIES
-from fedjax_proj.models import MODELS
-from fedjax_proj.training.config import base_config
+from fedjax_proj.configs import image
 
-# The config's fields (training/fields.py): base_config's and the FedProj presets' switches.
-FIELDS = fedproj_presets.FIELDS
-
-# Methods with server-side ensemble distillation: the paper distils 3 epochs on CIFAR-100.
-DISTILL_METHODS = ("fedproj", "feddf", "fedet")
-PAPER_DISTILL_EPOCHS = 3
+# The image family's protocol (fedjax_proj/configs/image.py) with the dataset fixed.
+DATASET = "cifar100"
+FIELDS = image.FIELDS
 
 
 def get_config(preset: str = "paper"):
-  c = base_config()
-  c.dataset = "cifar100"
-  c.model = "resnet18"
-  c.num_clients = 50
-  c.clients_per_round = 5
-  c.rounds = 100
-  c.local_epochs = 20
-  c.partition = "dirichlet:0.3"
-  if preset == "paper":
-    return fedproj_presets.apply_paper(c, distill_epochs=PAPER_DISTILL_EPOCHS)
-  if preset == "cpu":
-    c.model = "resnet8"
-    c.rounds = 30
-    c.local_epochs = 2
-    c.train_subset = 10000
-    c.memory_size = 2000
-    return c
-  if preset == "smoke":
-    c.model = "resnet8"
-    return common.apply_smoke(c)
-  raise ValueError(f"Unknown preset {preset!r}; choose one of {common.PRESETS}.")
+  """The preset ``preset`` (image.get_config)."""
+  return image.get_config(preset, DATASET)
 
 
-def check_public_data(config) -> None:
-  """Rejects a missing or overlapping public set with what the preset expects."""
-  if not registry.needs_public(config.method):
-    return
-  if not config.public_data:
-    raise ValueError(
-      f"Method {config.method!r} needs a public set. The paper uses ImageNet-100 at 32x32 for "
-      "CIFAR-100; pass --public_data=<npz (image uint8 [N,32,32,3], label) or image folder>. "
-      "No copy exists in ../shared/data."
-    )
-  if "cifar100" in config.public_data.lower().replace("-", "").replace("_", ""):
-    raise ValueError(
-      f"--public_data={config.public_data} is CIFAR-100, the private dataset of this preset: the "
-      "public set must be disjoint from it (the paper uses ImageNet-100 at 32x32)."
-    )
+def prepare(c):
+  """Preset rules applied after the flags (image.prepare)."""
+  return image.prepare(c, DATASET)
 
 
-def prepare(config):
-  """Preset rules that depend on the chosen method (applied after the flags).
-
-  Refuses the sequential methods (common.refuse_sequential), then sets the distillation epochs,
-  checks the public set and FedProj's α (fedproj_presets.prepare).
-  """
-  common.refuse_sequential(config)
-  if config.method in DISTILL_METHODS and "distill_epochs" not in config.method_kwargs:
-    config.method_kwargs.distill_epochs = PAPER_DISTILL_EPOCHS
-  check_public_data(config)
-  return fedproj_presets.prepare(config)
+def resolve(preset: str, fields=None, method_kwargs=None):
+  """The config ``--preset=<preset>`` with these flags runs (image.resolve)."""
+  return image.resolve(preset, fields, method_kwargs, DATASET)
 
 
 def main(argv) -> int:
-  """``python experiments/cifar100.py``: the flags, then the run (common.main)."""
-  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
-  return common.main(argv, __doc__.splitlines()[0], get_config, choices, prepare=prepare)
+  """``python experiments/cifar100.py``: the flags, then the run (image.main)."""
+  return image.main(argv, DATASET, __doc__.splitlines()[0])

@@ -26,48 +26,28 @@ parallel-FL settings they do not learn (docs/sfedkd.md, "Entry points"); run the
 
 from __future__ import annotations
 
-from fedjax_proj.configs import common, fedproj_presets
-from fedjax_proj.core.engine import STRATEGIES
-from fedjax_proj.models import MODELS
-from fedjax_proj.training.config import base_config
+from fedjax_proj.configs import image
 
-# The config's fields (training/fields.py): base_config's and the FedProj presets' switches.
-FIELDS = fedproj_presets.FIELDS
+# The image family's protocol (fedjax_proj/configs/image.py) with the dataset fixed.
+DATASET = "cinic10"
+FIELDS = image.FIELDS
 
 
 def get_config(preset: str = "paper"):
-  c = base_config()
-  c.dataset = "cinic10"
-  c.model = "resnet18"
-  c.num_clients = 100
-  c.clients_per_round = 10
-  c.rounds = 60
-  c.local_epochs = 20
-  c.partition = "dirichlet:0.3"
-  if preset == "paper":
-    return fedproj_presets.apply_paper(c, distill_epochs=1)
-  if preset == "cpu":
-    c.model = "resnet8"
-    c.rounds = 20
-    c.local_epochs = 2
-    c.train_subset = 20000
-    c.test_subset = 10000
-    c.memory_size = 2000
-    return c
-  if preset == "smoke":
-    c.model = "resnet8"
-    return common.apply_smoke(c)
-  raise ValueError(f"Unknown preset {preset!r}; choose one of {common.PRESETS}.")
+  """The preset ``preset`` (image.get_config)."""
+  return image.get_config(preset, DATASET)
 
 
 def prepare(c):
-  """Preset rules applied after the flags: refuses the sequential methods
-  (common.refuse_sequential), then FedProj's α follows the final --partition."""
-  common.refuse_sequential(c)
-  return fedproj_presets.prepare(c)
+  """Preset rules applied after the flags (image.prepare)."""
+  return image.prepare(c, DATASET)
+
+
+def resolve(preset: str, fields=None, method_kwargs=None):
+  """The config ``--preset=<preset>`` with these flags runs (image.resolve)."""
+  return image.resolve(preset, fields, method_kwargs, DATASET)
 
 
 def main(argv) -> int:
-  """``python experiments/cinic10.py``: the flags, then the run (common.main)."""
-  choices = {"method": common.parallel_methods(), "strategy": STRATEGIES, "model": MODELS}
-  return common.main(argv, __doc__.splitlines()[0], get_config, choices, prepare=prepare)
+  """``python experiments/cinic10.py``: the flags, then the run (image.main)."""
+  return image.main(argv, DATASET, __doc__.splitlines()[0])

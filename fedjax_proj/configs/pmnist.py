@@ -49,6 +49,8 @@ PRESETS = ("paper", "paper_code", "cpu", "smoke")
 # FOT's threshold rules (docs/fot.md), as GPSE declares them.
 FOT_THRESHOLD_RULES = THRESHOLD_RULES
 METHODS = methods(("continual",))  # the continual family of the method registry
+# What this family trains: a benchmark of fedjax_proj/training/continual_tasks.py (BUILDERS).
+BENCHMARK = "pmnist"
 
 
 # The continual family's fields (split_cifar100.py builds on them): base_config's where they mean
@@ -291,7 +293,7 @@ def resolve(
 ) -> ml_collections.ConfigDict:
   """The config ``--preset=<preset>`` with these flags runs: the preset, then ``fields``, then the
   method's paper hyperparameters (:func:`method_defaults`) under ``method_kwargs``, checked against
-  ``table`` (default: :data:`FIELDS`). The flags and the claim runner
+  ``table`` (default: :data:`FIELDS`), then :func:`prepare`. The flags and the claim runner
   (fedjax_proj/reproduce/resolve.py) both resolve through it."""
   c = common.set_fields((get_config_fn or get_config)(preset), fields)
   c.method_kwargs = {**(method_defaults_fn or method_defaults)(c), **dict(method_kwargs or {})}
@@ -299,7 +301,7 @@ def resolve(
   # any data is loaded.
   fields_lib.check_fields(c, FIELDS if table is None else table)
   check_hparams(c.method, c.method_kwargs, flag="--method_kwargs")
-  return c
+  return prepare(c)
 
 
 def check_run(c: ml_collections.ConfigDict) -> None:
@@ -338,6 +340,13 @@ def check_run(c: ml_collections.ConfigDict) -> None:
       require_tensorboardx()
     except ImportError as e:
       raise ValueError(str(e)) from None
+
+
+def prepare(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The rules applied after the flags (the last step of :func:`resolve`): :func:`check_run`'s
+  refusals; returns ``c``."""
+  check_run(c)
+  return c
 
 
 def parse(
@@ -391,11 +400,7 @@ def parse(
   fields, kwargs = common.flag_values(parser, args)
   try:
     c = resolve(args.preset, fields, kwargs, get_config_fn, method_defaults_fn, table)
-  except ValueError as e:
-    parser.error(str(e))
-  try:
-    check_run(c)
-  except ValueError as e:
+  except ValueError as e:  # resolve's checks, prepare's (check_run) last
     parser.error(str(e))
   if not c.output_dir:
     c.output_dir = str(
@@ -406,59 +411,24 @@ def parse(
   return c
 
 
-def build(c: ml_collections.ConfigDict):
-  """What config ``c`` trains: (the Permuted-MNIST benchmark, the model, whether the tasks share
-  one head). Raises DataNotFoundError or ValueError naming the data and the fix."""
-  from fedjax_proj.data.continual import permuted_mnist
-  from fedjax_proj.data.sources import load_dataset
-  from fedjax_proj.models import mlp, multi_head
-  from fedjax_proj.training.inputs import check_dataset
-
-  train = load_dataset("mnist", "train", c.data_dir or None)
-  test = load_dataset("mnist", "test", c.data_dir or None)
-  check_dataset(train, "mnist", f"--data_dir={c.data_dir}" if c.data_dir else "TFDS")
-  bench = permuted_mnist(
-    train,
-    test,
-    num_tasks=c.num_tasks,
-    seed=c.seed,
-    train_per_task=c.train_per_task,
-    test_per_task=c.test_per_task,
-  )
-  hidden = tuple(int(h) for h in c.hidden.split(","))
-  dropout = tuple(float(d) for d in c.dropout.split(","))
-  if c.heads not in ("single", "multi"):
-    raise ValueError(f"--heads must be 'single' or 'multi', got {c.heads!r}")
-  if c.heads == "single":
-    return bench, mlp(10, hidden=hidden, dropout=dropout), True
-  return bench, multi_head("mlp", bench.num_tasks, 10, hidden=hidden, dropout=dropout), False
-
-
-def run(c: ml_collections.ConfigDict, build_fn=None) -> dict:
-  """Trains config ``c`` (:func:`build`'s benchmark and model, or ``build_fn``'s) into
-  ``c.output_dir``; returns the summary. The claim runner's continual runs call it."""
-  from fedjax_proj.training.continual import run_continual_experiment
-
-  bench, model, shared_head = (build_fn or build)(c)
-  return run_continual_experiment(c, bench, model, shared_head=shared_head)
-
-
 def main(
   argv,
   description: str = __doc__.splitlines()[0],
   get_config_fn=None,
   method_defaults_fn=None,
-  build_fn=None,
+  benchmark: str = BENCHMARK,
   table=None,
 ) -> int:
-  """``python experiments/pmnist.py``: the flags, then the run. Another continual family
-  (split_cifar100) passes its presets, method defaults, benchmark builder and field table."""
+  """``python experiments/pmnist.py``: the flags, then the run (the benchmark's builder in
+  fedjax_proj/training/continual_tasks.py). Another continual family (split_cifar100) passes its
+  presets, method defaults, benchmark and field table."""
   from fedjax_proj.data.sources import DataNotFoundError
+  from fedjax_proj.training import continual_tasks
   from fedjax_proj.training.continual import run_continual_experiment
 
   c = parse(argv, description, get_config_fn or get_config, method_defaults_fn, table)
   try:
-    bench, model, shared_head = (build_fn or build)(c)
+    bench, model, shared_head = continual_tasks.builder(benchmark)(c)
   except (DataNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -73,6 +73,24 @@ def get_config(preset: str = "demo") -> ml_collections.ConfigDict:
   return c
 
 
+def prepare(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The demo's rules applied after the flags: every field in its range and choices, FedProj's
+  public set named (training/config.validate_config; a ValueError naming the fix); returns
+  ``c``. :func:`main` applies it to both methods' configs before either run starts."""
+  from fedjax_proj.training.config import validate_config
+
+  validate_config(c)
+  return c
+
+
+def resolve(preset: str = "demo", fields=None, method_kwargs=None) -> ml_collections.ConfigDict:
+  """The config of one of the demo's runs: the preset, then ``fields`` and ``method_kwargs``
+  (configs/common.resolve), then :func:`prepare`."""
+  from fedjax_proj.configs import common
+
+  return common.resolve(get_config, preset, fields, method_kwargs, prepare)
+
+
 def write_public_set(path: Path, seed: int) -> int:
   """Writes the training images ``train_subset`` leaves out, without labels, as an npz."""
   import numpy as np
@@ -87,13 +105,13 @@ def write_public_set(path: Path, seed: int) -> int:
 
 
 def main(argv) -> int:
+  """``python experiments/quickstart.py``: FedAvg and FedProj on the demo, then their curves."""
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
   fields_lib.add_flags(p, FLAGS)
   args = fields_lib.parse_checked(p, argv, FLAGS)
   out = Path(args.output_dir or f"runs/quickstart-{time.strftime('%Y%m%d-%H%M%S')}")
   from fedjax_proj.plot import plot_runs
   from fedjax_proj.training.checkpoint import CheckpointError
-  from fedjax_proj.training.config import validate_config
   from fedjax_proj.training.experiment import run_experiment
   from fedjax_proj.training.loop import NonFiniteError
   from fedjax_proj.training.metrics import read_metrics
@@ -111,7 +129,7 @@ def main(argv) -> int:
   try:
     size = write_public_set(out / PUBLIC_FILE, args.seed)
     for c in configs.values():  # both configs checked before either run starts
-      validate_config(c)
+      prepare(c)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

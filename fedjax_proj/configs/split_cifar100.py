@@ -17,24 +17,19 @@ Checkpoints, ``--resume``, ``--overwrite`` and Ctrl-C as ``experiments/pmnist.py
 
 from __future__ import annotations
 
-import warnings
-
 import ml_collections
 
 from fedjax_proj.configs import pmnist
 from fedjax_proj.core import ranges
 from fedjax_proj.training import fields
+from fedjax_proj.training.continual_tasks import NORMS
 from fedjax_proj.training.fields import Field
-from fedjax_proj.training.placement import conv_impl_choice
 
-_NORMS = ("none", "batch")
 # The family's fields: the continual ones but the MLP's and the per-task subsets (the pool is
 # split per class by test_fraction), and the AlexNet-like backbone's.
 FIELDS = fields.table(
   fields.without(pmnist.FIELDS, "hidden", "dropout", "heads", "train_per_task", "test_per_task"),
-  Field(
-    "norm", "none", "normalisation of the AlexNet-like backbone: none or batch", choices=_NORMS
-  ),
+  Field("norm", "none", "normalisation of the AlexNet-like backbone: none or batch", choices=NORMS),
   Field(
     "fc_features",
     2048,
@@ -121,48 +116,16 @@ def method_defaults(c) -> dict:
 
 def resolve(preset: str, fields=None, method_kwargs=None):
   """The config ``--preset=<preset>`` with these flags runs (pmnist.resolve with this family's
-  presets and method defaults)."""
+  presets, method defaults and fields, then :func:`prepare`)."""
   return pmnist.resolve(preset, fields, method_kwargs, get_config, method_defaults, FIELDS)
 
 
 check_run = pmnist.check_run
-
-
-def build(c):
-  """What config ``c`` trains: (the Split-CIFAR100 benchmark, the AlexNet-like multi-head model,
-  False: one head per task). Raises DataNotFoundError or ValueError naming the fix.
-
-  The model's convolutions are the backend's, as the one-task runner's (``conv_impl_choice``: on
-  CPU oneDNN's convolutions where its handler loads, else the matmul kernel gradient, with a
-  one-line warning naming why; docs/performance.md, "The CPU convolution kernel gradient")."""
-  if c.norm not in _NORMS:
-    raise ValueError(f"--norm must be one of {_NORMS}")
-  from fedjax_proj.data.continual import split_cifar100
-  from fedjax_proj.models import multi_head
-
-  conv_impl, why = conv_impl_choice()
-  if why:
-    warnings.warn(why, stacklevel=2)
-  bench = split_cifar100(
-    c.data_dir or None, num_tasks=10, seed=c.seed, test_fraction=c.test_fraction
-  )
-  model = multi_head(
-    "alexnet",
-    bench.num_tasks,
-    bench.classes_per_task,
-    head_bias=False,
-    norm=c.norm,
-    fc_features=c.fc_features,
-    conv_impl=conv_impl,
-  )
-  return bench, model, False
-
-
-def run(c) -> dict:
-  """Trains config ``c`` into ``c.output_dir``; returns the summary (pmnist.run)."""
-  return pmnist.run(c, build)
+prepare = pmnist.prepare
+# What this family trains: a benchmark of fedjax_proj/training/continual_tasks.py (BUILDERS).
+BENCHMARK = "split_cifar100"
 
 
 def main(argv) -> int:
   """``python experiments/split_cifar100.py``: the flags, then the run (pmnist.main)."""
-  return pmnist.main(argv, __doc__.splitlines()[0], get_config, method_defaults, build, FIELDS)
+  return pmnist.main(argv, __doc__.splitlines()[0], get_config, method_defaults, BENCHMARK, FIELDS)

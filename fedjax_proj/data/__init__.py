@@ -1,5 +1,7 @@
 """Data: dataset sources, client partitions, the federated view and the on-device input pipeline.
 
+* :mod:`~fedjax_proj.data.datasets` is the registry of datasets known by name (one
+  :class:`DatasetInfo` each: classes, shape, channel statistics, TFDS keys).
 * :mod:`~fedjax_proj.data.sources` decodes a named split (TFDS, image folder, npz, scikit-learn)
   into an :class:`ArrayDataset`; :func:`load_dataset` picks the source.
 * :mod:`~fedjax_proj.data.partition` assigns sample indices to clients (IID, Dirichlet, shards,
@@ -16,6 +18,7 @@ The dispatcher ``partition.partition`` is deliberately not re-exported here: the
 shadow the :mod:`~fedjax_proj.data.partition` module (``from fedjax_proj.data import partition``).
 """
 
+from fedjax_proj.data.datasets import DATASETS, DatasetInfo, dataset_info
 from fedjax_proj.data.federated import FederatedData
 from fedjax_proj.data.partition import (
   PartitionError,
@@ -50,12 +53,15 @@ from fedjax_proj.data.sources import (
 
 __all__ = [
   "CHANNEL_STATS",
+  "DATASETS",
   "ArrayDataset",
   "DataNotFoundError",
+  "DatasetInfo",
   "FederatedData",
   "PartitionError",
   "PartitionScheme",
   "UnknownDatasetError",
+  "dataset_info",
   "default_cache_dir",
   "dirichlet",
   "exdir",

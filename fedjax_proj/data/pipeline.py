@@ -13,25 +13,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_proj.core.types import Array, Batch
+from fedjax_proj.data.datasets import DATASETS
 
-# Per-channel statistics of the standard training splits.
-CHANNEL_STATS = {
-  "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-  "cinic10": ((0.4789, 0.4723, 0.4305), (0.2421, 0.2383, 0.2587)),
-  "mnist": ((0.1307,), (0.3081,)),
-  "fashion_mnist": ((0.2860,), (0.3530,)),
-  "svhn_cropped": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
-}
+# Per-channel statistics of the standard training splits (the dataset registry's,
+# fedjax_proj/data/datasets.py).
+CHANNEL_STATS = {k: d.channel_stats for k, d in DATASETS.items() if d.channel_stats}
 
 
 # The FedProj authors' code (docs/fedproj.md, "Parity with the authors' code"): CIFAR-10 with the
-# widely copied std (0.2023, 0.1994, 0.2010) (the std of per-image stds, not of the pixels), the
-# public CIFAR-100 set with its own rounded statistics. ``normalization="code"`` picks these.
-CODE_CHANNEL_STATS = {
-  "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
-  "cifar100": ((0.507, 0.487, 0.441), (0.267, 0.256, 0.276)),
-}
+# widely copied std (the std of per-image stds, not of the pixels), the public CIFAR-100 set with
+# its own rounded statistics. ``normalization="code"`` picks these.
+CODE_CHANNEL_STATS = {k: d.code_channel_stats for k, d in DATASETS.items() if d.code_channel_stats}
 NORMALIZATIONS = ("dataset", "code")
 
 

@@ -6,8 +6,9 @@ Learning of Deep Networks from Decentralized Data", AISTATS 2017), ``resnet8`` (
 (the FedProj network of paper 001, Table 5: 4.9M parameters, 65 MMACs), ``resnet18``
 (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016) and ``alexnet`` (GPM: Saha et
 al., "Gradient Projection Memory for Continual Learning", ICLR 2021, as used by FOT). ``multi_head``
-adds one linear head per task; every backbone factory takes ``projection_dim`` for MOON's
-projection head; ``alexnet8`` and ``lenet5`` are SFedKD's CIFAR-10 and Fashion-MNIST networks
+adds one linear head per task and ``projection_head`` MOON's projection head, two wrappers of any
+backbone (``get_model`` applies the latter for ``projection_dim``); ``alexnet8`` and ``lenet5`` are
+SFedKD's CIFAR-10 and Fashion-MNIST networks
 (papers/004; docs/sfedkd.md); ``bert`` is a BERT-family text encoder (docs/nlp.md); conv
 models take ``conv_impl`` (see :mod:`fedjax_proj.models.conv`).
 
@@ -27,14 +28,26 @@ from fedjax_proj.models.conv import CONV_IMPLS, Conv, conv2d
 from fedjax_proj.models.lenet import lenet5
 from fedjax_proj.models.mlp import mlp
 from fedjax_proj.models.multihead import multi_head
-from fedjax_proj.models.registry import CONV_MODELS, MODELS, get_model, get_module
+from fedjax_proj.models.projection import ProjectionHead, projection_head
+from fedjax_proj.models.registry import (
+  CONV_MODELS,
+  MODEL_SPECS,
+  MODELS,
+  ModelSpec,
+  get_model,
+  get_module,
+  model_spec,
+)
 from fedjax_proj.models.resnet import resnet8, resnet10, resnet18
 
 __all__ = [
   "CONV_IMPLS",
   "CONV_MODELS",
   "MODELS",
+  "MODEL_SPECS",
   "Conv",
+  "ModelSpec",
+  "ProjectionHead",
   "alexnet",
   "alexnet8",
   "bert",
@@ -46,7 +59,9 @@ __all__ = [
   "get_module",
   "lenet5",
   "mlp",
+  "model_spec",
   "multi_head",
+  "projection_head",
   "resnet8",
   "resnet10",
   "resnet18",

@@ -50,8 +50,6 @@ class AlexNet(nn.Module):
     dropout: rates after the three convs and the two fc layers.
     fc_features: width of the two fully connected layers.
     head_bias: classifier bias (GPM and FOT: none).
-    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
-    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
     conv_impl: one of :data:`fedjax_proj.models.conv.CONV_IMPLS` (:mod:`fedjax_proj.models.conv`).
   """
 
@@ -61,8 +59,6 @@ class AlexNet(nn.Module):
   dropout: Sequence[float] = (0.2, 0.2, 0.5, 0.5, 0.5)
   fc_features: int = 2048
   head_bias: bool = False
-  projection_dim: int | None = None
-  classifier_on_projection: bool = False
   conv_impl: str = "xla"
 
   @nn.compact
@@ -99,13 +95,7 @@ class AlexNet(nn.Module):
       h = nn.Dense(self.fc_features, use_bias=False, name=f"fc_{j}")(h)
       h = nn.relu(norm(h, f"norm_{3 + j}"))
       h = nn.Dropout(self.dropout[3 + j], deterministic=not train, name=f"dropout_{3 + j}")(h)
-    return output_heads(
-      h,
-      self.num_classes,
-      self.projection_dim,
-      classifier_on_projection=self.classifier_on_projection,
-      head_bias=self.head_bias,
-    )
+    return output_heads(h, self.num_classes, head_bias=self.head_bias)
 
 
 def alexnet(
@@ -116,8 +106,6 @@ def alexnet(
   dropout: Sequence[float] = (0.2, 0.2, 0.5, 0.5, 0.5),
   fc_features: int = 2048,
   head_bias: bool = False,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
   conv_impl: str = "xla",
 ) -> Model:
   """The GPM/FOT AlexNet-like network as a :class:`Model`; features are the 2048-d fc output.
@@ -130,8 +118,6 @@ def alexnet(
     dropout: five rates (after conv 1-3 and fc 1-2).
     fc_features: width of the fully connected layers.
     head_bias: classifier bias.
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection (MOON's code) instead of the fc output.
     conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
 
   Returns:
@@ -144,8 +130,6 @@ def alexnet(
     dropout=tuple(dropout),
     fc_features=fc_features,
     head_bias=head_bias,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
     conv_impl=conv_impl,
   )
   return from_flax("alexnet", module, num_classes)

@@ -41,16 +41,12 @@ class AlexNet8(nn.Module):
     num_classes: classifier width (None: no classifier, for multi-head wrappers).
     dropout: rate before each of the two hidden fully connected layers (Krizhevsky et al.: 0.5).
     fc_features: width of the two hidden fully connected layers.
-    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
-    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
     conv_impl: one of :data:`fedjax_proj.models.conv.CONV_IMPLS` (:mod:`fedjax_proj.models.conv`).
   """
 
   num_classes: int | None = 10
   dropout: float = 0.5
   fc_features: int = 4096
-  projection_dim: int | None = None
-  classifier_on_projection: bool = False
   conv_impl: str = "xla"
 
   @nn.compact
@@ -72,12 +68,7 @@ class AlexNet8(nn.Module):
     for j in range(2):
       h = nn.Dropout(self.dropout, deterministic=not train, name=f"dropout_{j}")(h)
       h = nn.relu(nn.Dense(self.fc_features, name=f"fc_{j}")(h))
-    return output_heads(
-      h,
-      self.num_classes,
-      self.projection_dim,
-      classifier_on_projection=self.classifier_on_projection,
-    )
+    return output_heads(h, self.num_classes)
 
 
 def alexnet8(
@@ -85,8 +76,6 @@ def alexnet8(
   *,
   dropout: float = 0.5,
   fc_features: int = 4096,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
   conv_impl: str = "xla",
 ) -> Model:
   """The 8-layer AlexNet as a :class:`Model`; features are the second 4096-unit layer.
@@ -95,8 +84,6 @@ def alexnet8(
     num_classes: output width.
     dropout: rate before each hidden fully connected layer.
     fc_features: width of the hidden fully connected layers.
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection instead of the hidden layer.
     conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
 
   Returns:
@@ -106,8 +93,6 @@ def alexnet8(
     num_classes=num_classes,
     dropout=dropout,
     fc_features=fc_features,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
     conv_impl=conv_impl,
   )
   return from_flax("alexnet8", module, num_classes)

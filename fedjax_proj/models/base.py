@@ -143,7 +143,7 @@ def norm_layer(
 def output_heads(
   h: jax.Array,
   num_classes: int | None,
-  projection_dim: int | None,
+  projection_dim: int | None = None,
   *,
   classifier_on_projection: bool = False,
   head_bias: bool = True,
@@ -152,6 +152,9 @@ def output_heads(
 
   Must be called inside a compact method. Submodules: ``head`` (the classifier), and when
   ``projection_dim`` is set ``proj_hidden`` (D -> D, ReLU) and ``proj_out`` (D -> projection_dim).
+  A backbone calls it with its classifier only; MOON's projection head is the wrapper
+  :class:`fedjax_proj.models.projection.ProjectionHead`, which calls it on the backbone's features
+  under the backbone's own scope (so the parameters sit beside the backbone's, as named here).
 
   Args:
     h: [B, D] pooled features.

@@ -28,8 +28,6 @@ class CNN(nn.Module):
     conv_features: widths of the 5x5 convolutions, each followed by ReLU and 2x2 max pooling.
     padding: the convolutions' padding.
     hidden: widths of the ReLU dense layers before the classifier.
-    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
-    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
     conv_impl: one of :data:`fedjax_proj.models.conv.CONV_IMPLS` (:mod:`fedjax_proj.models.conv`).
   """
 
@@ -37,8 +35,6 @@ class CNN(nn.Module):
   conv_features: Sequence[int] = (32, 64)
   padding: str = "SAME"
   hidden: Sequence[int] = (512,)
-  projection_dim: int | None = None
-  classifier_on_projection: bool = False
   conv_impl: str = "xla"
 
   @nn.compact
@@ -52,27 +48,18 @@ class CNN(nn.Module):
     h = x.reshape(x.shape[0], -1)
     for j, width in enumerate(self.hidden):
       h = nn.relu(nn.Dense(width, name=f"dense_{j}")(h))
-    return output_heads(
-      h,
-      self.num_classes,
-      self.projection_dim,
-      classifier_on_projection=self.classifier_on_projection,
-    )
+    return output_heads(h, self.num_classes)
 
 
 def cnn(
   num_classes: int = 10,
   *,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
   conv_impl: str = "xla",
 ) -> Model:
   """The FedAvg CNN as a :class:`Model`; features are the 512-unit hidden layer.
 
   Args:
     num_classes: output width.
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection (MOON's code) instead of the hidden layer.
     conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
 
   Returns:
@@ -80,8 +67,6 @@ def cnn(
   """
   module = CNN(
     num_classes=num_classes,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
     conv_impl=conv_impl,
   )
   return from_flax("cnn", module, num_classes)

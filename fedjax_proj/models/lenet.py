@@ -32,8 +32,7 @@ def lenet5(num_classes: int = 10, **options) -> Model:
 
   Args:
     num_classes: output width.
-    **options: the FedAvg CNN's options (``projection_dim``, ``classifier_on_projection``,
-      ``conv_impl``; see :func:`fedjax_proj.models.cnn.cnn`).
+    **options: the FedAvg CNN's options (``conv_impl``; see :func:`fedjax_proj.models.cnn.cnn`).
 
   Returns:
     The Model.

@@ -26,15 +26,11 @@ class MLP(nn.Module):
     num_classes: classifier width (None: no classifier, for multi-head wrappers).
     hidden: hidden layer widths.
     dropout: one rate for every hidden layer, or one rate per hidden layer (0 disables).
-    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
-    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
   """
 
   num_classes: int | None = 10
   hidden: Sequence[int] = (200, 200)
   dropout: float | Sequence[float] = 0.0
-  projection_dim: int | None = None
-  classifier_on_projection: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, mask: jax.Array | None = None):
@@ -51,12 +47,7 @@ class MLP(nn.Module):
       h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
       h = nn.Dropout(rate, deterministic=not train, name=f"dropout_{i}")(h)
     # Features are exactly what the classifier sees (post-dropout when training).
-    return output_heads(
-      h,
-      self.num_classes,
-      self.projection_dim,
-      classifier_on_projection=self.classifier_on_projection,
-    )
+    return output_heads(h, self.num_classes)
 
 
 def mlp(
@@ -64,8 +55,6 @@ def mlp(
   *,
   hidden: Sequence[int] = (200, 200),
   dropout: float | Sequence[float] = 0.0,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
 ) -> Model:
   """The MLP as a :class:`Model`; features are the last hidden layer [B, hidden[-1]].
 
@@ -73,8 +62,6 @@ def mlp(
     num_classes: output width.
     hidden: hidden layer widths.
     dropout: rate(s) after each hidden ReLU.
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection (MOON's code) instead of the hidden layer.
 
   Returns:
     The Model.
@@ -83,7 +70,5 @@ def mlp(
     num_classes=num_classes,
     hidden=tuple(hidden),
     dropout=tuple(dropout) if isinstance(dropout, Sequence) else dropout,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
   )
   return from_flax("mlp", module, num_classes)

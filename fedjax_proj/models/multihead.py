@@ -31,6 +31,8 @@ import jax.numpy as jnp
 
 from fedjax_proj.core.types import Model
 from fedjax_proj.models.base import from_flax
+from fedjax_proj.models.projection import OPTIONS as PROJECTION_OPTIONS
+from fedjax_proj.models.projection import ProjectionHead
 from fedjax_proj.models.registry import get_module
 
 
@@ -130,6 +132,8 @@ def multi_head(
     raise ValueError(
       f"need num_tasks >= 1 and classes_per_task >= 1, got {num_tasks}, {classes_per_task}"
     )
+  if any(k in backbone_kwargs for k in PROJECTION_OPTIONS) or isinstance(backbone, ProjectionHead):
+    raise ValueError("multi_head does not support a backbone projection head (projection_dim)")
   if isinstance(backbone, str):
     backbone_name = backbone
     module = get_module(backbone, None, **backbone_kwargs)
@@ -141,8 +145,6 @@ def multi_head(
   else:
     backbone_name = getattr(backbone, "__name__", "backbone").lower()
     module = backbone(num_classes=None, **backbone_kwargs)
-  if getattr(module, "projection_dim", None) is not None:
-    raise ValueError("multi_head does not support a backbone projection head (projection_dim)")
   model_name = name or f"multi_head_{backbone_name}"
   wrapped = MultiHead(module, num_tasks, classes_per_task, head_bias)
   return from_flax(model_name, wrapped, classes_per_task)

@@ -110,8 +110,6 @@ class ResNet(nn.Module):
     norm: "batch" (default), "group" or "none".
     num_groups: GroupNorm groups (default 2).
     group_size: GroupNorm channels per group (overrides ``num_groups``).
-    projection_dim: see :func:`fedjax_proj.models.base.output_heads`.
-    classifier_on_projection: see :func:`fedjax_proj.models.base.output_heads`.
     conv_impl: one of :data:`fedjax_proj.models.conv.CONV_IMPLS` (:mod:`fedjax_proj.models.conv`).
   """
 
@@ -124,8 +122,6 @@ class ResNet(nn.Module):
   norm: str = "batch"
   num_groups: int | None = 2
   group_size: int | None = None
-  projection_dim: int | None = None
-  classifier_on_projection: bool = False
   conv_impl: str = "xla"
 
   @nn.compact
@@ -167,12 +163,7 @@ class ResNet(nn.Module):
         )(x, train, mask)
     # Global average pool; FedDF's AvgPool2d(8) is the same thing on 32x32 inputs.
     h = jnp.mean(x, axis=(1, 2))
-    return output_heads(
-      h,
-      self.num_classes,
-      self.projection_dim,
-      classifier_on_projection=self.classifier_on_projection,
-    )
+    return output_heads(h, self.num_classes)
 
 
 # The architectures: FedDF's ResNet-8, FedProj's ResNet-10 (paper 001, Table 5; an ImageNet-style
@@ -208,9 +199,9 @@ def resnet_module(name: str, num_classes: int | None = 10, **options) -> ResNet:
   Args:
     name: "resnet8", "resnet10" or "resnet18".
     num_classes: output width (None: no classifier, for multi-head wrappers).
-    **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
-      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`; an architecture field
-      (e.g. ``stage_features``) replaces the named network's (narrow copies for fast tests).
+    **options: ``norm``, ``num_groups``, ``group_size``, ``conv_impl``, as :func:`resnet8`; an
+      architecture field (e.g. ``stage_features``) replaces the named network's (narrow copies
+      for fast tests).
   """
   return ResNet(num_classes=num_classes, **{**ARCHITECTURES[name], **options})
 
@@ -236,8 +227,6 @@ def resnet8(
   norm: str = "batch",
   num_groups: int | None = 2,
   group_size: int | None = None,
-  projection_dim: int | None = None,
-  classifier_on_projection: bool = False,
   conv_impl: str = "xla",
   **architecture,
 ) -> Model:
@@ -248,8 +237,6 @@ def resnet8(
     norm: "batch" (BatchNorm with running statistics), "group" (GroupNorm) or "none".
     num_groups: GroupNorm groups.
     group_size: GroupNorm channels per group (overrides ``num_groups``; FedDF's convention).
-    projection_dim: MOON projection head width (features become the projection).
-    classifier_on_projection: logits from the projection (MOON's code) instead of the pool.
     conv_impl: convolution implementation (:data:`fedjax_proj.models.conv.CONV_IMPLS`).
     **architecture: fields of :data:`ARCHITECTURES` replacing ResNet-8's (e.g. a narrower
       ``stage_features`` for fast tests).
@@ -262,8 +249,6 @@ def resnet8(
     norm=norm,
     num_groups=num_groups,
     group_size=group_size,
-    projection_dim=projection_dim,
-    classifier_on_projection=classifier_on_projection,
     conv_impl=conv_impl,
     **architecture,
   )
@@ -275,8 +260,7 @@ def resnet10(num_classes: int = 10, **options) -> Model:
 
   Args:
     num_classes: output width.
-    **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
-      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`.
+    **options: ``norm``, ``num_groups``, ``group_size``, ``conv_impl``, as :func:`resnet8`.
 
   Returns:
     The Model.
@@ -289,8 +273,7 @@ def resnet18(num_classes: int = 10, **options) -> Model:
 
   Args:
     num_classes: output width.
-    **options: ``norm``, ``num_groups``, ``group_size``, ``projection_dim``,
-      ``classifier_on_projection``, ``conv_impl``, as :func:`resnet8`.
+    **options: ``norm``, ``num_groups``, ``group_size``, ``conv_impl``, as :func:`resnet8`.
 
   Returns:
     The Model.

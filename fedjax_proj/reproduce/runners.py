@@ -93,8 +93,10 @@ def run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, li
   c = entry.resolve("paper", fields, config["method_kwargs"])
   c.output_dir = str(work)
   entry.check_run(c)
+  from fedjax_proj.training import continual_tasks
+
   try:
-    summary = entry.run(c)
+    summary = continual_tasks.run(c, entry.BENCHMARK)
   except NonFiniteError as e:
     raise Diverged(str(e)) from e
   metrics = {"acc": 100 * summary["acc"], "fgt": 100 * summary["fgt"]}
@@ -104,8 +106,9 @@ def run_continual(claim: Claim, config: dict, work: Path, log) -> tuple[dict, li
 
 
 def _run_pilot(claim: Claim, config: dict, work: Path, log) -> tuple[dict, list[dict]]:
-  entry = load_entry(claim)
-  history = entry.run_config(config)
+  from fedjax_proj.training.pilot import run_config
+
+  history = run_config(config)
   metrics = {
     "global_accuracy": 100 * history[-1]["global_accuracy"],
     "client_accuracy": 100 * float(np.mean([h["client_accuracy_all_data"] for h in history])),

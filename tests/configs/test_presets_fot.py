@@ -27,6 +27,7 @@ from tests.paper_table import check_table, read_tables
 REPO = Path(__file__).resolve().parents[2]
 pmnist = importlib.import_module("fedjax_proj.configs.pmnist")
 split_cifar100 = importlib.import_module("fedjax_proj.configs.split_cifar100")
+continual_tasks = importlib.import_module("fedjax_proj.training.continual_tasks")
 
 ENTRY = {"pmnist": pmnist, "split_cifar100": split_cifar100}
 METHODS = ("fl", "ewc", "er", "rgo", "gpm", "fot")
@@ -168,10 +169,10 @@ def test_split_cifar100_builds_the_placements_convolution(tiny_data, monkeypatch
   # the one-task runner does: an impl the model refuses, planted in the placement, must reach it.
   c = split_cifar100.get_config("smoke")
   c.data_dir = str(tiny_data["split_cifar100"])
-  _, model, _ = split_cifar100.build(c)
+  _, model, _ = continual_tasks.build_split_cifar100(c)
   jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-  monkeypatch.setattr(split_cifar100, "conv_impl_choice", lambda: ("fft", None))
-  _, model, _ = split_cifar100.build(c)
+  monkeypatch.setattr(continual_tasks, "conv_impl_choice", lambda: ("fft", None))
+  _, model, _ = continual_tasks.build_split_cifar100(c)
   with pytest.raises(ValueError, match="conv impl"):
     jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
 

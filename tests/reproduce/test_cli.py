@@ -199,6 +199,7 @@ def test_continual_runs_in_process_and_a_divergence_is_recorded(tmp_path, monkey
 
   from fedjax_proj.configs import pmnist
   from fedjax_proj.reproduce import claims
+  from fedjax_proj.training import continual_tasks
   from fedjax_proj.training.loop import NonFiniteError
   from fedjax_proj.training.signals import TrainingInterrupted
 
@@ -214,11 +215,12 @@ def test_continual_runs_in_process_and_a_divergence_is_recorded(tmp_path, monkey
     ]
   )
 
-  def fake_run(c):
+  def fake_run(c, benchmark):
+    assert benchmark == pmnist.BENCHMARK
     ran.append(c)
     raise next(outcomes)
 
-  monkeypatch.setattr(pmnist, "run", fake_run)
+  monkeypatch.setattr(continual_tasks, "run", fake_run)
   with pytest.raises(runners.Diverged, match="^Round 26 of ewc produced non-finite train_loss$"):
     runners.run_continual(claim, config, tmp_path, print)
   # What ran is the planned config, with this run's directory: nothing re-typed through flags.

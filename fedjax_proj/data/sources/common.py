@@ -1,7 +1,7 @@
 """Shared pieces of the dataset sources: the result type, errors, name tables and label checks.
 
 Every loader in :mod:`fedjax_proj.data.sources` returns an :class:`ArrayDataset` and raises
-:class:`DataNotFoundError` when it cannot find its data; the tables of datasets known by name
+:class:`DataNotFoundError` when it cannot find its data; the views of the dataset registry
 (class counts, example shapes) and the label checks below are shared by the npz, TFDS and
 scikit-learn loaders and by name resolution.
 """
@@ -13,37 +13,19 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedjax_proj.data.datasets import DATASETS
+
 PathLike = str | os.PathLike
 
 DATA_DIR_ENV = "FEDJAX_PROJ_DATA_DIR"
 CACHE_DIR_ENV = "FEDJAX_PROJ_CACHE"
 SHARED_DATA_ENV = "FEDJAX_PROJ_SHARED_DATA"
 
-# Class counts of the datasets this project knows by name. Local npz copies of these get the
-# true count even when a split happens to miss the highest class.
-KNOWN_NUM_CLASSES: dict[str, int] = {
-  "cifar10": 10,
-  "cifar100": 100,
-  "mnist": 10,
-  "fashion_mnist": 10,
-  "svhn_cropped": 10,
-  "cinic10": 10,
-  "iris": 3,
-  "digits": 10,
-}
-
-# Example shape of the datasets known by name: data loaded for a name must have it
-# (experiments check it before building a model, so a wrong --data_dir fails clearly).
-KNOWN_SHAPES: dict[str, tuple[int, ...]] = {
-  "cifar10": (32, 32, 3),
-  "cifar100": (32, 32, 3),
-  "mnist": (28, 28, 1),
-  "fashion_mnist": (28, 28, 1),
-  "svhn_cropped": (32, 32, 3),
-  "cinic10": (32, 32, 3),
-  "iris": (4,),
-  "digits": (8, 8, 1),
-}
+# Views of the dataset registry (fedjax_proj/data/datasets.py) the loaders read: class counts
+# (local npz copies of these get the true count even when a split misses the highest class) and
+# example shapes (data loaded for a name must have it).
+KNOWN_NUM_CLASSES: dict[str, int] = {k: d.num_classes for k, d in DATASETS.items()}
+KNOWN_SHAPES: dict[str, tuple[int, ...]] = {k: d.shape for k, d in DATASETS.items()}
 
 NPZ_FORMAT_HELP = (
   "npz format: np.savez(path, image=<uint8 array [N, H, W, C]>, label=<integer array [N]>), "

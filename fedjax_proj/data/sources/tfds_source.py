@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedjax_proj.data.datasets import DATASETS
 from fedjax_proj.data.sources.common import (
   ArrayDataset,
   DataNotFoundError,
@@ -21,13 +22,10 @@ from fedjax_proj.data.sources.common import (
   validate_labels,
 )
 
-# TFDS name -> (image feature key, label feature key). cifar100's "label" is the fine label.
+# TFDS name -> (image feature key, label feature key): the dataset registry's TFDS datasets
+# (fedjax_proj/data/datasets.py). cifar100's "label" is the fine label.
 TFDS_DATASETS: dict[str, tuple[str, str]] = {
-  "cifar10": ("image", "label"),
-  "cifar100": ("image", "label"),
-  "mnist": ("image", "label"),
-  "fashion_mnist": ("image", "label"),
-  "svhn_cropped": ("image", "label"),
+  k: d.tfds_keys for k, d in DATASETS.items() if d.tfds_keys
 }
 
 
