@@ -59,8 +59,8 @@ def _cifar10(preset: str) -> ml_collections.ConfigDict:
   if preset == "fedgkd_paper":
     return fedgkd_paper(c)
   if preset == "cpu":
-    # 20 rounds x 10 clients x ~500 examples x 2 epochs = 200k example-steps: ~12 min for
-    # ResNet-8 at the ~290 samples/s measured by benchmarks/perf/strategies.py on a loaded 2-core CPU.
+    # 20 rounds x 10 clients x ~500 examples x 2 epochs = 200k example-steps: ~12 min for ResNet-8
+    # at the ~290 samples/s measured by benchmarks/perf/strategies.py on a loaded 2-core CPU.
     c.rounds = 20
     c.local_epochs = 2
     c.eval_every = 5
