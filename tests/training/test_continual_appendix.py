@@ -191,9 +191,9 @@ def test_single_task_arithmetic_and_refusals():
   schedule = TaskSchedule((1, 1), 4, 2, batch_size=16, single_task=True)
   with pytest.raises(ValueError, match="use the fl method"):
     train_continual(cm, round_fn, bench, evaluate, variables, schedule, seed=0, run=RunIO())
-  c = pmnist.resolve("smoke", {"method": "ewc", "single_task": True})
+  # resolve runs check_run last (the family's prepare): refused there, before any data.
   with pytest.raises(ValueError, match="--method=fl"):
-    pmnist.check_run(c)
+    pmnist.resolve("smoke", {"method": "ewc", "single_task": True})
 
 
 def test_single_task_config_run_reports_acc_without_fgt():
@@ -276,9 +276,8 @@ def test_the_configs_layout_and_ers_centralised_memory():
   hetero = pmnist.resolve("paper", {"method": "fot", "task_fraction": 0.6})
   assert client_layout(hetero)["population"] == 208
   assert client_layout(hetero)["num_clients"] == 125
-  both = pmnist.resolve("paper", {"method": "er", "centralised": True, "task_fraction": 0.6})
   with pytest.raises(ValueError, match="pass one of them"):
-    pmnist.check_run(both)
+    pmnist.resolve("paper", {"method": "er", "centralised": True, "task_fraction": 0.6})
   with pytest.raises(ValueError, match="task_fraction"):
     pmnist.resolve("paper", {"task_fraction": 0.0})
 
