@@ -47,6 +47,7 @@ class ConditionalGenerator(nn.Module):
     channels: g, the convolutional generator's base width (FedCIL: 64).
     low: the output's lower bound (tanh's -1 is mapped to it).
     high: the output's upper bound.
+    conv: False builds the MLP generator for image shapes too.
   """
 
   out_shape: tuple[int, ...]
@@ -54,12 +55,13 @@ class ConditionalGenerator(nn.Module):
   channels: int = 64
   low: float = -1.0
   high: float = 1.0
+  conv: bool = True
 
   @nn.compact
   def __call__(self, z: Array) -> Array:
     # FedCIL's gaussian_intiailize: weights N(0, 0.02²), biases 0 (serverbase.py).
     init = nn.initializers.normal(0.02)
-    if len(self.out_shape) == 3:
+    if self.conv and len(self.out_shape) == 3:
       h_dim, w_dim, c_dim = self.out_shape
       # Sides are rounded up to multiples of 8 and the output centre-cropped (28x28 MNIST from
       # 32x32, the size FedCIL's code resizes MNIST to).

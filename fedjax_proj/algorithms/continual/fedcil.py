@@ -85,6 +85,42 @@ def kl_batchmean(p_target: Array, log_q: Array) -> Array:
   return jnp.sum(jax.scipy.special.xlogy(p_target, p_target) - p_target * log_q) / log_q.shape[0]
 
 
+def critic_loss(real: tuple, fake: tuple, fake_valid: Array) -> Array:
+  """The code's ``_c_loss``: BCE(D(x), 1) + CE(h(x), y) + BCE(D(x_f), 0) + CE(h(x_f), l_f).
+
+  Args:
+    real: (class logits, real/fake logits, labels, mask or None) of the real batch.
+    fake: (class logits, real/fake logits, labels) of the generated batch.
+    fake_valid: whether any label could be drawn for the fakes (else their terms are 0).
+  """
+  logits, rf, y, mask = real
+  f_logits, f_rf, f_y = fake
+  fake_term = bce(f_rf, 0.0) + losses.cross_entropy(f_logits, f_y)
+  return (
+    bce(rf, 1.0, mask)
+    + losses.cross_entropy(logits, y, mask)
+    + jnp.where(fake_valid, fake_term, 0.0)
+  )
+
+
+def replay_mix(current: Array, replay: Array, has_past: Array, new_task_weight: float) -> Array:
+  """``train_a_batch``'s w·c(current) + (1 − w)·c(replay), or c(current) with nothing to replay
+  (``importance_of_new_task`` w = 0.5)."""
+  return jnp.where(has_past, new_task_weight * current + (1.0 - new_task_weight) * replay, current)
+
+
+def client_pick_probs(current: Array) -> Array:
+  """[K, L] → P(client k | label l) ∝ [k holds l] / |k's labels| (0 for a label nobody holds).
+
+  FedCIL's server pools ``gen_batch_size`` samples from every client's generator over the
+  client's own labels, then picks for each label drawn one pooled sample of that label
+  (``fine_tune_generator``, ``get_balanced_samples``): a client with fewer labels contributes
+  more samples of each, in proportion 1/|labels|.
+  """
+  per = current / jnp.maximum(current.sum(1, keepdims=True), 1.0)
+  return per / jnp.maximum(per.sum(0, keepdims=True), 1e-30)
+
+
 class Critic:
   """The classifier as ACGAN discriminator: class logits of a task head plus real/fake logits."""
 
@@ -145,6 +181,7 @@ def fedcil(
   gen_lr: float = 1e-4,
   gen_hidden: tuple[int, ...] = (256, 512),
   gen_channels: int = 64,
+  gen_arch: str = "auto",
 ) -> ContinualMethod:
   """FedCIL+FL (see the module docstring).
 
@@ -162,6 +199,8 @@ def fedcil(
     gen_lr: the generator's and the server's Adam learning rate (``--lr``: 1e-4).
     gen_hidden: hidden widths of the MLP generator for flat inputs (ours; see the generator).
     gen_channels: base width g of the convolutional generator (``--generator-g-channel-size``).
+    gen_arch: "auto" (the convolutional generator for image inputs, the MLP one for flat
+      inputs), "conv" or "mlp" (the MLP one for any input, e.g. to keep small tests fast).
 
   Returns:
     The :class:`ContinualMethod`.
@@ -171,6 +210,8 @@ def fedcil(
       raise ValueError(f"fedcil: {name} must be positive, got {value}")
   if not 0.0 <= new_task_weight <= 1.0:
     raise ValueError(f"fedcil: new_task_weight must lie in [0, 1], got {new_task_weight}")
+  if gen_arch not in ("auto", "conv", "mlp"):
+    raise ValueError(f"fedcil: gen_arch must be 'auto', 'conv' or 'mlp', got {gen_arch!r}")
   sample_x = np.asarray(sample_x, np.float32)
   classes = model.num_classes
   num_labels = num_tasks * classes
@@ -181,6 +222,7 @@ def fedcil(
     gen_channels,
     float(sample_x.min()),
     float(sample_x.max()),
+    conv=gen_arch != "mlp",
   )
   critic = Critic(model, classes, num_tasks)
   gan_opt = acgan_adam(gen_lr)
@@ -190,15 +232,13 @@ def fedcil(
     return generator.apply(gen_params, conditional_noise(key, labels, z_size, num_labels))
 
   def c_loss(dparams, model_state, gen, real, fake_labels_from, key):
-    """The code's ``_c_loss``: (x, y) real, and a fake batch of the same size from ``gen``;
-    ``real`` = (class logits, real/fake logits, labels, mask) already computed."""
-    logits, rf, y, mask = real
+    """:func:`critic_loss` of ``real`` (already computed) and a fake batch of its size from
+    ``gen`` (labels uniform over ``fake_labels_from``)."""
     k1, k2 = jax.random.split(key)
-    lab, valid = draw_labels(k1, fake_labels_from, rf.shape[0])
+    lab, valid = draw_labels(k1, fake_labels_from, real[1].shape[0])
     x_f = jax.lax.stop_gradient(generate(gen, k2, lab))
-    lf, rff, cf = critic.labelled(dparams, model_state, x_f, lab, jax.random.fold_in(key, 3))
-    real_term = bce(rf, 1.0, mask) + losses.cross_entropy(logits, y, mask)
-    return real_term + jnp.where(valid, bce(rff, 0.0) + losses.cross_entropy(lf, cf), 0.0)
+    fake = critic.labelled(dparams, model_state, x_f, lab, jax.random.fold_in(key, 3))
+    return critic_loss(real, fake, valid)
 
   def replay_term(dparams, model_state, gen, old_gen, past, so_far, n, key):
     """c on a batch of past labels from the previous task's generator (0 when none)."""
@@ -246,7 +286,7 @@ def fedcil(
     rep, has_past = replay_term(
       dparams, state.model_state, state.gen, shared["old_gen"], past, so_far, rf.shape[0], k_rep
     )
-    loss = jnp.where(has_past, new_task_weight * cur + (1.0 - new_task_weight) * rep, cur)
+    loss = replay_mix(cur, rep, has_past, new_task_weight)
     if consistency:  # a Python zero (the code's default) skips the passes entirely
       kd = consistency_terms(
         dparams, state.model_state, shared, state.gen, (logits, batch.y, task, batch.mask), k_kd
@@ -359,8 +399,7 @@ def fedcil(
     cur_union, past_union = jnp.max(current, 0), jnp.max(past_sel, 0)
     labels_all = jnp.maximum(jnp.max(m["past"], 0), cur_union)
     fake_from = jnp.where(task > 0, labels_all, cur_union)
-    # P(client k | label l) ∝ [k holds l] / |k's labels|: pooling gen_batch_size draws per client.
-    pick = current / jnp.maximum(current.sum(1, keepdims=True), 1.0)
+    pick = client_pick_probs(current)
     gens = outputs["variables"]["gen"]
     n = gen_batch_size
 
@@ -378,7 +417,7 @@ def fedcil(
         cur = c_loss(dp, model_state, gen, (lg, rf, c, None), fake_from, k[4])
         rep, has_past = replay_term(dp, model_state, gen, m["old_gen"], past_union, fake_from, n,
                                     k[5])  # fmt: skip
-        return jnp.where(has_past, new_task_weight * cur + (1 - new_task_weight) * rep, cur)
+        return replay_mix(cur, rep, has_past, new_task_weight)
 
       dl, grads = jax.value_and_grad(d_loss)(dparams)
       updates, opt_d = gan_opt.update(grads, opt_d, dparams)
