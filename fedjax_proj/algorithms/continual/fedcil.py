@@ -205,13 +205,16 @@ def fedcil(
   Returns:
     The :class:`ContinualMethod`.
   """
-  for name, value in (("md_iter", md_iter), ("gen_batch_size", gen_batch_size)):
-    if value < (0 if name == "md_iter" else 1):
-      raise ValueError(f"fedcil: {name} must be positive, got {value}")
+  if md_iter < 0:
+    raise ValueError(f"fedcil: md_iter must be >= 0 (0: no consolidation), got {md_iter}")
+  if gen_batch_size < 1:
+    raise ValueError(f"fedcil: gen_batch_size must be >= 1, got {gen_batch_size}")
   if not 0.0 <= new_task_weight <= 1.0:
     raise ValueError(f"fedcil: new_task_weight must lie in [0, 1], got {new_task_weight}")
   if gen_arch not in ("auto", "conv", "mlp"):
     raise ValueError(f"fedcil: gen_arch must be 'auto', 'conv' or 'mlp', got {gen_arch!r}")
+  if sample_x is None:
+    raise ValueError("fedcil needs sample_x, a normalised input batch (BuildContext.sample_x)")
   sample_x = np.asarray(sample_x, np.float32)
   classes = model.num_classes
   num_labels = num_tasks * classes
