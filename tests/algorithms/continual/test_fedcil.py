@@ -186,7 +186,7 @@ def _two_rounds(strategy, **hparams):
   states = []
   for r in range(2):
     state, _ = round_fn(state, _round_data(bench, 0, clients=(r, r + 2)), jax.random.key(r))
-    states.append(state)
+    states.append(jax.tree.map(np.asarray, state))  # the next round donates ``state``
   return states
 
 
