@@ -412,8 +412,11 @@ def fedcil(
       lab, _ = draw_labels(k[0], cur_union, n)
       who = jax.random.categorical(k[1], jnp.log(pick[:, lab].T), axis=-1)  # [n]
       z = conditional_noise(k[2], lab, z_size, num_labels)
-      mine = jax.tree.map(lambda a: a[who], gens)
-      x = jax.vmap(lambda p, zz: generator.apply(p, zz[None])[0])(mine, z)
+      # One example at a time from its client's generator: on the cpu a loop of gathers ran 6x
+      # faster than a vmap over gathered weights (grouped convolutions), 0.056 s against 0.32 s
+      # for 32 examples of the 28x28 generator with g = 16.
+      one = lambda wz: generator.apply(jax.tree.map(lambda a: a[wz[0]], gens), wz[1][None])[0]
+      x = jax.lax.map(one, (who, z))
 
       def d_loss(dp):
         lg, rf, c = critic.labelled(dp, model_state, x, lab, k[3])
