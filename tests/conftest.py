@@ -98,6 +98,7 @@ def pytest_unconfigure(config):
 SLOW = (
   "tests/algorithms/continual/test_continual.py::test_task_loop_runs_every_method",
   "tests/algorithms/continual/test_continual.py::test_ewc_keeps_each_clients_fisher",
+  "tests/algorithms/continual/test_fedcil.py::test_vmap_scan_equals_sequential",
   "tests/algorithms/test_conformance.py::test_vmap_scan_equals_sequential",
   "tests/algorithms/test_conformance.py::test_learns_on_real_mnist",
   "tests/configs/test_presets_fot.py::test_every_pmnist_method_beats_chance_on_real_mnist",

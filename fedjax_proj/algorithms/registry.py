@@ -291,6 +291,7 @@ METHODS: dict[str, str] = {
   "rgo": "fedjax_proj.algorithms.continual.rgo:SPEC",
   "gpm": "fedjax_proj.algorithms.continual.gpm:SPEC",
   "glfc": "fedjax_proj.algorithms.continual.glfc:SPEC",
+  "fedcil": "fedjax_proj.algorithms.continual.fedcil:SPEC",
   "fot": "fedjax_proj.algorithms.continual.fot:SPEC",
 }
 _EXTRA: dict[str, MethodSpec] = {}

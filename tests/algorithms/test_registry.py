@@ -42,7 +42,16 @@ def test_every_name_has_one_spec_of_a_known_family():
   for name in everything:
     spec = registry.spec(name)
     assert spec.name == name and spec.family in registry.FAMILIES
-  assert registry.methods(("continual",)) == ("fl", "ewc", "er", "rgo", "gpm", "glfc", "fot")
+  assert registry.methods(("continual",)) == (
+    "fl",
+    "ewc",
+    "er",
+    "rgo",
+    "gpm",
+    "glfc",
+    "fedcil",
+    "fot",
+  )
   assert set(registry.methods(("sequential",))) == {
     "fedseq",
     "cwc",

@@ -115,12 +115,13 @@ def _tiny_run(method, *, iid=True, num_tasks=None, output_dir=None, conv=False, 
 @pytest.mark.parametrize(
   "method,conv",
   [("fl", False), ("ewc", False), ("er", False), ("rgo", False), ("gpm", False)]
-  + [("glfc", False), ("fot", False)]
+  + [("glfc", False), ("fedcil", False), ("fot", False)]
   + [("ewc", True), ("rgo", True), ("gpm", True), ("fot", True)],
 )
 def test_task_loop_runs_every_method(method, conv, tmp_path):
   kwargs = {"fot": {"eps": 0.9}, "er": {"buffer_per_task": 4}, "gpm": {"gpm_samples": 20}}
   kwargs["glfc"] = kwargs["er"]
+  kwargs["fedcil"] = {"md_iter": 2, "gen_batch_size": 8, "gen_arch": "mlp", "gen_hidden": (16,)}
   round_fn, _, summary = _tiny_run(method, output_dir=tmp_path, conv=conv, **kwargs.get(method, {}))
   a = summary["acc_matrix"]
   assert a[1][0] is None and a[0][0] is not None and a[1][1] is not None
