@@ -343,7 +343,11 @@ class ClientEngine:
     elif strategy == "sequential":
       self._init = jax.jit(lambda sh, ci, k, m: _init_client(p, sh, ci, k, m))
       self._final = jax.jit(p.final)
-      self._index = jax.jit(tree_lib.index_clients)
+      # One jitted call picks a client's inputs, keys and mask: indexing device arrays eagerly
+      # dispatched four ops per client (exact either way: indexing does no arithmetic).
+      self._pick = jax.jit(
+        lambda ci, ik, sk, m, c: (tree_lib.index_clients(ci, c), ik[c], sk[c], m[c])
+      )
 
   def _jit_step(self, program: ClientProgram) -> Callable[..., PyTree]:
     batch_fn = self.batch_fn
@@ -395,13 +399,50 @@ class ClientEngine:
       for s in np.flatnonzero(active.any(axis=0)):
         state = step(shared, state, images, labels, idx[:, s], mask[:, s], int(s), step_keys)
       return self._final(state)
-    host_idx = np.asarray(idx)
     outputs = []
+
+    def keep(acc, state, c):
+      del c
+      acc.append(self._final(state))
+      return acc
+
+    outputs = self._run_sequential(
+      step, keep, outputs, shared, client_inputs, images, labels, idx, mask, init_keys, step_keys
+    )
+    return tree_lib.stack_clients(outputs)
+
+  def run_folded(self, shared, client_inputs, images, labels, idx, mask, keys, fold, acc):
+    """Runs every sampled client one at a time (``sequential``), folding each into ``acc``.
+
+    Instead of keeping every client's output and stacking them (memory growing with the cohort),
+    ``acc = fold(acc, client_state, c)`` runs as each client ``c`` finishes, with the client
+    program's last state (before ``final``: the fold applies it, so it can fuse ``final`` with its
+    reduction into one jitted call). Streaming aggregation uses it
+    (:func:`fedjax_proj.core.rounds.make_parallel_round`). Clients run in order 0..C-1.
+
+    Returns:
+      The last ``acc``.
+    """
+    if self.strategy != "sequential":
+      raise ValueError(f"run_folded runs the sequential strategy, not {self.strategy!r}.")
+    step = self.step_for(shared)
+    init_keys, step_keys = self._split_keys(keys)
+    return self._run_sequential(
+      step, fold, acc, shared, client_inputs, images, labels, idx, mask, init_keys, step_keys
+    )
+
+  def _run_sequential(
+    self, step, fold, acc, shared, client_inputs, images, labels, idx, mask, init_keys, step_keys
+  ):
+    host_mask = np.asarray(mask)
+    active = host_mask.any(axis=-1)  # [C, S]
+    host_idx = np.asarray(idx)
     for c in range(host_idx.shape[0]):
-      state = self._init(shared, self._index(client_inputs, c), init_keys[c], mask[c])
+      c_input, init_key, step_key, c_mask = self._pick(client_inputs, init_keys, step_keys, mask, c)
+      state = self._init(shared, c_input, init_key, c_mask)
       for s in np.flatnonzero(active[c]):
         state = step(
-          shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_keys[c]
+          shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_key
         )
-      outputs.append(self._final(state))
-    return tree_lib.stack_clients(outputs)
+      acc = fold(acc, state, c)
+    return acc
