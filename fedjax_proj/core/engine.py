@@ -73,6 +73,14 @@ class ClientProgram(NamedTuple):
       a Python branch when the value is a Python scalar, else ``lax.cond`` or a select (e.g.
       FedProj's projection window, algorithms/distillation/fedproj.py). Declare only values with
       few distinct values (flags, phases), never per-client ones: ``shared`` is never batched.
+    trim_padding: if True, ``step`` on a batch gives the same result (up to float summation order)
+      when its masked-out rows are dropped: a masked mean loss, no statistic over the padded batch
+      size. Then the streamed ``sequential`` round (:meth:`ClientEngine.run_folded`, large
+      cohorts) runs a partial batch trimmed to its valid rows rounded up to :data:`TRIM_GRANULE`
+      (one compiled step per size), instead of computing the whole padded batch: with 40
+      examples a client and batches of 32, padding is a third of the work. Random draws shaped
+      like the batch (dropout, augmentation) then draw for the trimmed batch, so they differ from
+      the untrimmed step's, with the same distribution.
   """
 
   init: Callable[..., PyTree]
@@ -80,7 +88,12 @@ class ClientProgram(NamedTuple):
   final: Callable[[PyTree], PyTree]
   round_steps: bool = False
   static_shared: tuple[str, ...] = ()
+  trim_padding: bool = False
 
+
+# A trimmed partial batch is rounded up to a multiple of this many rows, so a batch size B has at
+# most B / TRIM_GRANULE compiled step sizes (4 for batches of 32).
+TRIM_GRANULE = 8
 
 # The host-looped strategy whose client loop runs one client at a time (the pre-run step timing).
 HOST_LOOP = "sequential"
@@ -428,21 +441,56 @@ class ClientEngine:
     step = self.step_for(shared)
     init_keys, step_keys = self._split_keys(keys)
     return self._run_sequential(
-      step, fold, acc, shared, client_inputs, images, labels, idx, mask, init_keys, step_keys
+      step,
+      fold,
+      acc,
+      shared,
+      client_inputs,
+      images,
+      labels,
+      idx,
+      mask,
+      init_keys,
+      step_keys,
+      trim=self.program.trim_padding,
     )
 
   def _run_sequential(
-    self, step, fold, acc, shared, client_inputs, images, labels, idx, mask, init_keys, step_keys
+    self,
+    step,
+    fold,
+    acc,
+    shared,
+    client_inputs,
+    images,
+    labels,
+    idx,
+    mask,
+    init_keys,
+    step_keys,
+    trim=False,
   ):
     host_mask = np.asarray(mask)
     active = host_mask.any(axis=-1)  # [C, S]
     host_idx = np.asarray(idx)
+    batch = host_mask.shape[-1]
+    # Rows a trimmed step keeps: the last valid row's position, rounded up to the granule.
+    last = batch - np.argmax(host_mask[..., ::-1], axis=-1)  # [C, S]
+    keep = np.minimum(batch, -(-last // TRIM_GRANULE) * TRIM_GRANULE) if trim else None
     for c in range(host_idx.shape[0]):
       c_input, init_key, step_key, c_mask = self._pick(client_inputs, init_keys, step_keys, mask, c)
       state = self._init(shared, c_input, init_key, c_mask)
       for s in np.flatnonzero(active[c]):
+        rows = batch if keep is None else int(keep[c, s])
         state = step(
-          shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_key
+          shared,
+          state,
+          images,
+          labels,
+          host_idx[c, s, :rows],
+          host_mask[c, s, :rows],
+          int(s),
+          step_key,
         )
       acc = fold(acc, state, c)
     return acc

@@ -109,3 +109,35 @@ def test_auto_picks_the_streamed_sequential_round_for_large_conv_cohorts():
   assert choose_strategy("auto", backend="cpu", has_conv=True, num_clients=500,
                          table=table) == "sequential"  # fmt: skip
   assert rounds.STREAM_MIN_CLIENTS <= 500
+
+
+def test_streamed_round_trims_partial_batches(setup, monkeypatch):
+  """FedAvg's program declares ``trim_padding``: a streamed round runs a partial batch of 16 cut
+  to its valid rows rounded up to 8, and equals the untrimmed streamed round up to float order
+  (the masked mean over fewer zero rows; same 1e-5 bound as above)."""
+  x, y, model, _, variables = setup
+  sizes = (3, 7, 19, 11, 5, 23, 9, 14, 30, 8)  # partial last batches of 3..15 rows
+  fd = FederatedData(helpers.unequal_clients(len(x), sizes), batch_size=16, local_epochs=2)
+  monkeypatch.setattr(rounds, "STREAM_MIN_CLIENTS", 2)
+  seen = set()
+
+  def recording_batch_fn(images, labels, idx, mask, key):
+    seen.add(idx.shape[0])  # at trace time: one entry per compiled batch size
+    return BATCH_FN(images, labels, idx, mask, key)
+
+  def run(alg):
+    round_fn = make_round(alg, "sequential", recording_batch_fn)
+    state = alg.init(variables, jax.random.key(0))
+    for r in range(2):
+      state, _ = round_fn(state, helpers.round_data(fd, x, y, round_idx=r), jax.random.key(r))
+    return np.asarray(tree_lib.tree_ravel(state.variables))
+
+  alg = fedavg(model, helpers.sgd())
+  assert alg.client.trim_padding
+  untrimmed = run(alg._replace(client=alg.client._replace(trim_padding=False)))
+  assert seen == {16}
+  trimmed = run(alg)
+  assert seen == {8, 16}
+  # Masked rows add exact zeros, so here the two agree even bit for bit; the bound allows another
+  # summation order. ``seen`` above proves the trimmed steps ran.
+  np.testing.assert_allclose(trimmed, untrimmed, atol=1e-5)
