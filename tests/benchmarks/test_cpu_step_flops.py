@@ -2,7 +2,9 @@
 
 The rates are the step's FLOPs over its CPU seconds, the share that rate over the core's measured
 GEMM peak (docs/performance.md, "Distance to the limit"); the CNN step's FLOPs are counted from the
-model by the peer benchmark's function, with XLA's cost analysis beside. No torch is needed: the
+model by the peer benchmark's function, ResNet-8's and FedProj's from the traced step's
+convolutions and products (``matmul_flops``, which gives the CNN's hand count exactly), with XLA's
+cost analysis beside. No torch is needed: the
 functions are tested directly (cpu_step's run itself needs torch for its other column).
 """
 
@@ -139,3 +141,38 @@ def test_step_flops_of_resnet8_are_three_forwards_less_the_first_input_gradient(
   assert got4["counted"] == 2 * got["counted"]
   # XLA leaves out the 3x3 convolutions' taps on the SAME padding: fewer, same order.
   assert 0.6 * got["counted"] < got["xla"] < got["counted"]
+
+
+def test_step_flops_of_fedproj_count_the_private_and_the_memory_batch(cpu_step):
+  """A FedProj step inside the projection window trains on the private batch and back-propagates
+  the memory batch's distillation loss: two CNN training passes, the private one of ``b`` examples
+  and the memory one of ``m``, plus the projection's dot products of parameter-sized gradient
+  vectors (2 FLOPs a parameter each; a few, so at the benchmark's batch of 64 ~0.1% of the
+  step). Outside the window the memory pass and the projection are gone."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from fedjax_proj.algorithms.distillation.fedproj import projection_client
+
+  model, _, batch_fn, variables, x, y, normalize = _program_and_data("cnn", 2)
+  program = projection_client(
+    model, optax.sgd(0.01), normalize, temperature=3.0, tau=1e-6, memory_batch_size=3,
+    max_coef=10.0, memory_order="shuffle",
+  )  # fmt: skip
+  shared = {
+    "variables": variables,
+    "memory_images": jnp.asarray(x[:1].repeat(5, 0)),
+    "memory_logits": jnp.zeros((5, 10)),
+    "memory_labels": jnp.zeros(5, jnp.int32),
+    "use_memory": jnp.asarray(True),
+    "round0_ce": jnp.asarray(False),
+  }
+  per_example = cpu_step.cnn_step_flops(1)["counted"]
+  got = cpu_step.step_flops(program, batch_fn, shared, x, y, 2)["counted"]
+  params = sum(v.size for v in jax.tree.leaves(variables))
+  dots, rest = divmod(got - (2 + 3) * per_example, 2 * params)
+  assert rest == 0 and 1 <= dots <= 4, (dots, rest)
+  outside = cpu_step.step_flops(program, batch_fn, {**shared, "use_memory": jnp.asarray(False)},
+                                x, y, 2)["counted"]  # fmt: skip
+  assert outside == 2 * per_example
