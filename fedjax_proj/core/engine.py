@@ -13,7 +13,9 @@ Execution strategies (identical semantics; tests prove equality up to float tole
 * ``sequential``: a host loop over clients and their active steps, one jitted step per call. On
   XLA:CPU this is the fastest for convolutional models (docs/design.md, "Measured facts about
   XLA:CPU": convolutions inside ``scan`` run ~10x slower and vmapped convolutions ~2.3x slower than
-  a loop of jitted steps).
+  a loop of jitted steps). From ``rounds.STREAM_MIN_CLIENTS`` clients a round, a method with a
+  streaming aggregate folds each client into its sums as it finishes
+  (:meth:`ClientEngine.run_folded`) instead of keeping every output.
 * ``auto``: a measured rule, :func:`choose_strategy`. Per backend, model kind (``conv`` or
   ``dense``) and cohort size it takes the fastest strategy from ``strategy_table.json`` beside this
   module, written by ``benchmarks/strategies.py --write_table`` (the command and the measurements

@@ -158,9 +158,10 @@ def make_parallel_round(algorithm, engine: ClientEngine) -> Callable:
 # Cohorts from this size on run ``sequential`` with streaming aggregation (below, each client's
 # output is kept and the stacked outputs aggregated at once). Streaming sums in another order
 # (Σ_k n_k θ_k client by client, then / N, instead of the stacked weighted mean), which moves the
-# last bits; no claim and no behaviour-fingerprint run has more than 16 clients a round
-# (fedjax_proj/reproduce/claims/), and at 128 clients the kept outputs of the FedAvg CNN (8.6 MB
-# each) are already 1.1 GB, so below it results stay bit for bit as they were.
+# last bits (and the streamed round trims partial batches, ClientProgram.trim_padding); no claim
+# has more than 16 clients a round (fedjax_proj/reproduce/claims/) and no behaviour-fingerprint
+# run more than 3, and at 128 clients the kept outputs of the FedAvg CNN (8.6 MB each) are
+# already 1.1 GB, so below it results stay bit for bit as they were.
 STREAM_MIN_CLIENTS = 128
 
 
