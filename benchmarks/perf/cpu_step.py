@@ -44,8 +44,10 @@ Cases (the same batches, and for the CNN the same initial weights, on both sides
 Writes ``results/cpu_step.json`` (``--out``): per case the seconds of every timing,
 medians and, for the steps, ``speedup_vs_torch`` / ``speedup_vs_authors`` = their median CPU
 seconds over ours (above 1: ours is faster), for each of our ``conv_impl``. The distance to the
-limit (docs/performance.md, "Peer benchmark"), for ``cnn_step``, the case with a FLOP
-count: ``flops_per_step`` (counted from the model, and XLA's cost analysis beside), per
+limit (docs/performance.md, "Peer benchmark"), for the training steps (``cnn_step``,
+``resnet8_step``, ``fedproj_step``): ``flops_per_step`` (counted from the model: the CNN's by hand,
+the others' from the traced step's convolutions and matrix products, :func:`matmul_flops`, which
+gives the CNN's hand count exactly; XLA's cost analysis beside), per
 implementation ``gflops_per_cpu_second`` (those FLOPs over its CPU seconds per step) and
 ``share_of_peak``, against ``peak``: the core's float32 GEMM rate per CPU second, measured in the
 same process under the same pinning before the cases (``benchmarks.perf.peer.peak``, reused as is).
@@ -399,6 +401,83 @@ def cnn_step_flops(batch: int) -> dict:
   return out
 
 
+_MATMULS = ("dot_general", "conv_general_dilated")
+
+
+def matmul_flops(jaxpr) -> int:
+  """FLOPs (2 per multiply-add) of every convolution and matrix product in ``jaxpr``.
+
+  A convolution costs 2 x output elements x (kernel window x input features per group), taps over
+  SAME padding included (what dense kernels compute, as ``cnn_train_flops_per_example`` counts),
+  the zeros that dilate a strided convolution's input gradient left out (so that gradient costs
+  what the forward does);
+  a ``dot_general`` 2 x output elements x contracted size. Sub-programs count too: a ``scan`` times
+  its length, a ``cond`` its costliest branch. Element-wise work, reductions and pooling are left
+  out (about 1% of a CNN step, ``cnn_train_flops_per_example``).
+  """
+  import math
+
+  from jax.extend.core import jaxprs_in_params
+
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    out = math.prod(eqn.outvars[0].aval.shape) if name in _MATMULS else 0
+    if name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * out * math.prod(lhs[d] for d in contract)
+    elif name == "conv_general_dilated":
+      rhs = eqn.invars[1].aval.shape
+      out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
+      # The input gradient of a strided convolution is a convolution of the cotangent dilated
+      # with zeros (lhs_dilation): only 1 in prod(dilation) of its taps multiplies a value.
+      holes = math.prod(eqn.params.get("lhs_dilation") or (1,))
+      total += 2 * out * math.prod(rhs) // rhs[out_feature_dim] // holes
+    else:
+      subs = [matmul_flops(sub) for sub in jaxprs_in_params(eqn.params)]
+      if not subs:
+        continue
+      if name == "cond":
+        total += max(subs)
+      elif name == "scan":
+        total += eqn.params["length"] * sum(subs)
+      else:
+        total += sum(subs)
+  return total
+
+
+def step_flops(program, batch_fn, shared, images, labels, batch: int) -> dict:
+  """FLOPs of one local step of a :class:`~fedjax_proj.core.engine.ClientProgram` on a full batch
+  of ``batch`` examples, counted two ways: ``counted``, :func:`matmul_flops` of the traced step
+  (the model's convolutions and matrix products as the program runs them, forward and backward;
+  the one the rates use), and ``xla``, XLA's cost analysis of the compiled step (None with the
+  reason where it fails). Build ``program`` on ``conv_impl="xla"``: a convolution run as a
+  library call is not a convolution in the trace."""
+  import jax
+  import jax.numpy as jnp
+
+  from fedjax_proj.core.engine import specialize, static_values
+
+  program = specialize(program, static_values(program, shared))
+  key = jax.random.key(0)
+  idx, mask = jnp.arange(batch, dtype=jnp.int32), jnp.ones(batch, bool)
+  init = (shared, {}, key) + ((jnp.int32(1),) if program.round_steps else ())
+  state = program.init(*init)
+  images, labels = jnp.asarray(images), jnp.asarray(labels)
+
+  def step(state):
+    return program.step(shared, state, batch_fn(images, labels, idx, mask, key), key)
+
+  out = {"counted": matmul_flops(jax.make_jaxpr(step)(state).jaxpr), "used": "counted"}
+  try:
+    cost = jax.jit(step).lower(state).compile().cost_analysis()
+    out["xla"] = float((cost[0] if isinstance(cost, list) else cost)["flops"])
+  except Exception as e:  # noqa: BLE001 - the second count is a check; the first stands alone
+    out["xla"], out["xla_error"] = None, f"{type(e).__name__}: {e}"
+  return out
+
+
 def _with_flax_pool(run):
   """``run`` with every model's max pooling traced as flax's ``nn.max_pool`` (the library's path
   before :mod:`fedjax_proj.models.pool`), for a side-by-side timing: the patch is held around every
@@ -473,9 +552,14 @@ def fedavg_step_case(
   fns["torch"] = torch_client(net, normalize(x), y, batch, steps)
   res = alternate(fns, rounds, reps)
   _per_step(res, fns, lambda n: steps, "torch")
-  if model_name == "cnn":  # the only model with a FLOP count (cnn_step_flops); ResNet-8: none
+  if model_name == "cnn":  # the hand count, as the peer benchmark's (equal to step_flops')
     res["flops_per_step"] = cnn_step_flops(batch)
-    res.update(flop_rates(res["flops_per_step"]["counted"], res["cpu_seconds_per_step"], peak))
+  else:  # counted from the traced step of the same program on XLA's convolutions
+    model = get_model(model_name, 10, conv_impl="xla")
+    program = client_lib.local_training_client(model, opt, client_lib.cross_entropy_loss(model))
+    shared = {"variables": variables}
+    res["flops_per_step"] = step_flops(program, batch_fn, shared, x[:batch], y[:batch], batch)
+  res.update(flop_rates(res["flops_per_step"]["counted"], res["cpu_seconds_per_step"], peak))
   return res
 
 
@@ -501,7 +585,9 @@ def _authors_client(repo: Path, memory_batch: int):
   return namespace["Client_FedProj"]
 
 
-def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls, flax_pool=True):
+def fedproj_step_case(
+  args, memory_batch, rounds, reps, steps, batch, impls, flax_pool=True, peak=None
+):
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -522,14 +608,18 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls, fla
   opt = optax.adamw(1e-3, weight_decay=5e-5)  # the code's Adam(lr, weight_decay=5e-5)
   fns = {}
   variables = None
+
+  def program_of(model):
+    return projection_client(
+      model, opt, normalize, temperature=3.0, tau=1e-6, memory_batch_size=memory_batch,
+      max_coef=10.0, memory_order="shuffle",
+    )  # fmt: skip
+
   for impl in impls:
     model = get_model("cnn", 10, conv_impl=impl)
     if variables is None:
       variables = model.init(jax.random.key(0), normalize(x[:2]))
-    program = projection_client(
-      model, opt, normalize, temperature=3.0, tau=1e-6, memory_batch_size=memory_batch,
-      max_coef=10.0, memory_order="shuffle",
-    )  # fmt: skip
+    program = program_of(model)
     shared = {
       "variables": variables,
       "memory_images": jnp.asarray(public),
@@ -563,6 +653,10 @@ def fedproj_step_case(args, memory_batch, rounds, reps, steps, batch, impls, fla
   fns["authors"] = authors_run
   res = alternate(fns, rounds, reps)
   _per_step(res, fns, lambda n: 2 * steps if n == "authors" else steps, "authors")
+  # A step: the private batch's and the memory batch's forward and backward and the projection.
+  program = program_of(get_model("cnn", 10, conv_impl="xla"))
+  res["flops_per_step"] = step_flops(program, batch_fn, shared, x[:batch], y[:batch], batch)
+  res.update(flop_rates(res["flops_per_step"]["counted"], res["cpu_seconds_per_step"], peak))
   return res
 
 
@@ -685,7 +779,8 @@ def main(argv=None):
     "loadavg_before": os.getloadavg(),
     "cases": {},
   }
-  if "cnn_step" in cases:  # the case with a FLOP count: the core's peak, this run, this pinning
+  if {"cnn_step", "fedproj_step", "resnet8_step"} & set(cases):  # the cases with FLOP counts:
+    # the core's peak, this run, this pinning
     from benchmarks.perf.peer.peak import gemm_peak
 
     result["peak"] = {
@@ -734,9 +829,11 @@ def main(argv=None):
     record("cnn_step b64", fedavg_step_case("cnn", torch_init_from_ours=True, peak=peak, **step))
   if "fedproj_step" in cases:
     for mb in (64, 256):
-      record(f"fedproj_step b64 memory{mb}", fedproj_step_case(args, mb, **step))
+      record(f"fedproj_step b64 memory{mb}", fedproj_step_case(args, mb, peak=peak, **step))
   if "resnet8_step" in cases:
-    record("resnet8_step b64", fedavg_step_case("resnet8", torch_init_from_ours=False, **step))
+    record(
+      "resnet8_step b64", fedavg_step_case("resnet8", torch_init_from_ours=False, peak=peak, **step)
+    )
   if "conv" in cases:
     for name in CONVS:
       record(f"conv {name}", conv_case(name, args.rounds, args.reps, impls))

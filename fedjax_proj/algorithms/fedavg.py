@@ -110,9 +110,11 @@ def fedavg(
     server_optimizer: ``None`` for plain averaging; ``optax.sgd(lr, momentum)`` gives FedAvgM and
       ``optax.adam(lr)`` FedAdam.
   """
+  # The masked mean cross-entropy and the model's masked normalisation ignore padded rows, so a
+  # partial batch may run trimmed (ClientProgram.trim_padding: large streamed sequential cohorts).
   program = client_lib.local_training_client(
     model, client_optimizer, client_lib.cross_entropy_loss(model)
-  )
+  )._replace(trim_padding=True)
 
   def init(variables, key):
     del key

@@ -13,7 +13,9 @@ Execution strategies (identical semantics; tests prove equality up to float tole
 * ``sequential``: a host loop over clients and their active steps, one jitted step per call. On
   XLA:CPU this is the fastest for convolutional models (docs/design.md, "Measured facts about
   XLA:CPU": convolutions inside ``scan`` run ~10x slower and vmapped convolutions ~2.3x slower than
-  a loop of jitted steps).
+  a loop of jitted steps). From ``rounds.STREAM_MIN_CLIENTS`` clients a round, a method with a
+  streaming aggregate folds each client into its sums as it finishes
+  (:meth:`ClientEngine.run_folded`) instead of keeping every output.
 * ``auto``: a measured rule, :func:`choose_strategy`. Per backend, model kind (``conv`` or
   ``dense``) and cohort size it takes the fastest strategy from ``strategy_table.json`` beside this
   module, written by ``benchmarks/perf/strategies.py --write_table`` (the command and the
@@ -73,6 +75,14 @@ class ClientProgram(NamedTuple):
       a Python branch when the value is a Python scalar, else ``lax.cond`` or a select (e.g.
       FedProj's projection window, algorithms/distillation/fedproj.py). Declare only values with
       few distinct values (flags, phases), never per-client ones: ``shared`` is never batched.
+    trim_padding: if True, ``step`` on a batch gives the same result (up to float summation order)
+      when its masked-out rows are dropped: a masked mean loss, no statistic over the padded batch
+      size. Then the streamed ``sequential`` round (:meth:`ClientEngine.run_folded`, large
+      cohorts) runs a partial batch trimmed to its valid rows rounded up to :data:`TRIM_GRANULE`
+      (one compiled step per size), instead of computing the whole padded batch: with 40
+      examples a client and batches of 32, padding is a third of the work. Random draws shaped
+      like the batch (dropout, augmentation) then draw for the trimmed batch, so they differ from
+      the untrimmed step's, with the same distribution.
   """
 
   init: Callable[..., PyTree]
@@ -80,7 +90,12 @@ class ClientProgram(NamedTuple):
   final: Callable[[PyTree], PyTree]
   round_steps: bool = False
   static_shared: tuple[str, ...] = ()
+  trim_padding: bool = False
 
+
+# A trimmed partial batch is rounded up to a multiple of this many rows, so a batch size B has at
+# most B / TRIM_GRANULE compiled step sizes (4 for batches of 32).
+TRIM_GRANULE = 8
 
 # The host-looped strategy whose client loop runs one client at a time (the pre-run step timing).
 HOST_LOOP = "sequential"
@@ -343,7 +358,11 @@ class ClientEngine:
     elif strategy == "sequential":
       self._init = jax.jit(lambda sh, ci, k, m: _init_client(p, sh, ci, k, m))
       self._final = jax.jit(p.final)
-      self._index = jax.jit(tree_lib.index_clients)
+      # One jitted call picks a client's inputs, keys and mask: indexing device arrays eagerly
+      # dispatched four ops per client (exact either way: indexing does no arithmetic).
+      self._pick = jax.jit(
+        lambda ci, ik, sk, m, c: (tree_lib.index_clients(ci, c), ik[c], sk[c], m[c])
+      )
 
   def _jit_step(self, program: ClientProgram) -> Callable[..., PyTree]:
     batch_fn = self.batch_fn
@@ -395,13 +414,85 @@ class ClientEngine:
       for s in np.flatnonzero(active.any(axis=0)):
         state = step(shared, state, images, labels, idx[:, s], mask[:, s], int(s), step_keys)
       return self._final(state)
-    host_idx = np.asarray(idx)
     outputs = []
-    for c in range(host_idx.shape[0]):
-      state = self._init(shared, self._index(client_inputs, c), init_keys[c], mask[c])
-      for s in np.flatnonzero(active[c]):
-        state = step(
-          shared, state, images, labels, host_idx[c, s], host_mask[c, s], int(s), step_keys[c]
-        )
-      outputs.append(self._final(state))
+
+    def keep(acc, state, c):
+      del c
+      acc.append(self._final(state))
+      return acc
+
+    outputs = self._run_sequential(
+      step, keep, outputs, shared, client_inputs, images, labels, idx, mask, init_keys, step_keys
+    )
     return tree_lib.stack_clients(outputs)
+
+  def run_folded(self, shared, client_inputs, images, labels, idx, mask, keys, fold, acc):
+    """Runs every sampled client one at a time (``sequential``), folding each into ``acc``.
+
+    Instead of keeping every client's output and stacking them (memory growing with the cohort),
+    ``acc = fold(acc, client_state, c)`` runs as each client ``c`` finishes, with the client
+    program's last state (before ``final``: the fold applies it, so it can fuse ``final`` with its
+    reduction into one jitted call). Streaming aggregation uses it
+    (:func:`fedjax_proj.core.rounds.make_parallel_round`). Clients run in order 0..C-1.
+
+    Returns:
+      The last ``acc``.
+    """
+    if self.strategy != "sequential":
+      raise ValueError(f"run_folded runs the sequential strategy, not {self.strategy!r}.")
+    step = self.step_for(shared)
+    init_keys, step_keys = self._split_keys(keys)
+    return self._run_sequential(
+      step,
+      fold,
+      acc,
+      shared,
+      client_inputs,
+      images,
+      labels,
+      idx,
+      mask,
+      init_keys,
+      step_keys,
+      trim=self.program.trim_padding,
+    )
+
+  def _run_sequential(
+    self,
+    step,
+    fold,
+    acc,
+    shared,
+    client_inputs,
+    images,
+    labels,
+    idx,
+    mask,
+    init_keys,
+    step_keys,
+    trim=False,
+  ):
+    host_mask = np.asarray(mask)
+    active = host_mask.any(axis=-1)  # [C, S]
+    host_idx = np.asarray(idx)
+    batch = host_mask.shape[-1]
+    # Rows a trimmed step keeps: the last valid row's position, rounded up to the granule.
+    last = batch - np.argmax(host_mask[..., ::-1], axis=-1)  # [C, S]
+    keep = np.minimum(batch, -(-last // TRIM_GRANULE) * TRIM_GRANULE) if trim else None
+    for c in range(host_idx.shape[0]):
+      c_input, init_key, step_key, c_mask = self._pick(client_inputs, init_keys, step_keys, mask, c)
+      state = self._init(shared, c_input, init_key, c_mask)
+      for s in np.flatnonzero(active[c]):
+        rows = batch if keep is None else int(keep[c, s])
+        state = step(
+          shared,
+          state,
+          images,
+          labels,
+          host_idx[c, s, :rows],
+          host_mask[c, s, :rows],
+          int(s),
+          step_key,
+        )
+      acc = fold(acc, state, c)
+    return acc

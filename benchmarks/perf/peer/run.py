@@ -253,6 +253,11 @@ def main(argv=None) -> None:
   p.add_argument("--device_data", type=Path, default=ROOT / ".device_data" / "device_data.npz",
                  help="device mode: the carried data (device/make_device_data.py)")  # fmt: skip
   p.add_argument("--render", action="store_true", help="only rewrite <tag>.md from <tag>.json")
+  p.add_argument(
+    "--cohorts",
+    default=None,
+    help="scaling/device: clients per round, comma-separated (default: the mode's)",
+  )
   args = p.parse_args(argv)
   if args.render:
     render(args.tag or args.mode)
@@ -272,6 +277,8 @@ def main(argv=None) -> None:
 
   if args.mode in ("device", "scaling"):
     cohorts = DEVICE_COHORTS if args.mode == "device" else SCALING_COHORTS
+    if args.cohorts:
+      cohorts = tuple(int(c) for c in args.cohorts.split(","))
     keep = ("ours", "torch", "pfl") if args.mode == "scaling" else DEVICE_SYSTEMS
     runnable = [s for s in runnable if s in keep]
     plan = []
@@ -300,6 +307,7 @@ def main(argv=None) -> None:
     if args.mode == "device" and args.device_data.exists():
       env["FEDJAX_PROJ_SHARED_DATA"] = str(unpack_device_data(args.device_data))
     results = {}
+    meta = {"load_before": os.getloadavg(), "uptime_before": _uptime()}
     for step in plan:
       exported = subprocess.run(step["export"], env=env, cwd=ROOT, check=False)
       if exported.returncode:  # record it and go on with the other cohorts
@@ -307,9 +315,11 @@ def main(argv=None) -> None:
         continue
       args.alternations = args.alternations if args.mode == "scaling" else 1
       runs = run_mode(args, runnable, Path(step["export"][step["export"].index("--out") + 1]),
-                      f"{args.mode}-{step['clients_per_round']}")  # fmt: skip
+                      f"{args.tag or args.mode}-{step['clients_per_round']}")  # fmt: skip
       results[step["clients_per_round"]] = summarize(runs, args.warmup, None)
-    write(args, {"mode": args.mode, "by_clients_per_round": results, "not_run": recorded}, None)
+    meta |= {"load_after": os.getloadavg(), "uptime_after": _uptime()}
+    write(args, {"mode": args.mode, "by_clients_per_round": results, "not_run": recorded,
+                 "meta": meta}, None)  # fmt: skip
     return
 
   export = RESULTS / "workload.npz"

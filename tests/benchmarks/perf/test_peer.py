@@ -160,3 +160,11 @@ def test_device_mode_dry_run_builds_every_command(tmp_path, capsys):
   assert run.python_for("pfl", tmp_path) == str(tmp_path / "pfl" / "bin" / "python")
   with pytest.raises(SystemExit, match="unknown"):
     run.main(["--mode", "device", "--dry_run", "--systems", "ours,nope"])
+
+
+def test_scaling_dry_run_takes_the_asked_cohorts(tmp_path, capsys):
+  run.main(["--mode", "scaling", "--dry_run", "--envs", str(tmp_path), "--cohorts", "100,500"])
+  plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert [p["clients_per_round"] for p in plan["plan"]] == [100, 500]
+  exp = plan["plan"][1]["export"]
+  assert exp[exp.index("--min_size") + 1] == "5"  # 500 clients of 40 examples on average
