@@ -55,6 +55,7 @@ LISTED = (
   "fedgkd-cifar10-table3",
   "sfedkd-fmnist-exdir-baselines",
   "fot-pmnist-noniid-table1",
+  "fot-pmnist-noniid-fedcil",
   "fedproj-mnli-dir0.3",
   "fedproj-mnli-dir0.5",
   "fedproj-sst2-dir0.3",
