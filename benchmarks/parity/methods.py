@@ -207,8 +207,12 @@ def fedgkd_rows(repo: Path, args) -> dict:
   inp = pc.tiny_inputs(args.seed, classes=args.classes, others=("teacher",))
   rows = []
   gamma = 0.2
-  for temp in (1.0, 3.0):
-    program = gkd.fedgkd(inp.model, pc.grad_stash(), gamma=gamma, temperature=temp).client
+  # KL at two temperatures, and 002 Table 9's MSE regulariser (the code's --loss_type=mse: the
+  # raw logits' F.mse_loss times the coefficient, no temperature).
+  for loss_type, temp in (("kl", 1.0), ("kl", 3.0), ("mse", 1.0)):
+    program = gkd.fedgkd(
+      inp.model, pc.grad_stash(), gamma=gamma, temperature=temp, distill_loss=loss_type
+    ).client
     shared = {"variables": inp.variables, "teacher": inp.others["teacher"], "use_kd": True}
     params = inp.variables["params"]
     loss, grads = pc.client_step(program, shared, {}, inp.x, inp.y, params=params)
@@ -219,7 +223,7 @@ def fedgkd_rows(repo: Path, args) -> dict:
     worker.conf = types.SimpleNamespace(
       distillation_coefficient=gamma / 2,
       temperature=temp,
-      loss_type="kl",
+      loss_type=loss_type,
       graph=types.SimpleNamespace(comm_round=2),  # > 1: distillation on
     )
     worker.avg_teacher = Pick(torch_mlp(inp.others["teacher"]["params"]), (0, 2))
@@ -235,7 +239,8 @@ def fedgkd_rows(repo: Path, args) -> dict:
     ref = {"loss": ref_loss.detach().numpy(), **torch_grads_as_ours(local, params)}
     rows.append(
       row(
-        f"client loss + gradient, γ={gamma:g}, T={temp:g}",
+        f"client loss + gradient, γ={gamma:g}, "
+        + (f"T={temp:g}" if loss_type == "kl" else "MSE regulariser (002 Table 9)"),
         "WorkerFedGKD.local_training_with_extra_calculate (+ _divergence) after the worker's CE",
         {"loss": np.float32(loss), **pc.flatten(grads)},
         ref,
