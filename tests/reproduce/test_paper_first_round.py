@@ -34,6 +34,10 @@ METHODS = {
   "fot-pmnist-noniid": ("ewc",),
   "fot-pmnist-iid": ("fot",),
   "fot-pmnist-noniid-table1": ("rgo",),  # RGO's per-client projectors at the end of a task
+  # FOT: FedCIL's paper path (a generator per client, 100 consolidation steps a round) takes
+  # minutes to compile and run even on tiny data; tests/algorithms/continual/test_fedcil.py runs
+  # its rounds at small sizes.
+  "fot-pmnist-noniid-fedcil": ("fot",),
   "fedproj-iris-pilot": ("fedproj",),
   # Text: NLI pairs with an unlabelled public set and α > 0, and FedGKD's buffer on AG News.
   "fedproj-mnli-dir0.5": ("fedproj",),
