@@ -326,6 +326,15 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
   from fedjax_proj.core.chunked import make_chunked_round
 
   rows = results.setdefault("rows", [])
+  # The distance to the limit (docs/performance.md): this device's GEMM peak, measured in this run,
+  # and each model's FLOPs per example, counted from its traced step (cpu_step.step_flops).
+  if "gemm_peak" not in results:
+    results["gemm_peak"] = device_gemm_peak(cfg.peak_n)
+  peak = results["gemm_peak"]["peak_gflops"]
+  per_example = {
+    name: model_flops_per_example(name, x, y, cfg.batch) for name in cfg.throughput_models
+  }
+  results["flops_per_example"] = per_example
   # Cohorts outer, models inner: a budget that runs out loses the largest cohorts, not a model.
   for clients in cfg.cohorts:
     for name in cfg.throughput_models:
@@ -360,6 +369,7 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
           compile_s=max(first - round_s, 0.0),
           peak_device_bytes=peak_device_bytes(),
         )
+        row.update(achieved(per_example[name] * samples, round_s, peak))
         rows.append(row)
         print(json.dumps(row), flush=True)
       torch_row = torch_loop(name, x, y, layout, cfg)
@@ -367,6 +377,46 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
         rows.append({"model": name, "clients": clients, **torch_row})
         print(json.dumps(rows[-1]), flush=True)
   return True
+
+
+def device_gemm_peak(n: int) -> dict:
+  """The default device's best float32 GEMM rate on n x n matrices (GFLOP/s), the peak the
+  throughput rows are a share of (on a GPU, what its kernels reach, not the data sheet's)."""
+  from benchmarks.perf.peer.peak import gemm_peak
+
+  out = gemm_peak(n)
+  return {"n": n, "peak_gflops": out["jax_gflops"], "device": device_info().get("kind")}
+
+
+def model_flops_per_example(name: str, x, y, batch: int) -> float:
+  """FLOPs of one example's FedAvg training step of ``name`` (forward and backward), counted from
+  the traced step on XLA's convolutions (:func:`benchmarks.perf.cpu_step.step_flops`)."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from benchmarks.perf.cpu_step import step_flops
+  from fedjax_proj.algorithms import client as client_lib
+  from fedjax_proj.data.pipeline import make_batch_fn, normalizer_for
+  from fedjax_proj.models import CONV_MODELS, get_model
+
+  # A convolution run as a library call (oneDNN on CPU) is not a convolution in the trace.
+  model = get_model(name, 10, **({"conv_impl": "xla"} if name in CONV_MODELS else {}))
+  normalize = normalizer_for("cifar10")
+  variables = model.init(jax.random.key(0), normalize(jnp.asarray(x[:2])))
+  program = client_lib.local_training_client(
+    model, optax.sgd(0.01, momentum=0.9), client_lib.cross_entropy_loss(model)
+  )
+  flops = step_flops(
+    program, make_batch_fn(normalize), {"variables": variables}, x[:batch], y[:batch], batch
+  )
+  return flops["counted"] / batch
+
+
+def achieved(flops: float, seconds: float, peak_gflops: float) -> dict:
+  """GFLOP/s of ``flops`` done in ``seconds`` and its share of the measured peak."""
+  rate = flops / seconds / 1e9
+  return {"gflops": rate, "share_of_peak": rate / peak_gflops if peak_gflops else None}
 
 
 def torch_loop(name, x, y, layout, cfg) -> dict | None:
@@ -560,10 +610,16 @@ def markdown(report: dict) -> str:
   res = report["steps"]["throughput"].get("result", {})
   if res.get("rows"):
     lines += ["", "## b. round throughput", ""]
+    if gemm := res.get("gemm_peak"):
+      lines += [
+        f"GEMM peak measured on this device in this run: {gemm['peak_gflops']:.0f} GFLOP/s "
+        f"(float32, n = {gemm['n']}); GFLOP/s counts each model's traced training step.",
+        "",
+      ]
     lines += [
       "| model | clients | framework | strategy | chunk | samples/s | round s | compile s | "
-      "peak device MiB |",
-      "|---|---:|---|---|---:|---:|---:|---:|---:|",
+      "peak device MiB | GFLOP/s | share of peak |",
+      "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in res["rows"]:
       if "error" in r:
@@ -574,7 +630,8 @@ def markdown(report: dict) -> str:
       lines.append(
         f"| {r['model']} | {r['clients']} | {r['framework']} | {r['strategy']} | "
         f"{fmt(r.get('chunk'), 'd')} | {r['samples_per_s']:.0f} | {r['round_s']:.3f} | "
-        f"{fmt(r.get('compile_s'), '.1f')} | {fmt(peak and peak / 2**20, '.0f')} |"
+        f"{fmt(r.get('compile_s'), '.1f')} | {fmt(peak and peak / 2**20, '.0f')} | "
+        f"{fmt(r.get('gflops'), '.1f')} | {fmt(r.get('share_of_peak'), '.1%')} |"
       )
   res = report["steps"]["fedproj_overhead"].get("result", {})
   if res.get("round_seconds"):
@@ -627,6 +684,7 @@ def suite_config(args) -> argparse.Namespace:
     clients=2 if tiny else 4,
     steps=2 if tiny else 5,
     batch=8 if tiny else 32,
+    peak_n=128 if tiny else 8192,
     timed_rounds=1 if tiny else 3,
     overhead_clients=2 if tiny else 10,
     n_train=64 if tiny else 50000,

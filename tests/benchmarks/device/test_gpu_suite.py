@@ -235,6 +235,13 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
   assert {r["strategy"] for r in jax_rows} == set(strategies.STRATEGIES)
   assert any(r["chunk"] for r in jax_rows)  # the chunked vmap_scan path ran
   assert all(r["samples_per_s"] > 0 and r["compile_s"] >= 0 for r in jax_rows)
+  # The distance to the limit: each row's GFLOP/s is the counted FLOPs of its samples over its
+  # round time, a share of the GEMM peak measured on the device in the same run.
+  result = report["steps"]["throughput"]["result"]
+  peak, per_example = result["gemm_peak"]["peak_gflops"], result["flops_per_example"]["mlp"]
+  assert peak > 0 and per_example > 0
+  for r in jax_rows:
+    assert r["gflops"] > 0 and r["share_of_peak"] == pytest.approx(r["gflops"] / peak)
   over = report["steps"]["fedproj_overhead"]["result"]
   assert set(over["round_seconds"]) == {"fedavg", "feddf", "fedproj"}
   acc = report["steps"]["accuracy"]["result"]
@@ -341,3 +348,17 @@ def test_torch_models_match_ours_in_parameter_count(name):
   assert ours == theirs
   out = torch_reference.torch_cifar_model(name)(torch.zeros(2, 3, 32, 32))
   assert tuple(out.shape) == (2, 10)
+
+
+def test_model_flops_per_example_is_the_traced_steps_count():
+  # An MLP's training step on a batch: forward 2·(in·h + h·out) per example and backward twice
+  # that (input and weight gradients; the first layer's input gradient is not needed).
+  import numpy as np
+
+  x = np.zeros((8, 32, 32, 3), np.uint8)
+  y = np.arange(8) % 10
+  # The MLP is 3072 -> 200 -> 200 -> 10.
+  layers = 3072 * 200 + 200 * 200 + 200 * 10
+  expected = 2 * layers + 2 * layers + 2 * (200 * 200 + 200 * 10)
+  assert gpu_suite.model_flops_per_example("mlp", x, y, 8) == expected
+  assert gpu_suite.achieved(2e9, 2.0, 4.0) == {"gflops": 1.0, "share_of_peak": 0.25}
