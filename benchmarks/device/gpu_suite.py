@@ -380,12 +380,13 @@ def step_throughput(cfg, x, y, public, results: dict) -> bool:
 
 
 def device_gemm_peak(n: int) -> dict:
-  """The default device's best float32 GEMM rate on n x n matrices (GFLOP/s), the peak the
-  throughput rows are a share of (on a GPU, what its kernels reach, not the data sheet's)."""
-  from benchmarks.perf.peer.peak import gemm_peak
+  """The default device's best float32 GEMM rate on n x n matrices (GFLOP/s, wall-clock, as the
+  rows' round times), the peak the throughput rows are a share of (on a GPU, what its kernels
+  reach, not the data sheet's)."""
+  from benchmarks.perf.peer.peak import jax_gemm_rate
 
-  out = gemm_peak(n)
-  return {"n": n, "peak_gflops": out["jax_gflops"], "device": device_info().get("kind")}
+  rate = jax_gemm_rate(n, clock=time.perf_counter)
+  return {"n": n, "peak_gflops": rate, "device": device_info().get("device_kind")}
 
 
 def model_flops_per_example(name: str, x, y, batch: int) -> float:

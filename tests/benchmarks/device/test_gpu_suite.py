@@ -240,6 +240,7 @@ def test_tiny_suite_runs_end_to_end(tmp_path):
   result = report["steps"]["throughput"]["result"]
   peak, per_example = result["gemm_peak"]["peak_gflops"], result["flops_per_example"]["mlp"]
   assert peak > 0 and per_example > 0
+  assert result["gemm_peak"]["device"] == report["device"]["device_kind"]
   for r in jax_rows:
     assert r["gflops"] > 0 and r["share_of_peak"] == pytest.approx(r["gflops"] / peak)
   over = report["steps"]["fedproj_overhead"]["result"]
