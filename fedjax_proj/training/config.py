@@ -166,7 +166,7 @@ def validate_model_kwargs(model: str, kwargs: dict) -> None:
   """
   if not kwargs:
     return
-  from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS, get_model
+  from fedjax_proj.models import CONV_IMPLS, CONV_MODELS, MODELS
 
   if model not in MODELS:
     return  # an unknown --model is refused with its own line (fields.check_fields)
@@ -191,27 +191,31 @@ def validate_model_kwargs(model: str, kwargs: dict) -> None:
       if key in kwargs:
         raise ValueError(f"--model_kwargs {key}=...: the encoder's {key} is {flag}; pass it there.")
     return
-  try:
-    get_model(model, 2, **kwargs)
-  except TypeError as e:
+  if (e := _options_error(model, kwargs)) is not None:
     raise ValueError(
       f"--model_kwargs {','.join(f'{k}={v}' for k, v in kwargs.items())}: --model={model} does not "
       f"take these options ({e}); see its factory in fedjax_proj/models/."
-    ) from None
+    )
+
+
+def _options_error(model: str, options: dict) -> TypeError | None:
+  """The TypeError building ``model`` (a known name) with ``options`` raises, or None: the check
+  is the build (a module definition, no parameters), since several factories pass their options
+  on as ``**options`` and their signatures do not list them."""
+  from fedjax_proj.models import get_model
+
+  try:
+    get_model(model, 2, **options)
+  except TypeError as e:
+    return e
+  return None
 
 
 def model_takes(model: str, options: dict) -> bool:
-  """Whether ``model``'s factory builds with ``options`` (a module definition, no parameters);
-  an unknown model takes nothing."""
-  from fedjax_proj.models import MODELS, get_model
+  """Whether ``model``'s factory builds with ``options``; an unknown model takes nothing."""
+  from fedjax_proj.models import MODELS
 
-  if model not in MODELS:
-    return False
-  try:
-    get_model(model, 2, **options)
-  except TypeError:
-    return False
-  return True
+  return model in MODELS and _options_error(model, options) is None
 
 
 def validate_method_kwargs(method: str, kwargs: dict) -> None:
