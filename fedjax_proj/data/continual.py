@@ -272,7 +272,9 @@ def task_partition(
 
 
 def input_transform(bench: ContinualBenchmark) -> Callable[[Array, Array], Array] | None:
-  """``transform(x, task)`` applying the task's permutation to flattened inputs, or None."""
+  """``transform(x, task)`` applying the task's permutation to flattened inputs, or None.
+
+  ``task`` is a scalar (the batch's task) or a vector [B] (each example's own task)."""
   if bench.permutations is None:
     return None
   perms = np.asarray(bench.permutations)
@@ -280,6 +282,8 @@ def input_transform(bench: ContinualBenchmark) -> Callable[[Array, Array], Array
   def transform(x: Array, task: Array) -> Array:
     flat = x.reshape(x.shape[0], -1)
     perm = jnp.take(jnp.asarray(perms), jnp.asarray(task, jnp.int32), axis=0)
+    if perm.ndim == 2:  # [B, D]: each example through its own task's permutation
+      return jnp.take_along_axis(flat, perm, axis=1).reshape(x.shape)
     return jnp.take(flat, perm, axis=1).reshape(x.shape)
 
   return transform

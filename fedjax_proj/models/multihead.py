@@ -9,7 +9,9 @@ Extension of the :class:`~fedjax_proj.core.types.Model` contract: a multi-head m
   ``apply(variables, x, *, train, rng=None, mask=None, task=0) -> ModelOutput``
 
 where ``task`` is a Python int or an integer array scalar (it may be traced, so one compiled
-program serves every task) and ``logits`` are the selected head's [B, classes_per_task];
+program serves every task), or an integer vector [B] giving each example its own task (one pass
+over a batch that mixes tasks, e.g. FedCIL's generated replay), and ``logits`` are the selected
+head's (each example's head's) [B, classes_per_task];
 ``features`` are the shared backbone's. ``Model.num_classes`` is ``classes_per_task``.
 
 Parameters: ``params["backbone"]`` (shared) and ``params["heads"]`` with ``kernel``
@@ -61,7 +63,10 @@ class TaskHeads(nn.Module):
     )
     task = jnp.asarray(task, jnp.int32)
     # mode="fill" turns an out-of-range traced task into NaN logits instead of a silent clip.
-    logits = h @ jnp.take(kernel, task, axis=0, mode="fill")
+    if task.ndim == 1:  # one task per example: each row times its own head
+      logits = jnp.einsum("bd,bdc->bc", h, jnp.take(kernel, task, axis=0, mode="fill"))
+    else:
+      logits = h @ jnp.take(kernel, task, axis=0, mode="fill")
     if self.use_bias:
       bias = self.param(
         "bias", nn.initializers.zeros_init(), (self.num_tasks, self.classes_per_task)

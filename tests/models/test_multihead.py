@@ -48,6 +48,15 @@ def test_task_selects_head(mh):
   np.testing.assert_allclose(per_task[2], apply(variables, x, 2).logits, rtol=1e-5, atol=1e-6)
 
 
+def test_task_per_example_selects_each_rows_head(mh):
+  model, variables, x = mh
+  tasks = jnp.asarray([2, 0, 1, 1, 0], jnp.int32)
+  out = jit(lambda v, x, t: model.apply(v, x, train=False, task=t))(variables, x, tasks)
+  for i, t in enumerate(np.asarray(tasks)):
+    want = model.apply(variables, x, train=False, task=int(t)).logits[i]
+    np.testing.assert_allclose(out.logits[i], want, rtol=1e-5, atol=1e-6)
+
+
 def test_gradients_reach_only_selected_head(mh):
   model, variables, x = mh
 

@@ -135,9 +135,23 @@ class Critic:
     return out.logits.astype(jnp.float32), rf[:, 0], out.state
 
   def labelled(self, dparams, model_state, x, labels, key):
-    """Examples of global labels l = τ·C + c: each through its own task τ's forward and head (one
-    masked forward per task, as ER's replay): (class logits, real/fake logits, c)."""
+    """Examples of global labels l = τ·C + c, each through its own task τ's input transform and
+    head: (class logits, real/fake logits, c).
+
+    A model without batch statistics takes the batch in one pass, each example with its own task
+    (the task model's per-example ``task``); its outputs are those of one pass per task, up to the
+    dropout draws. A model with batch statistics runs one masked pass per task (as ER's replay),
+    so no task's statistics mix another's examples: T passes where the first costs one."""
     tasks = labels // self.classes
+    if jax.tree.leaves(model_state):
+      logits, rf = self.per_task(dparams, model_state, x, tasks, key)
+    else:
+      logits, rf, _ = self.one_task(dparams, model_state, x, tasks, key)
+    return logits, rf, labels % self.classes
+
+  def per_task(self, dparams, model_state, x, tasks, key):
+    """(class logits, real/fake logits) of one masked pass per task, each example's row taken
+    from its own task's pass."""
 
     def one(t, k):
       m = (tasks == t).astype(jnp.float32)
@@ -148,8 +162,7 @@ class Critic:
     keys = jax.random.split(key, self.num_tasks)
     logits, rf = jax.vmap(one)(jnp.arange(self.num_tasks), keys)  # [T, B, C], [T, B]
     logits = jnp.take_along_axis(logits, tasks[None, :, None], axis=0)[0]
-    rf = jnp.take_along_axis(rf, tasks[None, :], axis=0)[0]
-    return logits, rf, labels % self.classes
+    return logits, jnp.take_along_axis(rf, tasks[None, :], axis=0)[0]
 
 
 class FedCILClientState(NamedTuple):

@@ -58,6 +58,11 @@ def test_permuted_mnist_tasks_and_partitions():
   x = jnp.asarray(train.images[:2], jnp.float32)
   y = np.asarray(tf(x, jnp.int32(1))).reshape(2, -1)
   np.testing.assert_array_equal(y, np.asarray(x).reshape(2, -1)[:, bench.permutations[1]])
+  # A task per example: each row through its own task's permutation.
+  rows = np.asarray(tf(x, jnp.asarray([2, 0], jnp.int32))).reshape(2, -1)
+  flat = np.asarray(x).reshape(2, -1)
+  np.testing.assert_array_equal(rows[0], flat[0, bench.permutations[2]])
+  np.testing.assert_array_equal(rows[1], flat[1, bench.permutations[0]])
   # Shared head (the authors' PMNIST): the task only selects the permutation.
   single = task_model(mlp(10, hidden=(8,)), tf, shared_head=True)
   v = single.init(jax.random.key(0), x)

@@ -113,10 +113,14 @@ def test_replayed_labels_go_through_their_own_task_heads():
   labels = jnp.asarray([3, 12, 19, 0])  # (task, class): (0, 3), (1, 2), (1, 9), (0, 0)
   logits, rf, cls = critic.labelled(dparams, {}, x, labels, jax.random.key(4))
   np.testing.assert_array_equal(np.asarray(cls), [3, 2, 9, 0])
+  # Without batch statistics the batch takes one pass with a task per example; one masked pass
+  # per task (the path of models with batch statistics) gives the same rows.
+  per_logits, per_rf = critic.per_task(dparams, {}, x, labels // 10, jax.random.key(4))
   for i, task in enumerate([0, 1, 1, 0]):
     want, want_rf, _ = critic.one_task(dparams, {}, x[i : i + 1], task, jax.random.key(5))
-    np.testing.assert_allclose(logits[i], want[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(rf[i], want_rf[0], rtol=1e-5, atol=1e-6)
+    for got, got_rf in ((logits, rf), (per_logits, per_rf)):
+      np.testing.assert_allclose(got[i], want[0], rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(got_rf[i], want_rf[0], rtol=1e-5, atol=1e-6)
 
 
 def _round_data(bench, task, clients=(0, 1)):
