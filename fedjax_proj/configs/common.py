@@ -312,7 +312,7 @@ def resolve(
 
   given = dict(method_kwargs or {})
   for field in config_kwargs(config.method):
-    # A hyperparameter that is also a config field (FedProj's memory_size) has one source, the
+    # A hyperparameter that is also a config field (FedProj's memory M) has one source, the
     # field: a value given only in method_kwargs moves into it, two different values are refused.
     if field in given:
       if field in (fields or {}) and fields[field] != given[field]:
