@@ -122,12 +122,7 @@ def _cifar100(preset: str) -> ml_collections.ConfigDict:
   if preset == "paper":
     return fedproj_presets.apply_paper(c, distill_epochs=PAPER_DISTILL_EPOCHS)
   if preset == "cpu":
-    c.model = "resnet8"
-    c.rounds = 30
-    c.local_epochs = 2
-    c.train_subset = 10000
-    c.memory_size = 2000
-    return c
+    return _cpu(c, rounds=30, train_subset=10000)
   c.model = "resnet8"
   return common.apply_smoke(c)
 
@@ -144,15 +139,21 @@ def _cinic10(preset: str) -> ml_collections.ConfigDict:
   if preset == "paper":
     return fedproj_presets.apply_paper(c, distill_epochs=1)
   if preset == "cpu":
-    c.model = "resnet8"
-    c.rounds = 20
-    c.local_epochs = 2
-    c.train_subset = 20000
     c.test_subset = 10000
-    c.memory_size = 2000
-    return c
+    return _cpu(c, rounds=20, train_subset=20000)
   c.model = "resnet8"
   return common.apply_smoke(c)
+
+
+def _cpu(c: ml_collections.ConfigDict, *, rounds: int, train_subset: int):
+  """The cpu preset of CIFAR-100 and CINIC-10 (one origin, 3ca68d9): ResNet-8, 2 local epochs,
+  ``rounds`` rounds on ``train_subset`` training examples, and a 2,000-example memory."""
+  c.model = "resnet8"
+  c.rounds = rounds
+  c.local_epochs = 2
+  c.train_subset = train_subset
+  c.memory_size = 2000
+  return c
 
 
 def check_public_data(config: ml_collections.ConfigDict) -> None:

@@ -128,7 +128,7 @@ def get_config(preset: str = "paper", task: str = "sst2"):
     c.rounds, c.train_subset, c.test_subset = (
       (2, 800, 400) if preset == "smoke" else (10, 4000, 1000)
     )
-    c.public_size, c.memory_size, c.eval_every = 512, 256, 1
+    c.update(common.SMALL_PUBLIC, eval_every=1)
     c.method_defaults = ml_collections.ConfigDict(
       {m: {**DISTILL, "distill_lr": 1e-3} for m in ("fedproj", "feddf", "fedet")}
     )

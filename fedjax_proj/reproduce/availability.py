@@ -82,7 +82,7 @@ def public_fallback(
   A TFDS public set with a split other than ``train`` (the paper budgets' CIFAR-100 train +
   test) that TFDS cannot give here (offline, not prepared) becomes the ``fallback`` file
   (``{data}`` placeholder kept) with the memory capped at its size, so the run goes on and the
-  report states the deviation instead of the run failing on ``memory_size > public set``.
+  report states the deviation instead of the run failing on a memory larger than the public set.
   """
   s = fields.resolve(config)
   name, split = s.public_data, s.public_split

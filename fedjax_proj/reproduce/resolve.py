@@ -90,7 +90,7 @@ def effective_hparams(config: dict[str, Any]) -> dict[str, Any]:
   ``method_defaults`` for the method, then ``method_kwargs`` (training/config.resolved_hparams)."""
   from fedjax_proj.algorithms.registry import config_kwargs, declared_hparams
 
-  # Hyperparameters read from config fields (e.g. FedProj's memory_size) show as those fields.
+  # Hyperparameters read from config fields (e.g. FedProj's memory M) show as those fields.
   fields = config_kwargs(config["method"])
   declared = declared_hparams(config["method"]) or {}
   declared = {k: v for k, v in declared.items() if k not in fields}

@@ -87,10 +87,10 @@ def validate_config(
         f"--{field}={c[field]} and --method_kwargs {field}={c.method_kwargs[field]} disagree; "
         f"pass it once, as --{field}."
       )
-  if c.public_data and c.public_size and "memory_size" in registry.config_kwargs(c.method):
-    # FedProj's memory against a given public subset, before its data is loaded (the factory
-    # checks it again against the set as loaded: a smaller set caps --public_size).
-    check_memory(c.memory_size, c.public_size, f"--public_size={c.public_size}")
+  if c.public_data and c.public_size:
+    # A given public subset, before its data is loaded (public_inputs checks again against the set
+    # as loaded: a smaller set caps --public_size).
+    check_run_memory(c, c.public_size, f"--public_size={c.public_size}")
   validate_processes(s)
   if s.tensorboard:
     from fedjax_proj.training.tensorboard import require_tensorboardx
@@ -99,6 +99,15 @@ def validate_config(
       require_tensorboardx()
     except ImportError as e:
       raise ValueError(str(e)) from e
+
+
+def check_run_memory(c, public_size: int, source: str = "the public set") -> None:
+  """FedProj's memory M against ``public_size`` public examples, for a run whose method reads the
+  memory field (its registry ``config_kwargs``; others ignore it): :func:`validate_config` checks a
+  given ``--public_size`` before any data is loaded, ``inputs.public_inputs`` the set as loaded
+  before the model is built (:func:`~fedjax_proj.algorithms.distillation.fedproj.check_memory`)."""
+  if "memory_size" in registry.config_kwargs(c.method):
+    check_memory(c.memory_size, public_size, source)
 
 
 def parse_value(text: str):

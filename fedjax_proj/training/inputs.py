@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from fedjax_proj.algorithms import registry
-from fedjax_proj.algorithms.distillation.fedproj import check_memory
 from fedjax_proj.data.sources import expected_format, load_dataset
+from fedjax_proj.training.config import check_run_memory
 
 
 def check_dataset(ds, name: str, where: str) -> None:
@@ -123,8 +123,7 @@ def public_inputs(
       f"Public data {c.public_data!r} has examples {images.shape[1:]} {images.dtype} but the "
       f"private data has {train_x.shape[1:]} {train_x.dtype}; use a public set of the same format."
     )
-  if "memory_size" in registry.config_kwargs(c.method):  # before the model is built
-    check_memory(c.memory_size, len(labels))
+  check_run_memory(c, len(labels))  # before the model is built
   inputs = {"public_images": jax.device_put(images)}
   # FedProj's round-0 CE (001, Algorithm 1, line 16) reads public labels as private ones.
   if public.num_classes == num_classes and same_label_space(public.name, private_name):

@@ -20,7 +20,6 @@ clients (001, C.1).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -54,10 +53,19 @@ class DistillServerState(NamedTuple):
   has_memory: Array
 
 
-def _sample_memory(key: Array, public_size: int, memory_size: int) -> Array:
-  if memory_size >= public_size:
-    return jnp.arange(public_size, dtype=jnp.int32)
-  return jax.random.choice(key, public_size, (memory_size,), replace=False).astype(jnp.int32)
+class MemoryBuffer(NamedTuple):
+  """FedProj's memory buffer: ``size`` (M) of the ``public_size`` (P) public examples, drawn anew
+  every round (001, Algorithm 1, lines 31-42). M is at most P (``fedproj.check_memory``); FedDF
+  and FedET have no buffer (``memory=None``)."""
+
+  size: int
+  public_size: int
+
+  def sample(self, key: Array) -> Array:
+    """[M] public indices without replacement (all P in order when M = P)."""
+    if self.size >= self.public_size:
+      return jnp.arange(self.public_size, dtype=jnp.int32)
+    return jax.random.choice(key, self.public_size, (self.size,), replace=False).astype(jnp.int32)
 
 
 def distillation_server(
@@ -67,7 +75,7 @@ def distillation_server(
   *,
   public_size: int,
   teacher: str = "mean",
-  memory_size: int = 0,
+  memory: MemoryBuffer | None = None,
   lmem_metric: bool = False,
 ):
   """Builds ``(init, aggregate)`` for the distillation family.
@@ -81,9 +89,11 @@ def distillation_server(
     cfg: distillation settings (``cfg.epochs == 0`` turns server distillation off).
     public_size: number of public examples P in ``RoundData.extra["public_images"]``.
     teacher: ``"mean"`` (FedDF, FedProj) or ``"uncertainty"`` (FedET).
-    memory_size: FedProj's M, at most P (fedproj.check_memory); 0 = no memory buffer (FedDF/FedET).
+    memory: FedProj's memory buffer (module docstring, step 3); None: no buffer (FedDF, FedET),
+      whose state then holds an empty one ([0] indices, [0, K] logits) that passes through.
     lmem_metric: log ``lmem_global``, the L_mem drift metric (module docstring, step 4), which
-      costs a forward pass of the new global model on the M memory examples per round.
+      costs a forward pass of the new global model on the M memory examples per round; it needs
+      ``memory``.
   """
   if teacher not in distill.TEACHER_COMBINERS:
     raise ValueError(
@@ -97,16 +107,15 @@ def distillation_server(
   host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
   host_distill = distill.HostDistiller(model, normalize, cfg)
   # M of the P public indices: drawn in init, in the traced step, and jitted for the host loop.
-  sample = functools.partial(_sample_memory, public_size=public_size, memory_size=memory_size)
-  sample_memory = jax.jit(sample)
+  sample_memory = None if memory is None else jax.jit(memory.sample)
 
   def init(variables, key):
-    num_classes = model.num_classes
+    idx = jnp.zeros((0,), jnp.int32) if memory is None else memory.sample(key)
     return DistillServerState(
       jnp.zeros((), jnp.int32),
       tree_lib.tree_copy(variables),
-      sample(key),
-      jnp.zeros((memory_size, num_classes), jnp.float32),
+      idx,
+      jnp.zeros((idx.shape[0], model.num_classes), jnp.float32),
       jnp.zeros((), bool),
     )
 
@@ -128,7 +137,9 @@ def distillation_server(
     stacked = outputs["variables"]
     averaged = tree_lib.weighted_mean(stacked, rd.num_examples)
     k_distill, k_memory = jax.random.split(key)
-    next_idx = memory_fn(k_memory)
+    # Without a buffer (FedDF, FedET) the state's empty one passes through.
+    next_idx = state.memory_idx if memory is None else memory_fn(k_memory)
+    memory_logits = state.memory_logits
     metrics = client_metrics(outputs, rd)
     if cfg.epochs > 0:
       logits = logits_fn(stacked, public)  # [C, P, K]
@@ -137,8 +148,7 @@ def distillation_server(
       new_vars, metrics["distill_loss"] = distill_fn(
         averaged, teacher_logits, public, k_distill, anchor, weight
       )
-      memory_logits = None
-      if memory_size:
+      if memory is not None:
         # The plain-mean teacher already holds Z_ens for every public example: take its rows
         # rather than averaging the clients' logits on the memory subset a second time.
         memory_logits = (
@@ -148,14 +158,11 @@ def distillation_server(
         )
     else:
       new_vars = averaged
-      memory_logits = (
-        distill.mean_teacher(logits_fn(stacked, public[next_idx])) if memory_size else None
-      )
-    if memory_size and lmem_metric:
+      if memory is not None:
+        memory_logits = distill.mean_teacher(logits_fn(stacked, public[next_idx]))
+    if memory is not None and lmem_metric:
       global_logits = logits_fn(tree_lib.broadcast_clients(new_vars, 1), public[next_idx])[0]
       metrics["lmem_global"] = losses.kl_from_logits(memory_logits, global_logits, 1.0)
-    if not memory_size:
-      memory_logits = state.memory_logits
     new_state = DistillServerState(
       state.round + 1, new_vars, next_idx, memory_logits, jnp.ones((), bool)
     )
@@ -169,7 +176,7 @@ def distillation_server(
       key,
       lambda v, x: distill.client_logits_scan(model, v, normalize, x, cfg.teacher_batch_size),
       lambda s, t, x, k, a, w: distill.distill_scan(model, s, t, x, normalize, k, cfg, a, w),
-      sample,
+      None if memory is None else memory.sample,
     )
 
   def host(state, rd, outputs, key):

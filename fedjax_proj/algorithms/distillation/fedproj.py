@@ -12,7 +12,7 @@ Client step on a private batch (x, y), for ONE client (the engine vmaps it):
    ``temperature_squared`` multiplies by T² (the authors' code uses T = 3 without T²). The memory
    forward runs in inference mode (public data never touches BatchNorm statistics). A memory
    mini-batch per step follows 001, C.6 and Table 5 ("one additional forward-backward pass on a
-   public buffer mini-batch"); ``memory_batch_size >= memory_size`` gives Algorithm 1's literal
+   public buffer mini-batch"); ``memory_batch_size >= M`` gives Algorithm 1's literal
    full-buffer mean;
 3. one inner product over the whole flattened gradient: if ‖g_mem‖² ≤ τ or ⟨g_new, g_mem⟩ ≥ 0 then
    g = g_new, else g = g_new − (⟨g_new, g_mem⟩/‖g_mem‖²)·g_mem; only g goes to the optimiser.
@@ -50,7 +50,7 @@ from fedjax_proj.algorithms import client as client_lib
 from fedjax_proj.algorithms import losses
 from fedjax_proj.algorithms.base import FederatedAlgorithm
 from fedjax_proj.algorithms.distillation import distill
-from fedjax_proj.algorithms.distillation.distill_server import distillation_server
+from fedjax_proj.algorithms.distillation.distill_server import MemoryBuffer, distillation_server
 from fedjax_proj.algorithms.registry import MethodSpec, factory_hparams
 from fedjax_proj.core import tree as tree_lib
 from fedjax_proj.core.types import Array, Model, PyTree
@@ -316,6 +316,7 @@ def fedproj(
   if round0 not in ROUND0_MODES:
     raise ValueError(f"round0 must be one of {ROUND0_MODES}, got {round0!r}.")
   check_memory(memory_size, public_size)
+  memory = MemoryBuffer(memory_size, public_size)
   if memory_batch_size < 1:
     raise ValueError(f"memory_batch_size must be >= 1, got {memory_batch_size}.")
   if not 0.0 <= projection_prob <= 1.0:
@@ -336,7 +337,7 @@ def fedproj(
     normalize,
     cfg,
     public_size=public_size,
-    memory_size=memory_size,
+    memory=memory,
     lmem_metric=lmem_global,
   )
   program = projection_client(
@@ -345,7 +346,7 @@ def fedproj(
     normalize,
     temperature=temperature,
     tau=tau,
-    memory_batch_size=min(memory_batch_size, memory_size),
+    memory_batch_size=min(memory_batch_size, memory.size),
     temperature_squared=temperature_squared,
     projection_prob=projection_prob,
     max_coef=max_coef,

@@ -49,10 +49,10 @@ FEDPROJ_METHODS = (
   "fedproj",
 )
 # FedProj has two parts, the client's projection against the memory loss and the server's
-# distillation. Without the projection it is FedDF bit for bit (same server; memory_size equals
-# public_size here; tests/algorithms/distillation/test_fedproj.py), so FedProj - FedDF is the
-# projection's paired effect and needs no ablation run; the ones below switch the distillation off,
-# or project at a random half of the steps.
+# distillation. Without the projection it is FedDF bit for bit (same server; its memory M equals
+# the public subset's P here; tests/algorithms/distillation/test_fedproj.py), so FedProj - FedDF is
+# the projection's paired effect and needs no ablation run; the ones below switch the distillation
+# off, or project at a random half of the steps.
 FEDPROJ_ABLATIONS = {
   "fedproj-nodistill": Ablation(
     "fedproj", {"distill_epochs": 0}, "no server distillation: client projection only"
