@@ -103,6 +103,11 @@ def distillation_server(
     raise ValueError("The distillation family needs a public set (public_size > 0).")
   if cfg.anchor not in distill.ANCHORS:
     raise ValueError(f"Unknown divergence anchor {cfg.anchor!r}; choose one of {distill.ANCHORS}.")
+  if memory is not None and memory.public_size != public_size:
+    raise ValueError(
+      f"The memory buffer draws from {memory.public_size} public examples but the server holds "
+      f"{public_size}: build MemoryBuffer(size, public_size) with the server's public_size."
+    )
   combine = distill.TEACHER_COMBINERS[teacher]
   host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
   host_distill = distill.HostDistiller(model, normalize, cfg)
