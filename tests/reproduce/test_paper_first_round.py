@@ -38,6 +38,7 @@ METHODS = {
   # minutes to compile and run even on tiny data; tests/algorithms/continual/test_fedcil.py runs
   # its rounds at small sizes.
   "fot-pmnist-noniid-fedcil": ("fot",),
+  "fot-pmnist-iid-table1": ("glfc",),  # GLFC's buffer under its gradient compensation, IID
   "fedproj-iris-pilot": ("fedproj",),
   # Text: NLI pairs with an unlabelled public set and α > 0, and FedGKD's buffer on AG News.
   "fedproj-mnli-dir0.5": ("fedproj",),

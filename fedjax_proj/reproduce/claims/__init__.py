@@ -56,6 +56,7 @@ LISTED = (
   "sfedkd-fmnist-exdir-baselines",
   "fot-pmnist-noniid-table1",
   "fot-pmnist-noniid-fedcil",
+  "fot-pmnist-iid-table1",
   "fedproj-mnli-dir0.3",
   "fedproj-mnli-dir0.5",
   "fedproj-sst2-dir0.3",
