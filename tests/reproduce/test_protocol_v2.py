@@ -186,6 +186,9 @@ def test_a_replication_declared_for_a_gpu_refuses_to_run_elsewhere(argv, tmp_pat
     ("fot-pmnist-iid", "cpu"),
     ("fedproj-cifar10-dir0.3", "gpu"),
     ("fedproj-cifar10-dir0.5", "gpu"),
+    # FedCIL's convolutional generator (docs/reproduction.md, "fot-pmnist-noniid-fedcil").
+    ("fot-pmnist-noniid-fedcil", "cpu"),
+    ("fot-pmnist-iid-table1", "cpu"),
   }
 
 
