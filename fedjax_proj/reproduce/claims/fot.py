@@ -177,14 +177,24 @@ def _table1_rows(
   rows: str,
   paper: Mapping[str, tuple[float, float]],
   method_kw: Mapping[str, dict],
-  v2: Replication,
+  *,
+  seeds: int,
+  none_before: str,
   paper_seeds: int,
+  device: str | None = None,
 ) -> Claim:
   """A claim of its own for 003 Table 1 rows added after a fot-pmnist replication began (whose
   runs are never extended): FOT's claim on the same budgets with ``paper``'s methods (FOT last),
-  their hyperparameters pinned, and a cpu budget for protocol v2 only, ``v2`` declared before any
-  of its runs (docs/reproduction.md, "Protocol v2")."""
+  their hyperparameters pinned, and a cpu budget for protocol v2 only: ``seeds`` declared before
+  any of its runs (docs/reproduction.md, "Protocol v2") at fot-pmnist-noniid's v2 sd, borrowed
+  because no run of ``none_before`` existed, on ``device`` (None: any)."""
   base = _fot(iid, paper, seeds=paper_seeds)
+  borrowed = (
+    f", borrowed{' for IID' if iid else ''}: no {none_before} run existed when it was declared"
+  )
+  v2 = Replication(
+    seeds, FOT_V2_SD, FOT_V2_SOURCE + borrowed, metrics=("acc", "fgt"), device=device
+  )
   methods = tuple(paper)
   split = "IID" if iid else "non-IID"
   cpu, smoke = base.budgets["cpu"], base.budgets["smoke"]
@@ -227,12 +237,8 @@ FOT_NONIID_TABLE1 = _table1_rows(
   "RGO+FL and GLFC",
   {"rgo": (79.31, 15.72), "glfc": (84.06, 12.13), "fot": (85.21, 1.97)},
   TABLE1_METHOD_KW,
-  Replication(
-    14,
-    FOT_V2_SD,
-    FOT_V2_SOURCE + ", borrowed: no RGO or GLFC run existed when it was declared",
-    metrics=("acc", "fgt"),
-  ),
+  seeds=14,
+  none_before="RGO or GLFC",
   paper_seeds=10,  # the paper budget's v1 count from the power calculation (`--power`)
 )
 
@@ -262,14 +268,10 @@ FOT_NONIID_FEDCIL = _table1_rows(
   FEDCIL_METHOD_KW,
   # Revised on 2026-12-06 before any run finished: for a GPU, the generator's cost
   # (docs/reproduction.md, "fot-pmnist-noniid-fedcil").
-  Replication(
-    SEEDS_FEDCIL,
-    FOT_V2_SD,
-    FOT_V2_SOURCE + ", borrowed: no FedCIL run existed when it was declared",
-    metrics=("acc", "fgt"),
-    device="gpu",
-  ),
+  seeds=SEEDS_FEDCIL,
+  none_before="FedCIL",
   paper_seeds=5,
+  device="gpu",
 )
 
 # The IID column of the same rows, declared for a GPU as fot-pmnist-iid's replication is (on
@@ -288,14 +290,10 @@ FOT_IID_TABLE1 = _table1_rows(
     "fot": (90.35, 1.75),
   },
   {**TABLE1_METHOD_KW, **FEDCIL_METHOD_KW},
-  Replication(
-    SEEDS_IID_TABLE1,
-    FOT_V2_SD,
-    FOT_V2_SOURCE + ", borrowed for IID: no RGO, GLFC or FedCIL run existed when it was declared",
-    metrics=("acc", "fgt"),
-    device="gpu",
-  ),
+  seeds=SEEDS_IID_TABLE1,
+  none_before="RGO, GLFC or FedCIL",
   paper_seeds=10,
+  device="gpu",
 )
 
 # This paper's claims; the registry (claims.CLAIMS) concatenates every paper module's.
