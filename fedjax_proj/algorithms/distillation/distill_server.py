@@ -20,6 +20,7 @@ clients (001, C.1).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -54,18 +55,17 @@ class DistillServerState(NamedTuple):
 
 
 class MemoryBuffer(NamedTuple):
-  """FedProj's memory buffer: ``size`` (M) of the ``public_size`` (P) public examples, drawn anew
-  every round (001, Algorithm 1, lines 31-42). M is at most P (``fedproj.check_memory``); FedDF
-  and FedET have no buffer (``memory=None``)."""
+  """FedProj's memory buffer: ``size`` (M) of the server's P public examples, drawn anew every
+  round (001, Algorithm 1, lines 31-42). M is at most P (``fedproj.check_memory``); FedDF and
+  FedET have no buffer (``memory=None``)."""
 
   size: int
-  public_size: int
 
-  def sample(self, key: Array) -> Array:
-    """[M] public indices without replacement (all P in order when M = P)."""
-    if self.size >= self.public_size:
-      return jnp.arange(self.public_size, dtype=jnp.int32)
-    return jax.random.choice(key, self.public_size, (self.size,), replace=False).astype(jnp.int32)
+  def sample(self, key: Array, public_size: int) -> Array:
+    """[M] of the ``public_size`` public indices without replacement (all in order when M = P)."""
+    if self.size >= public_size:
+      return jnp.arange(public_size, dtype=jnp.int32)
+    return jax.random.choice(key, public_size, (self.size,), replace=False).astype(jnp.int32)
 
 
 def distillation_server(
@@ -103,19 +103,15 @@ def distillation_server(
     raise ValueError("The distillation family needs a public set (public_size > 0).")
   if cfg.anchor not in distill.ANCHORS:
     raise ValueError(f"Unknown divergence anchor {cfg.anchor!r}; choose one of {distill.ANCHORS}.")
-  if memory is not None and memory.public_size != public_size:
-    raise ValueError(
-      f"The memory buffer draws from {memory.public_size} public examples but the server holds "
-      f"{public_size}: build MemoryBuffer(size, public_size) with the server's public_size."
-    )
   combine = distill.TEACHER_COMBINERS[teacher]
   host_logits = distill.HostClientLogits(model, normalize, cfg.teacher_batch_size)
   host_distill = distill.HostDistiller(model, normalize, cfg)
   # M of the P public indices: drawn in init, in the traced step, and jitted for the host loop.
-  sample_memory = None if memory is None else jax.jit(memory.sample)
+  sample = None if memory is None else functools.partial(memory.sample, public_size=public_size)
+  sample_memory = None if sample is None else jax.jit(sample)
 
   def init(variables, key):
-    idx = jnp.zeros((0,), jnp.int32) if memory is None else memory.sample(key)
+    idx = jnp.zeros((0,), jnp.int32) if sample is None else sample(key)
     return DistillServerState(
       jnp.zeros((), jnp.int32),
       tree_lib.tree_copy(variables),
@@ -181,7 +177,7 @@ def distillation_server(
       key,
       lambda v, x: distill.client_logits_scan(model, v, normalize, x, cfg.teacher_batch_size),
       lambda s, t, x, k, a, w: distill.distill_scan(model, s, t, x, normalize, k, cfg, a, w),
-      None if memory is None else memory.sample,
+      sample,
     )
 
   def host(state, rd, outputs, key):

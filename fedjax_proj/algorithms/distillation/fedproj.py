@@ -316,7 +316,7 @@ def fedproj(
   if round0 not in ROUND0_MODES:
     raise ValueError(f"round0 must be one of {ROUND0_MODES}, got {round0!r}.")
   check_memory(memory_size, public_size)
-  memory = MemoryBuffer(memory_size, public_size)
+  memory = MemoryBuffer(memory_size)
   if memory_batch_size < 1:
     raise ValueError(f"memory_batch_size must be >= 1, got {memory_batch_size}.")
   if not 0.0 <= projection_prob <= 1.0:

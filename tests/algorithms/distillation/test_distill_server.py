@@ -30,7 +30,7 @@ def test_memory_logits_equal_the_clients_mean_on_the_memory_rows(path, memory_si
     lambda z: z,
     cfg,
     public_size=48,
-    memory=MemoryBuffer(memory_size, 48),
+    memory=MemoryBuffer(memory_size),
     lmem_metric=True,
   )
   clients = 3
@@ -83,10 +83,3 @@ def test_without_a_memory_buffer_the_state_holds_an_empty_one(path):
   new_state, metrics = agg(state, rd, outputs, jax.random.key(2))
   assert new_state.memory_idx.shape == (0,) and new_state.memory_logits.shape == (0, 3)
   assert "lmem_global" not in metrics and bool(new_state.has_memory)
-
-
-def test_a_buffer_over_another_public_set_is_refused():
-  model = helpers.tiny_model()
-  cfg = distill.DistillConfig(epochs=1, batch_size=16, lr=1e-2, teacher_batch_size=7)
-  with pytest.raises(ValueError, match="public_size"):
-    distillation_server(model, lambda z: z, cfg, public_size=48, memory=MemoryBuffer(8, 40))
