@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedjax_proj.reproduce import __main__ as cli
@@ -864,6 +865,34 @@ def test_a_continual_report_draws_the_accuracy_after_each_task(tmp_path):
   assert report_figures.plot_curves(claim, found, tmp_path) == ["accuracy.png"]
   assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
   assert report_figures.plot_curves(claim, {"fl": {0: {"detail": {}}}}, tmp_path / "none") == []
+
+
+def test_a_continual_report_splits_acc_into_learning_and_forgetting():
+  from fedjax_proj.reproduce import claims
+  from fedjax_proj.training.task_rounds import acc_fgt
+
+  claim = claims.get_claim("fot-pmnist-iid")
+  # fl learns each task well and forgets; fot learns the last task worse and forgets little.
+  fl = [[0.9, 0.7, 0.6], [None, 0.9, 0.8], [None, None, 0.9]]
+  fot = [[0.88, 0.87, 0.87], [None, 0.8, 0.79], [None, None, 0.6]]
+  found = {
+    "fl": {0: {"detail": {"acc_matrix": fl}}},
+    "fot": {0: {"detail": {"acc_matrix": fot}}, 1: {"detail": {"acc_matrix": fot}}},
+    "er": {0: {"detail": {}}},  # no matrix: left out
+  }
+  lines = report_tables.plasticity_table(claim, found)
+  rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines[4:-1]}
+  assert set(rows) == {"fl", "fot"} and rows["fot"][1] == "2"
+  for name, matrix in (("fl", fl), ("fot", fot)):
+    acc, fgt = acc_fgt(np.array([[0.0 if v is None else v for v in r] for r in matrix]))
+    p, first, last, loss = (float(x.split(" ")[0]) for x in rows[name][2:6])
+    assert p == pytest.approx(100 * np.mean(np.diag(matrix)), abs=0.006)
+    assert (first, last) == (round(100 * matrix[0][0], 2), round(100 * matrix[2][2], 2))
+    # The identity the table rests on: ACC = P - (K - 1)/K * FGT.
+    assert loss == pytest.approx(100 * 2 / 3 * fgt, abs=0.006)
+    assert float(rows[name][6].rstrip(" |")) == pytest.approx(100 * acc, abs=0.006)
+  assert "K = 3 tasks" in lines[0]
+  assert report_tables.plasticity_table(claim, {"fl": {0: {"detail": {}}}}) == []
 
 
 def test_a_finished_run_leaves_no_lock_file(tmp_path, monkeypatch):

@@ -158,6 +158,53 @@ def exploratory_table(claim: Claim, found: dict, budget: str) -> list[str]:
   return lines + [""]
 
 
+def plasticity_table(claim: Claim, found: dict) -> list[str]:
+  """A continual claim's ACC split into learning and forgetting, per method, from each run's
+  accuracy matrix a[i, t] (task i evaluated after training task t).
+
+  With K tasks, ACC = mean_t a[t, K-1] and FGT = mean_{t<K-1} (a[t, t] - a[t, K-1])
+  (fedjax_proj/training/task_rounds.acc_fgt), so ACC = P - (K-1)/K * FGT exactly, where
+  P = mean_t a[t, t] is the accuracy on each task just after training it (plasticity). A
+  difference in ACC between two methods is then a difference in P minus one in forgetting: the
+  table says which of the two a method's ACC lost. Exploratory, never a verdict. Results without
+  the matrix are left out; no table when none has it.
+  """
+  rows, tasks = [], set()
+  for m in claim.runnable:
+    mats = []
+    for result in found.get(m, {}).values():
+      matrix = result.get("detail", {}).get("acc_matrix")
+      if matrix and all(matrix[t][t] is not None for t in range(len(matrix))):
+        mats.append(np.asarray([[np.nan if v is None else v for v in r] for r in matrix]))
+    if not mats or len({a.shape for a in mats}) != 1:
+      continue
+    k = mats[0].shape[0]
+    tasks.add(k)
+    diag = np.array([100 * np.diag(a) for a in mats])  # [seeds, K]
+    p = diag.mean(1)
+    acc = np.array([100 * a[:, k - 1].mean() for a in mats])
+    loss = p - acc  # = (K-1)/K * FGT
+    p_mean, p_std = stats.mean_std(list(p))
+    rows.append(
+      f"| {m} | {len(mats)} | {p_mean:.2f} ± {p_std:.2f} | {diag[:, 0].mean():.2f} | "
+      f"{diag[:, -1].mean():.2f} | {loss.mean():.2f} | {acc.mean():.2f} |"
+    )
+  if not rows:
+    return []
+  k = ", ".join(map(str, sorted(tasks)))
+  return [
+    f"Learning and forgetting (exploratory; each run's accuracy matrix, mean over its seeds): P "
+    f"is the mean accuracy on each task just after training it, ACC = P − (K − 1)/K · FGT "
+    f"exactly (K = {k} tasks), so a gap in ACC is a gap in P minus one in forgetting.",
+    "",
+    "| method | seeds | P (mean a_tt) ± std | a_tt, first task | a_tt, last task | P − ACC "
+    "(forgetting) | ACC |",
+    "|---|---|---|---|---|---|---|",
+    *rows,
+    "",
+  ]
+
+
 def diagnostics(found: dict, names=("fedproj",)) -> list[str]:
   """FedProj's per-round diagnostics (and its ablations'), averaged over seeds."""
   keys = ("projected_fraction", "mean_cos", "lmem_global", "lmem_before", "lmem_after")

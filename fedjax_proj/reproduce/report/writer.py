@@ -28,6 +28,7 @@ from fedjax_proj.reproduce.report.tables import (
   exploratory_table,
   glance_table,
   method_table,
+  plasticity_table,
 )
 from fedjax_proj.reproduce.report.timing import completion_lines
 from fedjax_proj.reproduce.report.verdicts import verdict_records, verdict_table
@@ -77,6 +78,7 @@ def v2_section(
   lines += verdict_table(view, valid, budget, equivalent, diverged)
   lines += diverged_lines(diverged) + completion_lines(view, valid, budget, diverged, timing, b.v2)
   lines += exploratory_table(view.at(budget), valid, budget)
+  lines += plasticity_table(view.at(budget), valid)
   commits = sorted({r["git_commit"][:12] for r in results})
   codes = sorted({code_of(r) or "unknown" for r in results})
   lines += [
@@ -140,6 +142,7 @@ def render(
   lines += verdict_table(claim, found, budget, equivalent, diverged)
   lines += diverged_lines(diverged) + completion_lines(claim, found, budget, diverged, timing)
   lines += exploratory_table(claim, found, budget) + curve_table(claim, found)
+  lines += plasticity_table(claim, found)
   lines += ablation_table(claim, found)
   lines += diagnostics(found, ("fedproj", *claim.ablations))
   lines += [
