@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_proj.reproduce.claims.common import Claim
-from fedjax_proj.reproduce.report.results import CURVE_METRIC
+from fedjax_proj.reproduce.report.results import CURVE_METRIC, accuracy_matrices
 
 
 def plot_curves(claim: Claim, found: dict, directory: Path) -> list[str]:
@@ -79,11 +79,9 @@ def plot_task_accuracy(claim: Claim, found: dict, directory: Path) -> list[str]:
   evaluated, column: after which task). Results without the matrix are left out."""
   curves = {}
   for m in claim.runnable:
-    runs = []
-    for result in found.get(m, {}).values():
-      matrix = result.get("detail", {}).get("acc_matrix")
-      if matrix:
-        runs.append([100 * np.mean([r[t] for r in matrix[: t + 1]]) for t in range(len(matrix))])
+    # ACC had the run stopped after task t: the mean of column t over the tasks seen.
+    mats = accuracy_matrices(found, m)
+    runs = [[100 * a[: t + 1, t].mean() for t in range(len(a))] for a in mats]
     if runs:
       n = min(len(r) for r in runs)
       curves[m] = np.array([r[:n] for r in runs])

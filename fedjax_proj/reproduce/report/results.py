@@ -10,6 +10,8 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
+
 from fedjax_proj.reproduce import protocol, provenance, records, resolve, run
 
 # Pairs of code fingerprints whose behaviour fingerprints were compared directly, under the results
@@ -156,6 +158,17 @@ def per_seed(found: dict, method: str, metric: str) -> dict[int, float]:
       out[s] = metric_value(r, metric)
     except KeyError:
       continue
+  return out
+
+
+def accuracy_matrices(found: dict, method: str) -> list[np.ndarray]:
+  """A continual method's accuracy matrices a[i, t] (task i evaluated after training task t), one
+  per result that records one, entries not yet defined (i > t) as NaN."""
+  out = []
+  for result in found.get(method, {}).values():
+    matrix = result.get("detail", {}).get("acc_matrix")
+    if matrix:
+      out.append(np.array([[np.nan if v is None else v for v in row] for row in matrix], float))
   return out
 
 

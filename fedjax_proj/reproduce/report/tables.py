@@ -11,7 +11,13 @@ import numpy as np
 from fedjax_proj.reproduce import protocol, stats
 from fedjax_proj.reproduce.claims import CLAIMS
 from fedjax_proj.reproduce.claims.common import LOWER_IS_BETTER, Claim, Ordering
-from fedjax_proj.reproduce.report.results import CURVE_METRIC, VERDICTS_FILE, format_value, per_seed
+from fedjax_proj.reproduce.report.results import (
+  CURVE_METRIC,
+  VERDICTS_FILE,
+  accuracy_matrices,
+  format_value,
+  per_seed,
+)
 from fedjax_proj.reproduce.report.verdicts import (
   declared_seeds,
   format_p,
@@ -171,11 +177,7 @@ def plasticity_table(claim: Claim, found: dict) -> list[str]:
   """
   rows, tasks = [], set()
   for m in claim.runnable:
-    mats = []
-    for result in found.get(m, {}).values():
-      matrix = result.get("detail", {}).get("acc_matrix")
-      if matrix and all(matrix[t][t] is not None for t in range(len(matrix))):
-        mats.append(np.asarray([[np.nan if v is None else v for v in r] for r in matrix]))
+    mats = [a for a in accuracy_matrices(found, m) if not np.isnan(np.diag(a)).any()]
     if not mats or len({a.shape for a in mats}) != 1:
       continue
     k = mats[0].shape[0]
