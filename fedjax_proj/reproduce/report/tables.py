@@ -193,11 +193,11 @@ def plasticity_table(claim: Claim, found: dict) -> list[str]:
     )
   if not rows:
     return []
-  k = ", ".join(map(str, sorted(tasks)))
+  counts = ", ".join(map(str, sorted(tasks)))
   return [
     f"Learning and forgetting (exploratory; each run's accuracy matrix, mean over its seeds): P "
     f"is the mean accuracy on each task just after training it, ACC = P − (K − 1)/K · FGT "
-    f"exactly (K = {k} tasks), so a gap in ACC is a gap in P minus one in forgetting.",
+    f"exactly (K = {counts} tasks), so a gap in ACC is a gap in P minus one in forgetting.",
     "",
     "| method | seeds | P (mean a_tt) ± std | a_tt, first task | a_tt, last task | P − ACC "
     "(forgetting) | ACC |",
