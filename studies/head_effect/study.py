@@ -18,7 +18,7 @@ head under FedAvg. The metric is the claim's (protocol v2's ``late_test_accuracy
 last 3 evaluations). Exploratory: it never changes a verdict, and pairs only with results of code
 that computes the same thing (run it from the replication's commit; the JSON records both).
 
-  python -m studies.head_effect.study --seeds=1000-1019
+  python -m studies.head_effect.study
 """
 
 from __future__ import annotations
@@ -65,8 +65,7 @@ def recorded(results: Path, method: str, seed: int) -> dict:
   from fedjax_proj.reproduce import protocol
 
   r = json.loads((results / f"{method}-seed{seed}.json").read_text())
-  # The claim runner records the code as {"git_commit", "fingerprint"}.
-  code = r["code"]["fingerprint"] if isinstance(r["code"], dict) else r["code"]
+  code = r["code"]["fingerprint"]  # the claim runner records {"git_commit", "fingerprint"}
   return {"late": protocol.late_mean(r["curve"]), "commit": r["git_commit"], "code": code}
 
 
@@ -92,22 +91,29 @@ def _print(out: dict) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--seeds", default="1000-1019", help="comma-separated, or a range a-b")
+  p.add_argument(
+    "--seeds", default="", help="comma-separated (default: the claim's declared v2 seeds)"
+  )
   p.add_argument("--results", default="", help="the claim's results folder (default: the repo's)")
   p.add_argument(
     "--out", default="", help="this study's folder (default: results/head_effect/CLAIM-BUDGET)"
   )
   p.add_argument("--summarize", action="store_true", help="recompute the contrasts; run nothing")
   args = p.parse_args(argv)
-  try:
-    if "-" in args.seeds:
-      lo, hi = (int(v) for v in args.seeds.split("-"))
-      args.seeds = list(range(lo, hi + 1))
-    else:
-      args.seeds = [int(v) for v in args.seeds.split(",")]
-  except ValueError:
-    p.error(f"--seeds={args.seeds!r}: give integers, e.g. --seeds=1000-1019 or --seeds=1000,1001")
+  if args.seeds:
+    from benchmarks import flag_checks
+
+    args.seeds = flag_checks.seeds(p, "--seeds", args.seeds)
   return args
+
+
+def declared_seeds(claim) -> list[int]:
+  """The seeds of the budget's protocol-v2 replication, which the claim's results hold."""
+  from fedjax_proj.reproduce import protocol
+
+  return list(
+    range(protocol.V2_FIRST_SEED, protocol.V2_FIRST_SEED + claim.budgets[BUDGET].v2.seeds)
+  )
 
 
 def run_seed(claim, seed: int, data_root: Path) -> dict:
@@ -134,6 +140,8 @@ def run_seed(claim, seed: int, data_root: Path) -> dict:
 def summarize(folder: Path, results: Path) -> dict:
   """The contrasts over every seed in ``folder``, paired with the claim's results."""
   runs = [json.loads(f.read_text()) for f in sorted(folder.glob("seed*.json"))]
+  if not runs:
+    raise SystemExit(f"{folder} holds no run of this study (seed*.json): run it first.")
   late: dict[str, dict[int, float]] = {HEAD: {r["seed"]: r["late"] for r in runs}}
   sources: dict[str, set] = {HEAD: {(r["git_commit"], r["code"]) for r in runs}}
   for method in RECORDED:
@@ -168,7 +176,21 @@ def main(argv=None) -> dict:
   data_root = resolve.default_data_root()
   results = Path(args.results) if args.results else RESULTS_DIR / "reproduce" / CLAIM / BUDGET
   folder = Path(args.out) if args.out else RESULTS_DIR / "head_effect" / f"{CLAIM}-{BUDGET}"
-  for seed in [] if args.summarize else args.seeds:
+  seeds = [] if args.summarize else (args.seeds or declared_seeds(claim))
+  # Before any training: every run is paired with the claim's results of its seed.
+  missing = [
+    f"{m}-seed{s}.json"
+    for s in seeds
+    for m in RECORDED
+    if not (results / f"{m}-seed{s}.json").exists()
+  ]
+  if missing:
+    raise SystemExit(
+      f"{results} lacks the claim's results {', '.join(missing[:4])}"
+      f"{' ...' if len(missing) > 4 else ''}: choose --seeds the claim has run, or point "
+      "--results at its folder."
+    )
+  for seed in seeds:
     path = folder / f"seed{seed}.json"
     if path.exists():
       continue  # a rerun keeps the seeds it finished

@@ -70,3 +70,14 @@ def test_the_contrasts_pair_every_seed_and_decompose_fedgkd_plus_minus_fedavg(tm
   parts = rows["distillation on MOON's network"]["mean"] + rows["head under FedAvg"]["mean"]
   assert total == pytest.approx(parts)
   assert json.loads((folder / "summary.json").read_text())["contrasts"] == out["contrasts"]
+
+
+def test_it_runs_the_claims_declared_seeds_and_refuses_seeds_the_claim_lacks(tmp_path, monkeypatch):
+  assert study.declared_seeds(CLAIMS[study.CLAIM]) == list(range(1000, 1020))
+  for method in study.RECORDED:
+    (tmp_path / f"{method}-seed1000.json").write_text("{}")
+  trained = []
+  monkeypatch.setattr(study, "run_seed", lambda *a: trained.append(a))
+  with pytest.raises(SystemExit, match="fedavg-seed1001.json"):
+    study.main(["--seeds=1000,1001", f"--results={tmp_path}", f"--out={tmp_path / 'out'}"])
+  assert not trained
