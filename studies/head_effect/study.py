@@ -60,13 +60,20 @@ def head_config(claim, seed: int, data_root: Path) -> dict:
   return {**fedavg, "model_kwargs": {**fedavg.get("model_kwargs", {}), **plus["model_kwargs"]}}
 
 
-def recorded(results: Path, method: str, seed: int) -> dict:
-  """One of the claim's results: its late accuracy and where it came from."""
-  from fedjax_proj.reproduce import protocol
+def recorded(results: Path) -> dict[str, dict[int, tuple[float, tuple]]]:
+  """The claim's results of :data:`RECORDED`, read as its report reads them (corrupt files and
+  diverged runs left out): method -> seed -> (late accuracy, (commit, code fingerprint))."""
+  from fedjax_proj.reproduce.protocol import V2_METRIC
+  from fedjax_proj.reproduce.report.results import code_of, load_results, per_seed
 
-  r = json.loads((results / f"{method}-seed{seed}.json").read_text())
-  code = r["code"]["fingerprint"]  # the claim runner records {"git_commit", "fingerprint"}
-  return {"late": protocol.late_mean(r["curve"]), "commit": r["git_commit"], "code": code}
+  found, _, _ = load_results(results)
+  return {
+    m: {
+      s: (v, (found[m][s]["git_commit"], code_of(found[m][s])))
+      for s, v in per_seed(found, m, V2_METRIC).items()
+    }
+    for m in RECORDED
+  }
 
 
 def contrasts(late: dict[str, dict[int, float]]) -> list[dict]:
@@ -144,12 +151,11 @@ def summarize(folder: Path, results: Path) -> dict:
     raise SystemExit(f"{folder} holds no run of this study (seed*.json): run it first.")
   late: dict[str, dict[int, float]] = {HEAD: {r["seed"]: r["late"] for r in runs}}
   sources: dict[str, set] = {HEAD: {(r["git_commit"], r["code"]) for r in runs}}
+  held = recorded(results)
   for method in RECORDED:
-    late[method] = {}
-    for seed in late[HEAD]:
-      r = recorded(results, method, seed)
-      late[method][seed] = r["late"]
-      sources.setdefault(method, set()).add((r["commit"], r["code"]))
+    paired = {s: r for s, r in held[method].items() if s in late[HEAD]}
+    late[method] = {s: v for s, (v, _) in paired.items()}
+    sources[method] = {source for _, source in paired.values()}
   codes = {c for s in sources.values() for _, c in s}
   if len(codes) > 1:
     print(
@@ -178,12 +184,8 @@ def main(argv=None) -> dict:
   folder = Path(args.out) if args.out else RESULTS_DIR / "head_effect" / f"{CLAIM}-{BUDGET}"
   seeds = [] if args.summarize else (args.seeds or declared_seeds(claim))
   # Before any training: every run is paired with the claim's results of its seed.
-  missing = [
-    f"{m}-seed{s}.json"
-    for s in seeds
-    for m in RECORDED
-    if not (results / f"{m}-seed{s}.json").exists()
-  ]
+  held = recorded(results) if seeds else {}
+  missing = [f"{m}-seed{s}.json" for s in seeds for m in RECORDED if s not in held[m]]
   if missing:
     raise SystemExit(
       f"{results} lacks the claim's results {', '.join(missing[:4])}"

@@ -31,6 +31,14 @@ def _curve(rng):
   return [{"round": r + 1, "test_accuracy": float(a)} for r, a in enumerate(rng.random(8) * 0.4)]
 
 
+def _write_result(results, method, seed, curve):
+  """A claim result as the claim runner writes it (records.check_result accepts it)."""
+  r = {"claim": study.CLAIM, "budget": study.BUDGET, "method": method, "seed": seed}
+  r |= {"metrics": {"test_accuracy": 100 * curve[-1]["test_accuracy"]}, "curve": curve}
+  r |= {"config": {}, "git_commit": "c", "code": {"git_commit": "c", "fingerprint": "f"}}
+  (results / f"{method}-seed{seed}.json").write_text(json.dumps(r))
+
+
 def test_the_contrasts_pair_every_seed_and_decompose_fedgkd_plus_minus_fedavg(tmp_path):
   rng = np.random.default_rng(0)
   results, folder = tmp_path / "claim", tmp_path / "study"
@@ -44,11 +52,9 @@ def test_the_contrasts_pair_every_seed_and_decompose_fedgkd_plus_minus_fedavg(tm
     (folder / f"seed{seed}.json").write_text(json.dumps({**run, "git_commit": "c", "code": "f"}))
     for method in ("fedavg", "fedgkd", "fedgkd_plus", "moon"):
       curves[method, seed] = _curve(rng)
-      r = {"curve": curves[method, seed], "git_commit": "c"}
-      r["code"] = {"git_commit": "c", "fingerprint": "f"}  # as the claim runner records it
-      (results / f"{method}-seed{seed}.json").write_text(json.dumps(r))
+      _write_result(results, method, seed, curves[method, seed])
   # A seed the study has not run is not paired, though the claim holds it.
-  (results / "fedavg-seed1003.json").write_text(json.dumps({"curve": _curve(rng)}))
+  _write_result(results, "fedavg", 1003, _curve(rng))
 
   out = study.summarize(folder, results)
 
@@ -74,8 +80,10 @@ def test_the_contrasts_pair_every_seed_and_decompose_fedgkd_plus_minus_fedavg(tm
 
 def test_it_runs_the_claims_declared_seeds_and_refuses_seeds_the_claim_lacks(tmp_path, monkeypatch):
   assert study.declared_seeds(CLAIMS[study.CLAIM]) == list(range(1000, 1020))
+  rng = np.random.default_rng(1)
   for method in study.RECORDED:
-    (tmp_path / f"{method}-seed1000.json").write_text("{}")
+    _write_result(tmp_path, method, 1000, _curve(rng))
+  (tmp_path / "fedavg-seed1001.json").write_text("{}")  # corrupt: not a result the claim holds
   trained = []
   monkeypatch.setattr(study, "run_seed", lambda *a: trained.append(a))
   with pytest.raises(SystemExit, match="fedavg-seed1001.json"):
